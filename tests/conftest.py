@@ -1,0 +1,78 @@
+"""Shared fixtures: a tiny random GPT-2 with the full vocabulary, and a store of each backend.
+
+A backend whose tests need a server (pgvector, turbopuffer) has a module tests/setup_<backend>.py
+with `options(tmp_path) -> dict` giving its connect() arguments; it starts the server once per
+run and stops it at exit. Other backends get a fresh folder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import numpy as np
+import pytest
+
+from vecgpt import weights
+from vecgpt.backends.base import available, get_store
+
+LIBRARIES = {"faiss": "faiss", "lancedb": "lancedb", "pgvector": "psycopg", "turbopuffer": "turbopuffer"}
+BACKENDS = available()
+
+
+def store_options(backend: str, tmp_path) -> dict:
+    lib = LIBRARIES.get(backend)
+    if lib and importlib.util.find_spec(lib) is None:
+        pytest.skip(f"{backend} needs {lib}: pip install 'vecgpt[{backend}]'")
+    try:
+        setup = importlib.import_module(f"setup_{backend}")
+    except ModuleNotFoundError:
+        return {"path": str(tmp_path / backend)}
+    return setup.options(tmp_path)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    opened = []
+
+    def make(backend: str, **extra):
+        store = get_store(backend, **{**store_options(backend, tmp_path), **extra})
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def tiny_params(hp: weights.HParams, seed: int = 0) -> dict:
+    """GPT-2-shaped random weights, scaled up and with non-trivial layer norms, so text varies."""
+    rng = np.random.default_rng(seed + 1)
+    params = weights.make_params(hp, seed)
+    for name, value in weights.flatten(params).items():
+        if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+            value += rng.normal(0, 0.2, value.shape).astype(np.float32)
+        elif name.endswith(("ln_1.bias", "ln_2.bias", "ln_f.bias")):
+            value += rng.normal(0, 0.1, value.shape).astype(np.float32)
+        elif "attn" in name or "mlp" in name:
+            value *= 6  # larger products: attention that is not uniform, MLPs that matter
+    return params
+
+
+TINY = weights.HParams(n_layer=2, n_head=4, n_embd=64, n_ctx=64, n_vocab=50257)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    return weights.save(out, TINY, tiny_params(TINY))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    return weights.load(str(tiny_model_dir))

@@ -1,0 +1,131 @@
+"""Conformance: every registered backend must pass these (run against the real library or server)."""
+
+import numpy as np
+import pytest
+
+from vecgpt.backends.base import Search, Where
+from vecgpt.errors import VecgptError
+
+rng = np.random.default_rng(0)
+
+
+def true_dists(q, x, metric):  # float64 truth from the float32 vectors
+    q, x = q.astype(np.float64), x.astype(np.float64)
+    return ((q[:, None, :] - x[None]) ** 2).sum(-1) if metric == "l2" else -(q @ x.T)
+
+
+def filled(store, name="c", n=300, dim=24, metric="l2"):
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    store.create(name, dim, metric, attrs=("layer", "head", "position"))
+    attrs = {"layer": np.arange(n) % 3, "head": (np.arange(n) // 3) % 4, "position": np.arange(n) // 12}
+    store.upsert(name, np.arange(n) * 7 + 5, x, attrs)  # ids need not be 0..n-1
+    return x, attrs
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_search_returns_every_row_with_true_distance(make_store, backend, metric):
+    store = make_store(backend)
+    if metric not in store.metrics:
+        pytest.skip(f"{backend} does not rank by {metric}")
+    x, _ = filled(store, metric=metric)
+    q = rng.standard_normal((3, 24)).astype(np.float32)
+    hits = store.search("c", q)
+    assert hits.ids.shape == (3, 300)
+    truth = true_dists(q, x, metric)
+    for row in range(3):
+        order = np.argsort(hits.ids[row])
+        assert np.array_equal(hits.ids[row][order], np.arange(300) * 7 + 5)
+        np.testing.assert_allclose(hits.dists[row][order], truth[row], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_top_k_is_nearest_first(make_store, backend, metric):
+    store = make_store(backend)
+    if metric not in store.metrics:
+        pytest.skip(f"{backend} does not rank by {metric}")
+    x, _ = filled(store, metric=metric)
+    q = rng.standard_normal((2, 24)).astype(np.float32)
+    hits = store.search("c", q, k=10)
+    truth = true_dists(q, x, metric)
+    for row in range(2):
+        want = np.argsort(truth[row])[:10] * 7 + 5
+        assert list(hits.ids[row]) == list(want)
+        assert np.all(np.diff(hits.dists[row]) >= -1e-5)
+
+
+def test_filters_exclude_what_they_must(make_store, backend):
+    store = make_store(backend)
+    x, attrs = filled(store)
+    q = rng.standard_normal((2, 24)).astype(np.float32)
+    cases = [Where(eq={"layer": 1, "head": 2}, lt={"position": 9}), Where(ge={"position": 20}),
+             Where(eq={"layer": 0}, lt={"position": 5}, ge={"position": 2}), Where(eq={"layer": 2, "head": 3}, lt={"position": 0})]
+    for where in cases:
+        keep = where.mask(attrs, 300)
+        hits = store.search("c", q, where=where)
+        assert hits.ids.shape == (2, keep.sum())
+        for row in range(2):
+            assert set(hits.ids[row].tolist()) == set((np.flatnonzero(keep) * 7 + 5).tolist())
+        top = store.search("c", q, k=3, where=where)
+        assert set(top.ids[0].tolist()) <= set((np.flatnonzero(keep) * 7 + 5).tolist())
+
+
+def test_search_many_matches_single_searches(make_store, backend):
+    store = make_store(backend)
+    filled(store)
+    q = rng.standard_normal((2, 24)).astype(np.float32)
+    searches = [Search("c", q, where=Where(eq={"layer": h % 3, "head": h})) for h in range(4)] + [Search("c", q, k=5)]
+    for many, s in zip(store.search_many(searches), searches):
+        one = store.search(s.collection, s.queries, s.k, s.where)
+        if s.k is None:
+            assert sorted(many.ids[0].tolist()) == sorted(one.ids[0].tolist())
+        else:
+            assert many.ids.tolist() == one.ids.tolist()
+
+
+def test_upsert_overwrites_by_id_and_fetch_round_trips(make_store, backend):
+    store = make_store(backend)
+    x, _ = filled(store)
+    new = rng.standard_normal((2, 24)).astype(np.float32)
+    store.upsert("c", np.array([5, 12]), new, {"layer": np.array([0, 1]), "head": np.array([0, 0]), "position": np.array([0, 0])})
+    assert store.count("c") == 300
+    np.testing.assert_array_equal(store.fetch("c", np.array([12, 5, 19])), np.vstack([new[1], new[0], x[2]]))
+    hits = store.search("c", new[:1], k=1)
+    assert hits.ids[0, 0] == 5 and abs(hits.dists[0, 0] - 0) < 1e-4
+
+
+def test_collections_drop_cleanly(make_store, backend):
+    store = make_store(backend)
+    filled(store, "keep")
+    filled(store, "text-abc", n=30)
+    assert {"keep", "text-abc"} <= set(store.collections())
+    store.drop("text-abc")
+    assert "text-abc" not in store.collections() and "keep" in store.collections()
+    store.drop("text-abc")  # dropping twice is fine
+
+
+def test_bad_dimension_is_refused(make_store, backend):
+    store = make_store(backend)
+    filled(store)
+    with pytest.raises(VecgptError, match="dimension"):
+        store.upsert("c", np.array([1]), np.zeros((1, 23), np.float32))
+    with pytest.raises(VecgptError, match="dimension"):
+        store.search("c", np.zeros((1, 25), np.float32))
+
+
+def test_manifest_round_trips(make_store, backend):
+    store = make_store(backend)
+    assert store.read_manifest() is None
+    store.write_manifest({"fingerprint": "abc", "m2": {"wte": 1.5}})
+    assert store.read_manifest() == {"fingerprint": "abc", "m2": {"wte": 1.5}}
+    store.write_manifest(None)
+    assert store.read_manifest() is None
+
+
+def test_a_second_connection_sees_what_the_first_wrote(make_store, backend):
+    first = make_store(backend)
+    x, _ = filled(first, "kept")
+    first.write_manifest({"fingerprint": "xyz"})
+    first.close()
+    second = make_store(backend)
+    assert "kept" in second.collections() and second.read_manifest() == {"fingerprint": "xyz"}
+    np.testing.assert_array_equal(second.fetch("kept", np.array([5, 12])), x[:2])

@@ -1,0 +1,5 @@
+import sys
+
+from vecgpt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,128 @@
+"""The Python API the CLI is a thin layer over.
+
+>>> from vecgpt import api
+>>> out = api.generate_text("ROMEO:", n=8)            # shipped model, FAISS store
+>>> out["text"]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vecgpt import tokenizer, weights
+from vecgpt.config import Config, open_store
+from vecgpt.engine import Engine, push
+from vecgpt.errors import VecgptError
+from vecgpt.reference import Reference
+from vecgpt.sampling import Candidates, choose
+
+
+@dataclass
+class Generation:
+    prompt_tokens: list[int]
+    tokens: list[int] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return tokenizer.decode([t for t in self.tokens if t != tokenizer.ENDOFTEXT])
+
+
+def check_request(hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: int) -> None:
+    if n < 0:
+        raise VecgptError(f"-n must be 0 or more, not {n}")
+    if not 1 <= top_k <= hp.n_vocab:
+        raise VecgptError(f"--top-k {top_k} must be between 1 and the vocabulary size {hp.n_vocab}")
+    if len(prompt_tokens) + n > hp.n_ctx:
+        raise VecgptError(f"the prompt's {len(prompt_tokens)} tokens plus -n {n} exceed the model's context of "
+                          f"{hp.n_ctx} tokens")
+    if max(prompt_tokens) >= hp.n_vocab:
+        raise VecgptError(f"token id {max(prompt_tokens)} is outside the model's vocabulary of {hp.n_vocab}")
+
+
+def generate(reader, prompt_tokens: list[int], n: int, temperature: float = 0.0, top_k: int = 40,
+             seed: int = 0, stop: bool = True) -> Generation:
+    """Greedy or sampled continuation; `reader.read(ids, k)` feeds tokens and returns Candidates."""
+    rng, out = np.random.default_rng(seed), Generation(list(prompt_tokens))
+    if n == 0:
+        return out
+    cands: Candidates = reader.read(prompt_tokens, top_k)
+    for step in range(n):
+        token = choose(cands, temperature, top_k, rng)
+        out.tokens.append(token)
+        out.steps.append({"token": token, "candidates": [[int(i), float(x)] for i, x in zip(*cands)]})
+        if (stop and token == tokenizer.ENDOFTEXT) or step == n - 1:
+            break
+        if hasattr(reader, "meter"):
+            reader.meter.start_token()
+        cands = reader.read([token], top_k)
+    return out
+
+
+def open_engine(config: Config, model: weights.Model, replace: bool = False, progress: bool = True) -> Engine:
+    """A store holding `model`, loading it first if the store is empty."""
+    store = open_store(config)
+    held = store.read_manifest()
+    if held is None or replace:
+        push(store, model, config.metric, replace=replace, progress=progress)
+    engine = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile)
+    engine.check(model)
+    return engine
+
+
+def generate_text(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None,
+                  temperature: float = 0.0, top_k: int | None = None, seed: int = 0, stop: bool = True,
+                  progress: bool = False, replace: bool = False) -> dict:
+    """Generate through a store; the dict of `vecgpt generate --json`."""
+    config = config or Config()
+    m = weights.load(model or config.model)
+    k = top_k or config.top_k
+    ids = tokenizer.encode(prompt)
+    check_request(m.hparams, ids, n, k)
+    config.top_k = max(config.top_k, k)
+    engine = open_engine(config, m, replace=replace, progress=progress)
+    text = engine.open()
+    try:
+        gen = generate(text, ids, n, temperature, k, seed, stop)
+    finally:
+        text.close()
+        engine.store.close()
+    return {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text, "steps": gen.steps,
+            "requests": text.meter.summary(), "backend": config.backend, "metric": engine.metric,
+            "model_fingerprint": m.fingerprint}
+
+
+def generate_reference(prompt: str, n: int = 8, model: str | None = None, temperature: float = 0.0,
+                       top_k: int = 40, seed: int = 0, stop: bool = True, dtype=np.float64) -> dict:
+    m = weights.load(model, dtype=dtype)
+    ids = tokenizer.encode(prompt)
+    check_request(m.hparams, ids, n, top_k)
+    gen = generate(Reference(m, dtype), ids, n, temperature, top_k, seed, stop)
+    return {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text, "steps": gen.steps,
+            "backend": f"numpy-{np.dtype(dtype).name}", "model_fingerprint": m.fingerprint}
+
+
+def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None) -> dict:
+    """Store against numpy: the top-k scores after the prompt side by side, then greedy tokens of both."""
+    config = config or Config()
+    store_run = generate_text(prompt, n, config, model, stop=False)
+    ref = generate_reference(prompt, n, model or config.model, top_k=config.top_k, stop=False)
+    s, r = store_run["steps"][0]["candidates"], ref["steps"][0]["candidates"] if ref["steps"] else []
+    ref_logits = dict(map(tuple, r))
+    m = weights.load(model or config.model, dtype=np.float64)
+    full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]
+    rows = [{"rank": i + 1, "token": tok, "store": logit, "numpy": float(full[tok]),
+             "abs_error": abs(logit - float(full[tok])), "numpy_rank": _rank(tok, r)} for i, (tok, logit) in enumerate(s)]
+    first_diff = next((i for i, (a, b) in enumerate(zip(store_run["tokens"], ref["tokens"])) if a != b), None)
+    return {"prompt_tokens": store_run["prompt_tokens"], "scores": rows,
+            "max_abs_error": max((row["abs_error"] for row in rows), default=0.0),
+            "same_top_set": {t for t, _ in s} == set(ref_logits),
+            "store_tokens": store_run["tokens"], "numpy_tokens": ref["tokens"],
+            "identical_steps": len(store_run["tokens"]) if first_diff is None else first_diff,
+            "backend": config.backend, "metric": store_run["metric"], "model_fingerprint": store_run["model_fingerprint"]}
+
+
+def _rank(token: int, candidates: list) -> int | None:
+    return next((i + 1 for i, (t, _) in enumerate(candidates) if t == token), None)

@@ -1,0 +1,161 @@
+"""The store protocol every backend implements, and the registry that finds backends by name.
+
+A collection is a named set of float32 vectors of one dimension, each with an integer id and
+integer attributes. Ids are row indices chosen by the caller, so results scatter straight into
+numpy. Distances are squared L2 ("l2") or the negated inner product ("ip"), lower is better.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import inspect
+import pkgutil
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from vecgpt.errors import VecgptError
+
+Metric = Literal["l2", "ip"]
+NOT_BACKENDS = {"base", "local"}
+
+
+@dataclass(frozen=True)
+class Where:
+    """Rows whose attributes satisfy every condition: attr == v, attr < v, attr >= v."""
+
+    eq: Mapping[str, int] = field(default_factory=dict)
+    lt: Mapping[str, int] = field(default_factory=dict)
+    ge: Mapping[str, int] = field(default_factory=dict)
+
+    def attributes(self) -> set[str]:
+        return set(self.eq) | set(self.lt) | set(self.ge)
+
+    def mask(self, attrs: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """Which of n rows match, given their attribute columns (for stores that filter in numpy)."""
+        keep = np.ones(n, bool)
+        for name, value in self.eq.items():
+            keep &= attrs[name][:n] == value
+        for name, value in self.lt.items():
+            keep &= attrs[name][:n] < value
+        for name, value in self.ge.items():
+            keep &= attrs[name][:n] >= value
+        return keep
+
+
+class Hits(NamedTuple):
+    ids: np.ndarray  # [m, n] int64
+    dists: np.ndarray  # [m, n] in the store's precision (float64 where it gives it)
+
+
+@dataclass(frozen=True)
+class Search:
+    """One search request: for `search_many`, which may send several at once."""
+
+    collection: str
+    queries: np.ndarray  # [m, dim] float32
+    k: int | None = None  # None: every matching row, in any order; else the k nearest, nearest first
+    where: Where | None = None
+
+
+@runtime_checkable
+class Store(Protocol):
+    metrics: tuple[Metric, ...]  # the distances this store can rank by
+
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+        """Make an empty collection (a no-op if it exists with the same dim and metric)."""
+
+    def upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray,
+               attrs: Mapping[str, np.ndarray] | None = None) -> None:
+        """Insert rows, replacing any row with the same id."""
+
+    def search(self, name: str, queries: np.ndarray, k: int | None = None, where: Where | None = None) -> Hits:
+        """Exact search: every matching row (k None, any order) or the k nearest, nearest first."""
+
+    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        """Several independent searches, sent together where the store can."""
+
+    def fetch(self, name: str, ids: np.ndarray) -> np.ndarray:
+        """The stored vectors [len(ids), dim] for these ids, in that order."""
+
+    def count(self, name: str) -> int: ...
+
+    def drop(self, name: str) -> None:
+        """Remove a collection (a no-op if it does not exist)."""
+
+    def collections(self) -> list[str]: ...
+
+    def read_manifest(self) -> dict | None:
+        """The record of which model the store holds, or None."""
+
+    def write_manifest(self, manifest: dict | None) -> None: ...
+
+    def stats(self) -> dict:
+        """Documents and bytes held, by collection."""
+
+    def close(self) -> None: ...
+
+
+_tally: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("vecgpt_tally", default=None)
+
+
+def record(requests: int = 1, subqueries: int = 0) -> None:
+    """Adapters call this once per request they send, so the engine can count them by kind."""
+    tally = _tally.get()
+    if tally is not None:
+        tally["requests"] += requests
+        tally["subqueries"] += subqueries
+
+
+@contextmanager
+def tally():
+    """Collect what `record` reports inside this block (and in `parallel` calls made from it)."""
+    counts: Counter = Counter()
+    token = _tally.set(counts)
+    try:
+        yield counts
+    finally:
+        _tally.reset(token)
+
+
+def parallel(calls: Sequence, workers: int = 16) -> list:
+    """Run zero-argument callables concurrently, keeping the caller's tally; results in order."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    with ThreadPoolExecutor(min(workers, len(calls))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
+        return [f.result() for f in futures]
+
+
+def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
+    vectors = np.asarray(vectors, np.float32)
+    if vectors.ndim != 2 or vectors.shape[1] != dim:
+        raise VecgptError(f"collection {name!r} holds vectors of dimension {dim}, got shape {vectors.shape}")
+    return vectors
+
+
+def available() -> list[str]:
+    import vecgpt.backends as pkg
+
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name not in NOT_BACKENDS)
+
+
+def get_store(backend: str, **options) -> Store:
+    """Import vecgpt.backends.<backend> and call its connect(**options)."""
+    if backend not in available():
+        raise VecgptError(f"unknown backend {backend!r}; known backends: {', '.join(available())}")
+    try:
+        module = importlib.import_module(f"vecgpt.backends.{backend}")
+    except ImportError as e:
+        raise VecgptError(f"backend {backend!r} needs {e.name}: pip install 'vecgpt[{backend}]'") from None
+    accepted = inspect.signature(module.connect).parameters
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise VecgptError(f"backend {backend!r} takes no option {unknown[0]!r} in [store]; "
+                          f"it takes: {', '.join(accepted) or 'nothing'}")
+    return module.connect(**options)

@@ -1,0 +1,215 @@
+"""What the in-process stores (memory, faiss) share: ids, attributes, filters and a folder on disk.
+
+A subclass says how vectors are held and how distances are computed (`Table`); this module keeps
+ids (slot -> id and back), attribute columns, `Where` masks, the manifest, and persistence.
+Collections named `text-*` (a text's attention keys) live only in memory: they belong to one run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, record
+from vecgpt.errors import VecgptError
+
+
+def default_path(backend: str) -> Path:
+    import os
+
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "vecgpt" / backend
+
+
+class Table:
+    """Vectors of one collection in slots 0..n-1; subclasses implement storage and distances."""
+
+    def __init__(self, dim: int, metric: Metric):
+        self.dim, self.metric, self.n = dim, metric, 0
+
+    def append(self, vectors: np.ndarray) -> None: ...
+    def overwrite(self, slots: np.ndarray, vectors: np.ndarray) -> None: ...
+    def vectors(self, slots: np.ndarray) -> np.ndarray: ...
+    def all_dists(self, queries: np.ndarray, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...  # dists, slots [m, n]
+    def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
+    def save(self, folder: Path) -> None: ...
+    @classmethod
+    def load(cls, folder: Path, dim: int, metric: Metric) -> "Table": ...
+
+
+class Collection:
+    def __init__(self, table: Table, attrs: Sequence[str]):
+        self.table = table
+        self.ids = np.zeros(0, np.int64)  # [n] slot -> id
+        self.slot_of: dict[int, int] = {}
+        self.attrs = {a: np.zeros(0, np.int64) for a in attrs}
+        self.dirty = True
+
+    def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray]) -> None:
+        ids, order = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)  # last write of an id wins
+        order = len(vectors) - 1 - order
+        vectors, attrs = vectors[order], {a: np.asarray(v, np.int64)[order] for a, v in attrs.items()}
+        slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
+        old, new = slots >= 0, slots < 0
+        if old.any():
+            self.table.overwrite(slots[old], vectors[old])
+        new_slots = np.arange(self.table.n, self.table.n + new.sum())
+        if new.any():
+            self.table.append(vectors[new])
+            self.ids = np.concatenate([self.ids, ids[new]])
+            self.slot_of.update(zip(ids[new].tolist(), new_slots.tolist()))
+        for a in self.attrs:
+            column = attrs.get(a, np.zeros(len(ids), np.int64))
+            self.attrs[a] = np.concatenate([self.attrs[a], column[new]])
+            self.attrs[a][slots[old]] = column[old]
+        self.dirty = True
+
+    def slots(self, where: Where | None) -> np.ndarray | None:
+        if where is None:
+            return None
+        unknown = where.attributes() - set(self.attrs)
+        if unknown:
+            raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; this collection has {sorted(self.attrs)}")
+        return np.flatnonzero(where.mask(self.attrs, self.table.n))
+
+
+class LocalStore:
+    table_class: type[Table]
+    metrics: tuple[Metric, ...] = ("l2", "ip")
+    backend = "local"
+
+    def __init__(self, path: str | None = None):
+        self.path = Path(path).expanduser() if path else default_path(self.backend)
+        self._cols: dict[str, Collection] = {}
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}(path={self.path})"
+
+    # collections
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+        if metric not in self.metrics:
+            raise VecgptError(f"{self.backend} cannot rank by {metric!r}; it offers {self.metrics}")
+        if self._has(name):
+            col = self._col(name)
+            if (col.table.dim, col.table.metric) != (dim, metric):
+                raise VecgptError(f"collection {name!r} exists with dim {col.table.dim} and metric {col.table.metric}")
+            return
+        self._cols[name] = Collection(self.table_class(dim, metric), attrs)
+
+    def upsert(self, name, ids, vectors, attrs=None) -> None:
+        col = self._col(name)
+        vectors = check_vectors(name, vectors, col.table.dim)
+        if len(ids) != len(vectors):
+            raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
+        record()
+        col.upsert(ids, vectors, attrs or {})
+
+    def search(self, name, queries, k=None, where=None) -> Hits:
+        col = self._col(name)
+        queries = check_vectors(name, queries, col.table.dim)
+        record(1, len(queries))
+        slots = col.slots(where)
+        if k is None:
+            dists, found = col.table.all_dists(queries, slots)
+            return Hits(col.ids[found], dists)
+        k = min(k, col.table.n if slots is None else len(slots))
+        if k == 0:
+            return Hits(np.zeros((len(queries), 0), np.int64), np.zeros((len(queries), 0)))
+        dists, found = col.table.topk(queries, k, slots)
+        return Hits(col.ids[found], dists)
+
+    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
+
+    def fetch(self, name, ids) -> np.ndarray:
+        col = self._col(name)
+        record()
+        try:
+            slots = np.array([col.slot_of[int(i)] for i in ids], np.int64)
+        except KeyError as e:
+            raise VecgptError(f"collection {name!r} has no id {e.args[0]}") from None
+        return col.table.vectors(slots)
+
+    def count(self, name) -> int:
+        return self._col(name).table.n
+
+    def drop(self, name) -> None:
+        self._cols.pop(name, None)
+        if not name.startswith("text-"):
+            shutil.rmtree(self._folder(name), ignore_errors=True)
+
+    def collections(self) -> list[str]:
+        on_disk = [p.name for p in (self.path / "collections").glob("*") if (p / "meta.json").is_file()] \
+            if (self.path / "collections").is_dir() else []
+        return sorted(set(on_disk) | set(self._cols))
+
+    def stats(self) -> dict:
+        out = {}
+        for name in self.collections():
+            col = self._col(name)
+            out[name] = {"documents": col.table.n, "bytes": col.table.n * col.table.dim * 4}
+        return out
+
+    # persistence
+    def read_manifest(self) -> dict | None:
+        path = self.path / "manifest.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def write_manifest(self, manifest: dict | None) -> None:
+        self.flush()
+        path = self.path / "manifest.json"
+        if manifest is None:
+            path.unlink(missing_ok=True)
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        tmp.replace(path)
+
+    def flush(self) -> None:
+        for name, col in self._cols.items():
+            if col.dirty and not name.startswith("text-"):
+                self._save(name, col)
+
+    def close(self) -> None:
+        self.flush()
+
+    def _folder(self, name: str) -> Path:
+        return self.path / "collections" / name
+
+    def _has(self, name: str) -> bool:
+        return name in self._cols or (self._folder(name) / "meta.json").is_file()
+
+    def _col(self, name: str) -> Collection:
+        if name not in self._cols:
+            if not self._has(name):
+                raise VecgptError(f"{self.backend} store at {self.path} has no collection {name!r}")
+            self._cols[name] = self._load(name)
+        return self._cols[name]
+
+    def _save(self, name: str, col: Collection) -> None:
+        folder, tmp = self._folder(name), self._folder(name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        col.table.save(tmp)
+        np.savez(tmp / "attrs.npz", __ids__=col.ids, **col.attrs)
+        (tmp / "meta.json").write_text(json.dumps({"dim": col.table.dim, "metric": col.table.metric,
+                                                   "attrs": list(col.attrs)}))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        col.dirty = False
+
+    def _load(self, name: str) -> Collection:
+        folder = self._folder(name)
+        meta = json.loads((folder / "meta.json").read_text())
+        col = Collection(self.table_class.load(folder, meta["dim"], meta["metric"]), meta["attrs"])
+        with np.load(folder / "attrs.npz") as saved:
+            col.ids = saved["__ids__"]
+            col.attrs = {a: saved[a] for a in meta["attrs"]}
+        col.slot_of = dict(zip(col.ids.tolist(), range(len(col.ids))))
+        col.dirty = False
+        return col

@@ -1,0 +1,66 @@
+"""In-memory exact store in numpy: float32 vectors, distances computed in float64.
+
+The most precise store: the yardstick other backends are compared with. Persists to a folder
+(`path`, default ~/.cache/vecgpt/memory) so `load` and `generate` can run as separate processes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from vecgpt.backends.local import LocalStore, Table
+
+
+class NumpyTable(Table):
+    def __init__(self, dim, metric, data: np.ndarray | None = None):
+        super().__init__(dim, metric)
+        self._data = np.zeros((0, dim), np.float64) if data is None else data.astype(np.float64)
+        self.n = len(self._data)
+        self._norms = np.einsum("ij,ij->i", self._data, self._data)
+
+    def append(self, vectors):
+        v = vectors.astype(np.float64)
+        self._data = np.concatenate([self._data, v])
+        self._norms = np.concatenate([self._norms, np.einsum("ij,ij->i", v, v)])
+        self.n = len(self._data)
+
+    def overwrite(self, slots, vectors):
+        v = vectors.astype(np.float64)
+        self._data[slots], self._norms[slots] = v, np.einsum("ij,ij->i", v, v)
+
+    def vectors(self, slots):
+        return self._data[slots].astype(np.float32)
+
+    def all_dists(self, queries, slots):
+        data, norms = (self._data, self._norms) if slots is None else (self._data[slots], self._norms[slots])
+        q = queries.astype(np.float64)
+        chosen = np.broadcast_to(np.arange(self.n) if slots is None else slots, (len(q), len(data)))
+        if self.metric == "ip":
+            return -(q @ data.T), chosen
+        return np.maximum(norms[None, :] + np.einsum("ij,ij->i", q, q)[:, None] - 2 * (q @ data.T), 0.0), chosen
+
+    def topk(self, queries, k, slots):
+        dists, chosen = self.all_dists(queries, slots)  # [m, n]
+        chosen = chosen[0]
+        part = np.argpartition(dists, k - 1, axis=1)[:, :k] if k < dists.shape[1] else np.tile(np.arange(dists.shape[1]), (len(dists), 1))
+        d = np.take_along_axis(dists, part, 1)
+        order = np.lexsort((chosen[part], d), axis=1)  # nearest first, ties to the lowest slot
+        return np.take_along_axis(d, order, 1), chosen[np.take_along_axis(part, order, 1)]
+
+    def save(self, folder: Path):
+        np.save(folder / "vectors.npy", self._data.astype(np.float32))
+
+    @classmethod
+    def load(cls, folder, dim, metric):
+        return cls(dim, metric, np.load(folder / "vectors.npy"))
+
+
+class MemoryStore(LocalStore):
+    table_class = NumpyTable
+    backend = "memory"
+
+
+def connect(path: str | None = None) -> MemoryStore:
+    return MemoryStore(path)

@@ -1,0 +1,64 @@
+"""Run configuration: a TOML file lists only what differs from these defaults."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from vecgpt.errors import VecgptError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass
+class Config:
+    backend: str = "faiss"  # a module in vecgpt/backends
+    metric: str = "l2"  # "l2": padded documents under squared L2; "ip": plain inner product
+    model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
+    top_k: int = 40  # candidates the token search returns
+    prompt_block: bool = True  # read a prompt as one block of queries per search
+    tile: int = 8  # key positions streaming attention folds at a time
+    store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
+
+    def __post_init__(self):
+        if self.metric not in ("l2", "ip"):
+            raise VecgptError(f"metric must be 'l2' or 'ip', not {self.metric!r}")
+        if self.top_k < 1:
+            raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
+        if self.tile < 1:
+            raise VecgptError(f"tile must be at least 1, not {self.tile}")
+
+
+TYPES = {"backend": str, "metric": str, "model": (str, type(None)), "top_k": int, "prompt_block": bool,
+         "tile": int, "store": dict}
+
+
+def load_config(path: str | Path | None = None, **overrides) -> Config:
+    values = {}
+    if path is not None:
+        try:
+            values = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise VecgptError(f"config file {path} does not exist (see configs/ for examples)") from None
+        except tomllib.TOMLDecodeError as e:
+            raise VecgptError(f"{path}: not valid TOML ({e})") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(Config)}
+    for key, value in values.items():
+        if key not in known:
+            raise VecgptError(f"{path or 'config'}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
+        expected = TYPES[key]
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise VecgptError(f"{path or 'config'}: {key} = {value!r} has the wrong type "
+                              f"(expected {getattr(expected, '__name__', 'string')})")
+    return Config(**values)
+
+
+def open_store(config: Config):
+    from vecgpt.backends.base import get_store
+
+    return get_store(config.backend, **config.store)

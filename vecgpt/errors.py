@@ -1,0 +1,5 @@
+"""The one exception type the CLI turns into a one-line message and a non-zero exit."""
+
+
+class VecgptError(Exception):
+    """A problem the user can fix; the message says how."""

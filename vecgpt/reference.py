@@ -1,0 +1,101 @@
+"""The ordinary numpy GPT-2 forward pass with a KV cache: the yardstick for every store."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vecgpt.sampling import Candidates, top_k
+from vecgpt.weights import Model
+
+
+def gelu(x):  # GPT-2's tanh form ("gelu_new")
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def layer_norm(x, weight, bias, eps):  # [m, d] -> [m, d]
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return weight * (x - mean) / np.sqrt(var + eps) + bias
+
+
+def linear(x, weight, bias):  # [m, in], [in, out], [out] -> [m, out]
+    return x @ weight + bias
+
+
+def mlp(x, c_fc, c_proj):  # [m, d] -> [m, d]
+    return linear(gelu(linear(x, **c_fc)), **c_proj)
+
+
+def attention(q, k, v, mask):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
+    return softmax(q @ k.T / math.sqrt(q.shape[-1]) + mask) @ v
+
+
+def causal_mask(m, n, dtype):  # query i of the last m sits at position n - m + i
+    return np.triu(np.full((m, n), -np.inf, dtype), k=n - m + 1)
+
+
+def mha(x, c_attn, c_proj, n_head, cache):  # [m, d] -> [m, d]; cache holds "k", "v" [n, d]
+    q, k, v = np.split(linear(x, **c_attn), 3, axis=-1)  # [m, d] each
+    cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
+    mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
+    heads = [attention(qh, kh, vh, mask) for qh, kh, vh in
+             zip(*(np.split(a, n_head, axis=-1) for a in (q, cache["k"], cache["v"])))]  # n_head x [m, hd]
+    return linear(np.hstack(heads), **c_proj)  # [m, d]
+
+
+def transformer_block(x, ln_1, attn, ln_2, mlp_, n_head, eps, cache):  # [m, d] -> [m, d]
+    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, cache=cache)
+    return x + mlp(layer_norm(x, **ln_2, eps=eps), **mlp_)
+
+
+def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches):  # [m] -> [m, n_vocab]
+    x = wte["weight"][ids] + wpe["weight"][start:start + len(ids)]  # [m, d]
+    for block, cache in zip(h, caches):
+        x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], n_head, eps, cache)
+    return layer_norm(x, **ln_f, eps=eps) @ wte["weight"].T  # [m, n_vocab]
+
+
+class Reference:
+    """numpy GPT-2 holding one text's KV cache; float32 or float64 throughout."""
+
+    def __init__(self, model: Model, dtype=np.float32):
+        self.hparams, self.dtype = model.hparams, np.dtype(dtype)
+        self.params = _cast(model.params, self.dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        d = self.hparams.n_embd
+        self.caches = [{"k": np.zeros((0, d), self.dtype), "v": np.zeros((0, d), self.dtype)}
+                       for _ in range(self.hparams.n_layer)]
+
+    @property
+    def position(self) -> int:
+        return len(self.caches[0]["k"])
+
+    def truncate(self, n: int) -> None:
+        for cache in self.caches:
+            cache["k"], cache["v"] = cache["k"][:n], cache["v"][:n]
+
+    def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
+        ids = np.asarray(ids, dtype=np.int64)
+        return gpt2(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
+                    caches=self.caches)
+
+    def read(self, ids, k: int = 40) -> Candidates:
+        """Feed tokens; the best k next tokens after the last one."""
+        return top_k(self.logits(ids)[-1], k)
+
+
+def _cast(params, dtype):
+    if isinstance(params, dict):
+        return {k: _cast(v, dtype) for k, v in params.items()}
+    if isinstance(params, list):
+        return [_cast(v, dtype) for v in params]
+    return params.astype(dtype)

@@ -1,0 +1,222 @@
+"""GPT-2 checkpoints in the Hugging Face layout: load, check, write, make at random.
+
+Parameters live in a nested dict built by splitting safetensors keys on ".":
+`h.3.attn.c_attn.weight` becomes `params["h"][3]["attn"]["c_attn"]["weight"]`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from vecgpt.errors import VecgptError
+
+SHIPPED = Path(__file__).parent / "models"
+DEFAULT_MODEL = "shakespeare"
+IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
+@dataclass(frozen=True)
+class HParams:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    n_ctx: int
+    n_vocab: int
+    eps: float = 1e-5
+
+    def config_json(self) -> dict:
+        return {
+            "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
+            "n_layer": self.n_layer, "n_head": self.n_head, "n_embd": self.n_embd,
+            "n_positions": self.n_ctx, "n_ctx": self.n_ctx, "vocab_size": self.n_vocab,
+            "layer_norm_epsilon": self.eps, "activation_function": "gelu_new",
+            "bos_token_id": 50256, "eos_token_id": 50256,
+        }
+
+
+@dataclass
+class Model:
+    hparams: HParams
+    params: dict
+    source: str
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.params)
+
+
+def expected_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    d, shapes = hp.n_embd, {"wte.weight": (hp.n_vocab, hp.n_embd), "wpe.weight": (hp.n_ctx, hp.n_embd)}
+    for i in range(hp.n_layer):
+        for name, shape in {
+            "ln_1.weight": (d,), "ln_1.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
+            "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+            "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+            "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
+            "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+        }.items():
+            shapes[f"h.{i}.{name}"] = shape
+    shapes["ln_f.weight"] = shapes["ln_f.bias"] = (d,)
+    return shapes
+
+
+def read_hparams(config: dict, where: str) -> HParams:
+    try:
+        hp = HParams(
+            n_layer=int(config["n_layer"]), n_head=int(config["n_head"]), n_embd=int(config["n_embd"]),
+            n_ctx=int(config.get("n_positions", config.get("n_ctx"))), n_vocab=int(config["vocab_size"]),
+            eps=float(config.get("layer_norm_epsilon", 1e-5)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise VecgptError(f"{where}: config.json lacks or mangles a GPT-2 hyper-parameter ({e})") from None
+    if hp.n_embd % hp.n_head:
+        raise VecgptError(f"{where}: n_embd {hp.n_embd} is not divisible by n_head {hp.n_head}")
+    act = config.get("activation_function", "gelu_new")
+    if act not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise VecgptError(f"{where}: activation_function {act!r} is not GPT-2's tanh GELU (gelu_new)")
+    return hp
+
+
+def resolve(model: str | None) -> Path:
+    """A local folder, a model shipped with vecgpt, or a Hugging Face hub name."""
+    model = model or DEFAULT_MODEL
+    if Path(model).is_dir():
+        return Path(model)
+    if (SHIPPED / model / "config.json").is_file():
+        return SHIPPED / model
+    if Path(model).exists() or "/" in model and Path(model).parent.exists() and model.startswith((".", "/")):
+        raise VecgptError(f"{model}: not a model folder (expected a folder with config.json and model.safetensors)")
+    return download(model)
+
+
+def download(name: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, allow_patterns=["config.json", "model.safetensors"]))
+    except Exception as e:  # offline, unknown repo, auth: all end the same way for the user
+        raise VecgptError(
+            f"cannot fetch {name!r} from the Hugging Face hub ({type(e).__name__}); "
+            f"pass a local folder holding config.json and model.safetensors with --model PATH"
+        ) from None
+
+
+def load(model: str | None = None, dtype=np.float32) -> Model:
+    folder = resolve(model)
+    config_path, tensors_path = folder / "config.json", folder / "model.safetensors"
+    for path in (config_path, tensors_path):
+        if not path.is_file():
+            raise VecgptError(f"{folder}: missing {path.name} (a GPT-2 folder holds config.json and model.safetensors)")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise VecgptError(f"{config_path}: not valid JSON ({e})") from None
+    hp = read_hparams(config, str(folder))
+    flat = check_tensors(read_tensors(tensors_path), hp, str(tensors_path))
+    params = unflatten({k: v.astype(dtype) for k, v in flat.items()})
+    return Model(hp, params, str(folder))
+
+
+def read_tensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises several types for a damaged file
+        raise VecgptError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0][:120]})") from None
+
+
+def check_tensors(tensors: dict[str, np.ndarray], hp: HParams, where: str) -> dict[str, np.ndarray]:
+    flat = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    flat = {k: v for k, v in flat.items() if not k.endswith(IGNORED_SUFFIXES)}
+    head = flat.pop("lm_head.weight", None)
+    shapes = expected_shapes(hp)
+    missing = sorted(set(shapes) - set(flat))
+    if missing:
+        raise VecgptError(f"{where}: missing tensor {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+    extra = sorted(set(flat) - set(shapes))
+    if extra:
+        raise VecgptError(f"{where}: unexpected tensor {extra[0]} (not part of GPT-2 with {hp.n_layer} layers)")
+    for name, shape in shapes.items():
+        if tuple(flat[name].shape) != shape:
+            raise VecgptError(f"{where}: {name} has shape {tuple(flat[name].shape)}, config.json implies {shape}")
+    if head is not None and not np.array_equal(head, flat["wte.weight"]):
+        raise VecgptError(f"{where}: lm_head.weight differs from wte.weight; GPT-2 ties them and vecgpt needs that")
+    return flat
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    params: dict = {}
+    for key, value in flat.items():
+        node, parts = params, [int(p) if p.isdigit() else p for p in key.split(".")]
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    params["h"] = [params["h"][i] for i in sorted(params.get("h", {}))]
+    return params
+
+
+def flatten(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    items = enumerate(params) if isinstance(params, list) else params.items()
+    flat: dict[str, np.ndarray] = {}
+    for key, value in items:
+        name = f"{prefix}{key}"
+        flat.update(flatten(value, name + ".") if isinstance(value, (dict, list)) else {name: value})
+    return flat
+
+
+def fingerprint(params: dict) -> str:
+    digest = hashlib.sha256()
+    for name, value in sorted(flatten(params).items()):
+        digest.update(name.encode())
+        digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def save(out: str | Path, hp: HParams, params: dict, dtype=np.float32, extra_config: dict | None = None) -> Path:
+    """Write config.json + model.safetensors; files appear only once complete."""
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "model.safetensors.part"
+    save_file({k: np.ascontiguousarray(v, dtype=dtype) for k, v in flatten(params).items()}, str(tmp))
+    tmp.replace(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**hp.config_json(), **(extra_config or {})}, indent=2) + "\n")
+    return out
+
+
+def make_params(hp: HParams, seed: int = 0) -> dict:
+    """Random weights at GPT-2's initialisation scale (normal 0.02; residual projections 0.02/sqrt(2L))."""
+    rng = np.random.default_rng(seed)
+    d, std, res_std = hp.n_embd, 0.02, 0.02 / np.sqrt(2 * hp.n_layer)
+
+    def normal(shape, s=std):
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(s)
+
+    def ln():
+        return {"weight": np.ones(d, np.float32), "bias": np.zeros(d, np.float32)}
+
+    def dense(n_in, n_out, s=std):  # small random biases, so the encoding's bias term is exercised
+        return {"weight": normal((n_in, n_out), s), "bias": normal((n_out,), s)}
+
+    blocks = [
+        {"ln_1": ln(), "attn": {"c_attn": dense(d, 3 * d), "c_proj": dense(d, d, res_std)},
+         "ln_2": ln(), "mlp": {"c_fc": dense(d, 4 * d), "c_proj": dense(4 * d, d, res_std)}}
+        for _ in range(hp.n_layer)
+    ]
+    return {"wte": {"weight": normal((hp.n_vocab, d))}, "wpe": {"weight": normal((hp.n_ctx, d), 0.01)},
+            "h": blocks, "ln_f": ln()}
+
+
+def make_model(out: str | Path, hp: HParams, seed: int = 0) -> Path:
+    return save(out, hp, make_params(hp, seed), extra_config={"vecgpt": {"random_seed": seed}})
+
+
+def describe(hp: HParams) -> str:
+    return ", ".join(f"{k}={v}" for k, v in asdict(hp).items())
