@@ -173,7 +173,7 @@ MARGIN_REL, MARGIN_ABS = 0.01, 96 * 1024   # measured peak within 1% + 96 KiB of
 
 
 @pytest.mark.parametrize("case", [(2, 256, 64, 256, 8, "float64"), (4, 1024, 64, 1024, 8, "float32"),
-                                  (3, 300, 32, 100, 7, "float32")])
+                                  (3, 300, 32, 100, 7, "float32"), (2, 512, 32, 512, 64, "float64")])
 def test_tracemalloc_matches_prediction(case):
     mb = att.memory_bytes(*case)
     for form in ("full", "streaming"):

@@ -218,5 +218,11 @@ def make_model(out: str | Path, hp: HParams, seed: int = 0) -> Path:
     return save(out, hp, make_params(hp, seed), extra_config={"vecgpt": {"random_seed": seed}})
 
 
+def default_models_dir() -> Path:
+    import os
+
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vecgpt" / "models"
+
+
 def describe(hp: HParams) -> str:
     return ", ".join(f"{k}={v}" for k, v in asdict(hp).items())

@@ -1,0 +1,107 @@
+"""The command line: results on stdout, one-line errors and a non-zero exit on bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vecgpt.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, needle):
+    assert code != 0
+    lines = [l for l in err.splitlines() if l.startswith("vecgpt: error")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.fixture
+def store_args(tmp_path):
+    return ["--backend", "faiss", "--config", str(write_config(tmp_path, f'[store]\npath = "{tmp_path / "faiss"}"\n'))]
+
+
+def write_config(tmp_path, text, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_generate_json_shape(capsys, store_args, tiny_model_dir):
+    code, out, err = run(capsys, "generate", *store_args, "--model", str(tiny_model_dir), "Hello", "-n", "3", "--json")
+    assert code == 0
+    d = json.loads(out)
+    assert d["prompt_tokens"] == [15496] and len(d["tokens"]) == 3 and d["backend"] == "faiss"
+    assert d["steps"][0]["token"] == d["tokens"][0] and len(d["steps"][0]["candidates"]) == 40
+    assert d["requests"]["total"] == sum(d["requests"]["by_kind"].values()) and len(d["requests"]["per_token"]) == 3
+    assert d["model_fingerprint"] and isinstance(d["text"], str)
+
+
+def test_load_is_idempotent_and_refuses_another_model(capsys, store_args, tiny_model_dir, tmp_path):
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    code, out, _ = run(capsys, "ls", *store_args)
+    assert code == 0 and "h.1.mlp.c_fc" in out
+    run(capsys, "make-model", str(tmp_path / "other"), "--layers", "1", "--heads", "2", "--embd", "8", "--ctx", "16", "--vocab", "50257")
+    code, _, err = run(capsys, "generate", *store_args, "--model", str(tmp_path / "other"), "x", "-n", "1")
+    assert_one_line_error(code, err, "--replace")
+    assert run(capsys, "drop", *store_args)[0] == 0
+
+
+def test_compare_prints_scores_side_by_side(capsys, store_args, tiny_model_dir):
+    code, out, _ = run(capsys, "compare", *store_args, "--model", str(tiny_model_dir), "Hello world", "-n", "4", "--json")
+    d = json.loads(out)
+    assert code == 0 and len(d["scores"]) == 40 and d["max_abs_error"] < 1e-4 and d["identical_steps"] == 4
+
+
+def test_tokenize(capsys):
+    assert run(capsys, "tokenize", "Hello world", "--json")[1].strip() == "[15496, 995]"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["generate", "--model", "/nonexistent/folder", "hi"], "--model PATH"),
+    (["generate", "--backend", "nosuchstore", "hi"], "known backends: "),
+    (["generate", "--top-k", "60000", "hi"], "--top-k 60000"),
+    (["generate", "-n", "100", "hi"], "context of 64"),
+])
+def test_bad_input_one_line(capsys, tiny_model_dir, args, needle, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if "--model" not in args:
+        args = args[:1] + ["--model", str(tiny_model_dir)] + args[1:]
+    assert_one_line_error(*run(capsys, *args)[::2], needle)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('backend = "faiss"\ncolour = "red"\n', "unknown key 'colour'"),
+    ('top_k = "forty"\n', "top_k = 'forty' has the wrong type"),
+    ('metric = "cosine"\n', "metric must be"),
+    ('backend = "faiss"\n[store]\nhost = "x"\n', "takes no option 'host'"),
+    ("backend = \n", "not valid TOML"),
+])
+def test_bad_config_one_line(capsys, tmp_path, tiny_model_dir, text, needle):
+    config = write_config(tmp_path, text)
+    assert_one_line_error(*run(capsys, "generate", "--config", str(config), "--model", str(tiny_model_dir), "hi")[::2], needle)
+
+
+def test_missing_config_file(capsys, tmp_path):
+    assert_one_line_error(*run(capsys, "ls", "--config", str(tmp_path / "none.toml"))[::2], "does not exist")
+
+
+def test_store_fingerprint_mismatch(capsys, store_args, tiny_model_dir, tmp_path):
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    run(capsys, "make-model", str(tmp_path / "other"), "--layers", "1", "--heads", "2", "--embd", "8", "--ctx", "16", "--vocab", "50257")
+    assert_one_line_error(*run(capsys, "compare", *store_args, "--model", str(tmp_path / "other"), "x")[::2], "--replace")
+
+
+def test_console_script_stdout_is_only_the_result(tiny_model_dir, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "vecgpt", "generate", "--backend", "memory", "--model", str(tiny_model_dir),
+                           "Hi", "-n", "2", "--json"], capture_output=True, text=True,
+                          env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)  # progress bars went to stderr

@@ -1,0 +1,91 @@
+"""The encoding identity: distances to padded documents give back w.x + b."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vecgpt import encoding
+
+
+def l2(q, d):
+    q, d = q.astype(np.float64), d.astype(np.float64)
+    return ((q[:, None, :] - d[None]) ** 2).sum(-1)
+
+
+@st.composite
+def problems(draw):
+    n_in, n_out, m = draw(st.integers(1, 40)), draw(st.integers(1, 30)), draw(st.integers(1, 4))
+    seed, scale = draw(st.integers(0, 2**32 - 1)), draw(st.sampled_from([1e-3, 1.0, 30.0, 1e3]))
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n_in, n_out)) * scale).astype(np.float32)
+    w[:, 0] *= draw(st.sampled_from([1.0, 100.0]))  # one row of a much larger norm
+    b = (rng.standard_normal(n_out) * scale).astype(np.float32)
+    x = rng.standard_normal((m, n_in)).astype(np.float32)
+    return w, b, x
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems())
+def test_l2_identity_recovers_outputs(problem):
+    w, b, x = problem
+    docs, m2 = encoding.encode_rows(w, b, "l2")
+    q = encoding.encode_queries(x, "l2")
+    assert docs.shape == (w.shape[1], w.shape[0] + 2) and q.shape == (len(x), w.shape[0] + 2)
+    y = encoding.decode_dists(l2(q, docs), q, m2, "l2")
+    exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    # float64 distances; the only loss is the pad rounded to float32: ~6e-8 * M^2
+    np.testing.assert_allclose(y, exact, rtol=0, atol=1e-6 * (m2 + 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(problems())
+def test_every_document_has_length_m(problem):
+    w, b, _ = problem
+    docs, m2 = encoding.encode_rows(w, b, "l2")
+    norms2 = (docs.astype(np.float64) ** 2).sum(1)
+    np.testing.assert_allclose(norms2, m2, rtol=1e-6)
+    assert np.isclose(norms2.max(), m2, rtol=1e-6)  # M is the largest row norm: one pad is zero
+    assert np.min(docs[:, -1]) >= 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems())
+def test_ip_identity_recovers_outputs(problem):
+    w, b, x = problem
+    docs, _ = encoding.encode_rows(w, b, "ip")
+    q = encoding.encode_queries(x, "ip")
+    y = encoding.decode_dists(-(q.astype(np.float64) @ docs.astype(np.float64).T), q, 0.0, "ip")
+    exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    np.testing.assert_allclose(y, exact, rtol=1e-9, atol=1e-9 * np.abs(exact).max())
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 16), st.integers(1, 20), st.integers(0, 2**32 - 1))
+def test_key_identity(hd, n, seed):
+    rng = np.random.default_rng(seed)
+    q, k = rng.standard_normal((3, hd)).astype(np.float32), rng.standard_normal((n, hd)).astype(np.float32)
+    dots = encoding.decode_key_dists(l2(q, k), q, encoding.squared_norms(k), "l2")
+    np.testing.assert_allclose(dots, q.astype(np.float64) @ k.astype(np.float64).T, atol=1e-9)
+
+
+def test_top_k_by_distance_is_top_k_by_output():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 500)).astype(np.float32) * rng.uniform(0.1, 10, 500).astype(np.float32)
+    b = rng.standard_normal(500).astype(np.float32)
+    x = rng.standard_normal((1, 16)).astype(np.float32)
+    docs, _ = encoding.encode_rows(w, b, "l2")
+    by_dist = np.argsort(l2(encoding.encode_queries(x, "l2"), docs)[0])[:10]
+    by_output = np.argsort(-(x.astype(np.float64) @ w + b)[0])[:10]
+    assert list(by_dist) == list(by_output)
+
+
+def test_float32_cancellation_is_bounded_as_documented():
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 200)).astype(np.float32)
+    x = (rng.standard_normal((1, 64)) * 5).astype(np.float32)
+    docs, m2 = encoding.encode_rows(w, None, "l2")
+    q = encoding.encode_queries(x, "l2")
+    d32 = l2(q, docs).astype(np.float32)  # what a float32 store returns
+    err = np.abs(encoding.decode_dists(d32, q, m2, "l2") - x.astype(np.float64) @ w).max()
+    bound = 6e-8 * (m2 + encoding.squared_norms(q)[0])
+    assert err <= bound and err > 0
