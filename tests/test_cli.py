@@ -65,7 +65,8 @@ def test_tokenize(capsys):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["generate", "--model", "/nonexistent/folder", "hi"], "--model PATH"),
+    (["generate", "--model", "/nonexistent/folder", "hi"], "no such model folder"),
+    (["generate", "--model", "someone/not-on-this-machine", "hi"], "--model PATH"),
     (["generate", "--backend", "nosuchstore", "hi"], "known backends: "),
     (["generate", "--top-k", "60000", "hi"], "--top-k 60000"),
     (["generate", "-n", "100", "hi"], "context of 64"),

@@ -132,6 +132,7 @@ class Text:
         self.name = f"text-{uuid.uuid4().hex[:12]}"
         hp, hd = self.hp, self.hp.n_embd // self.hp.n_head
         self.tokens: list[int] = []
+        self.trace: list | None = None  # set to [] to collect the residual stream after each layer
         self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd))  # [L, ctx, H, hd]
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
         self.meter.together(("open", lambda: self.store.create(self.name, hd, self.metric, ("layer", "head", "position"))),
@@ -169,6 +170,8 @@ class Text:
         x = self._embed(ids, start)  # [m, d]
         for layer in range(self.hp.n_layer):
             x = self._block(x, layer, start)
+            if self.trace is not None:
+                self.trace.append(x.copy())
         self.tokens += ids
         return x
 

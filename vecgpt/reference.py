@@ -55,10 +55,12 @@ def transformer_block(x, ln_1, attn, ln_2, mlp_, n_head, eps, cache):  # [m, d] 
     return x + mlp(layer_norm(x, **ln_2, eps=eps), **mlp_)
 
 
-def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches):  # [m] -> [m, n_vocab]
+def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None):  # [m] -> [m, n_vocab]
     x = wte["weight"][ids] + wpe["weight"][start:start + len(ids)]  # [m, d]
     for block, cache in zip(h, caches):
         x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], n_head, eps, cache)
+        if trace is not None:  # the residual stream after each layer
+            trace.append(x.copy())
     return layer_norm(x, **ln_f, eps=eps) @ wte["weight"].T  # [m, n_vocab]
 
 
@@ -68,6 +70,7 @@ class Reference:
     def __init__(self, model: Model, dtype=np.float32):
         self.hparams, self.dtype = model.hparams, np.dtype(dtype)
         self.params = _cast(model.params, self.dtype)
+        self.trace: list | None = None  # set to [] to collect the residual stream after each layer
         self.reset()
 
     def reset(self) -> None:
@@ -86,7 +89,7 @@ class Reference:
     def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
         ids = np.asarray(ids, dtype=np.int64)
         return gpt2(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
-                    caches=self.caches)
+                    caches=self.caches, trace=self.trace)
 
     def read(self, ids, k: int = 40) -> Candidates:
         """Feed tokens; the best k next tokens after the last one."""

@@ -85,12 +85,12 @@ def read_hparams(config: dict, where: str) -> HParams:
 def resolve(model: str | None) -> Path:
     """A local folder, a model shipped with vecgpt, or a Hugging Face hub name."""
     model = model or DEFAULT_MODEL
-    if Path(model).is_dir():
-        return Path(model)
+    if Path(model).expanduser().is_dir():
+        return Path(model).expanduser()
     if (SHIPPED / model / "config.json").is_file():
         return SHIPPED / model
-    if Path(model).exists() or "/" in model and Path(model).parent.exists() and model.startswith((".", "/")):
-        raise VecgptError(f"{model}: not a model folder (expected a folder with config.json and model.safetensors)")
+    if model.startswith(("/", ".", "~")) or Path(model).exists():
+        raise VecgptError(f"{model}: no such model folder (a GPT-2 folder holds config.json and model.safetensors)")
     return download(model)
 
 

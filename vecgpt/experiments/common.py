@@ -1,0 +1,85 @@
+"""What every experiment shares: provenance, the results folder, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = ("numpy", "faiss-cpu", "lancedb", "pyarrow", "psycopg", "pgvector", "pgserver", "turbopuffer", "hnswlib", "tiktoken")
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def commit() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def provenance(seed: int | None = None, model=None, **extra) -> dict:
+    """Where a result came from: code, libraries, machine, threads, seed and model."""
+    import vecgpt
+
+    return {
+        "vecgpt": vecgpt.__version__, "commit": commit(), "versions": versions(),
+        "machine": {"system": platform.platform(), "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "threads": {v: os.environ.get(v) for v in THREAD_VARS},
+        "seed": seed,
+        "model": None if model is None else {"source": model.source, "fingerprint": model.fingerprint,
+                                              "hparams": model.hparams.__dict__},
+        **extra,
+    }
+
+
+def results_dir(name: str, out: str | None = None) -> Path:
+    path = Path(out or Path("results") / name)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: Path, data: dict) -> Path:
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(data, indent=1, default=_plain))
+    tmp.replace(path)
+    return path
+
+
+def _plain(value):
+    import numpy as np
+
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None, floatfmt: str = ".3g") -> str:
+    """A GitHub markdown table of dict rows; prints well in a terminal too."""
+    columns = columns or list(rows[0]) if rows else []
+
+    def cell(v):
+        return format(v, floatfmt) if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
