@@ -136,6 +136,7 @@ def streaming_attention(q, k, v, causal: bool = True, q_offset: int = 0, tile: i
         if causal:
             _mask_causal_rows(s, q_offset + first, j)
         state.update_rows(first, s, v[..., j:j + tile, :])
+        del s                                                     # free it before the next tile's
     return state.finish()
 
 
@@ -249,29 +250,33 @@ if HAVE_NUMBA:
         hd = q.shape[2]
         zero = q[h, i, 0] * 0
         scale = zero + 1.0 / np.sqrt(hd)
+        qi = q[h, i]                                                 # [hd]
         s = np.empty(tile, q.dtype)                                  # [tile] scores of one tile
+        acc = np.zeros(hd, q.dtype)                                  # [hd] output accumulator
         m, l = zero, zero
-        acc = out[h, i]                                              # [hd], starts at zero
         for j0 in range(0, stop, tile):
             t = min(tile, stop - j0)
+            m_new = m if j0 > 0 else -np.inf
             for c in range(t):
+                kc = k[h, j0 + c]                                    # [hd]
                 dot = zero
                 for d in range(hd):
-                    dot += q[h, i, d] * k[h, j0 + c, d]
+                    dot += qi[d] * kc[d]
                 s[c] = dot * scale
-            m_new = s[:t].max() if j0 == 0 else max(m, s[:t].max())
-            alpha = zero if j0 == 0 else np.exp(m - m_new)          # rescale what we have
+                m_new = max(m_new, s[c])
+            alpha = np.exp(m - m_new) if j0 > 0 else zero            # rescale what we have
             l *= alpha
             for d in range(hd):
                 acc[d] *= alpha
             for c in range(t):
                 w = np.exp(s[c] - m_new)
                 l += w
+                vc = v[h, j0 + c]                                    # [hd]
                 for d in range(hd):
-                    acc[d] += w * v[h, j0 + c, d]
+                    acc[d] += w * vc[d]
             m = m_new
         for d in range(hd):
-            acc[d] /= l
+            out[h, i, d] = acc[d] / l
 
     @numba.njit(parallel=True, cache=True)
     def _fused_kernel(q, k, v, causal, q_offset, tile, out):  # pragma: no cover - compiled
