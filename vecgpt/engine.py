@@ -204,11 +204,11 @@ class Text:
         write = ("key_write", lambda: self._write_keys(layer, start, k32))
         if m == 1:  # decode: earlier keys from the store (written meanwhile), the own key from memory
             searches = self._key_searches(q, layer, start)
-            found = self.meter.together(write, *searches)[1:] or [None] * hp.n_head
+            found = (self.meter.together(write, *searches)[1:] or [[None] * hp.n_head])[0]
             own = [(np.array([[start]]), (q[:, h] @ k32[0, h].astype(np.float64)).reshape(1, 1)) for h in range(hp.n_head)]
         else:  # a block: write its keys, then every query searches all keys up to the block's end
             self.meter.together(write)
-            found = self.meter.together(*self._key_searches(q, layer, start + m))
+            found = self.meter.together(*self._key_searches(q, layer, start + m))[0]
             own = [None] * hp.n_head
         heads = [self._attend(q[:, h], found[h], own[h], layer, h, start) for h in range(hp.n_head)]
         return self._linear(np.hstack(heads), f"h.{layer}.attn.c_proj")
@@ -223,11 +223,16 @@ class Text:
     def _key_ids(self, layer, head, pos):
         return (layer * self.hp.n_head + head) * self.hp.n_ctx + pos
 
-    def _key_searches(self, q, layer, end):  # one (kind, fn) per head: keys at positions < end
+    def _key_searches(self, q, layer, end):  # every head's keys at positions < end, in one search_many
+        if end == 0:
+            return []
         q32 = q.astype(np.float32)
-        return [("key_search", lambda h=h: (q32[:, h], self.store.search(
-            self.name, q32[:, h], where=Where(eq={"layer": layer, "head": h}, lt={"position": end}))))
-                for h in range(self.hp.n_head)] if end > 0 else []
+
+        def run():
+            hits = self.store.search_many([Search(self.name, q32[:, h], where=Where(
+                eq={"layer": layer, "head": h}, lt={"position": end})) for h in range(self.hp.n_head)])
+            return [(q32[:, h], hits[h]) for h in range(self.hp.n_head)]
+        return [("key_search", run)]
 
     def _attend(self, q, found, own, layer, head, start):  # q [m, hd] -> [m, hd], streamed a tile at a time
         m, hd = q.shape

@@ -1,0 +1,181 @@
+"""pgvector specifics: exact plans, atomic loads, key tables, storage, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("psycopg")
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+
+from vecgpt.backends import pgvector  # noqa: E402
+from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.errors import VecgptError  # noqa: E402
+
+rng = np.random.default_rng(3)
+
+
+@pytest.fixture
+def store(make_store):
+    return make_store("pgvector")
+
+
+def plan(store, name, queries, k=None, where=None) -> str:
+    meta = store._col(name)
+    query, params = store._search_sql(0, meta, queries, k, where, name)
+    rows = store.conn.cursor(binary=True).execute("EXPLAIN " + query, params).fetchall()
+    return "\n".join(r[0] for r in rows)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_weight_searches_scan_every_row_even_beside_an_hnsw_index(store, metric):
+    x = rng.standard_normal((400, 16)).astype(np.float32)
+    store.create("w", 16, metric, attrs=("row",))
+    store.upsert("w", np.arange(400), x, {"row": np.arange(400)})
+    table = store._table(store._col("w"))
+    for ops in ("vector_l2_ops", "vector_ip_ops"):  # approximate indexes the planner could be tempted by
+        store.conn.execute(sql.SQL("CREATE INDEX ON {} USING hnsw (embedding {})").format(table, sql.SQL(ops)))
+    store.conn.execute(sql.SQL("ANALYZE {}").format(table))
+    for queries in (x[:1], x[:3]):
+        for k in (None, 5):
+            text = plan(store, "w", queries, k)
+            assert "Seq Scan" in text and "Index" not in text, text
+            hits = store.search("w", queries, k=k)
+            want = ((queries[:, None].astype(np.float64) - x[None]) ** 2).sum(-1) if metric == "l2" else -(queries.astype(np.float64) @ x.T)
+            for row in range(len(queries)):
+                got = np.empty(400) if k is None else None
+                if k is None:
+                    got[hits.ids[row]] = hits.dists[row]
+                    np.testing.assert_allclose(got, want[row], rtol=1e-5, atol=1e-4)
+                else:
+                    assert list(hits.ids[row]) == list(np.argsort(want[row], kind="stable")[:5])
+    assert hits.dists.dtype == np.float64
+
+
+def test_a_failed_copy_leaves_the_table_as_it_was(store):
+    store.create("c", 8, "l2", attrs=("row",))
+    store.upsert("c", np.arange(10), np.ones((10, 8), np.float32))
+    store.count("c")  # commits the load
+    bad = rng.standard_normal((1000, 8)).astype(np.float32)
+    bad[700, 3] = np.nan  # the server refuses the row in the middle of the COPY
+    with pytest.raises(VecgptError):
+        store.upsert("c", np.arange(10, 1010), bad)
+    assert store.count("c") == 10
+    with pytest.raises(VecgptError):  # and one that would overwrite rows
+        store.upsert("c", np.arange(5), bad[698:703])
+    np.testing.assert_array_equal(store.fetch("c", np.arange(10)), np.ones((10, 8), np.float32))
+
+
+def test_a_load_interrupted_half_way_leaves_no_collection(store):
+    store.create("m", 8, "l2")
+    store.upsert("m", np.arange(300), rng.standard_normal((300, 8)).astype(np.float32))
+    bad = np.full((300, 8), np.nan, np.float32)
+    with pytest.raises(VecgptError):
+        store.upsert("m", np.arange(300, 600), bad)
+    assert "m" not in store.collections()
+
+
+def test_a_killed_load_leaves_nothing(store, tmp_path):
+    """A process that dies between two batches of a collection: the collection is not there."""
+    script = textwrap.dedent(f"""
+        import os, numpy as np
+        from vecgpt.backends.pgvector import PgStore
+        s = PgStore({store.dsn!r}, {store.schema!r})
+        s.create("killed", 8, "l2")
+        s.upsert("killed", np.arange(500), np.ones((500, 8), np.float32))
+        os._exit(1)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=False, timeout=60)
+    assert "killed" not in store.collections()
+
+
+def test_keys_overwrite_by_position_and_drop_with_the_text(store):
+    name = "text-0123456789ab"
+    store.create(name, 4, "l2", attrs=("layer", "head", "position"))
+    k1, k2 = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    attrs = {"layer": np.zeros(3, int), "head": np.arange(3), "position": np.full(3, 7)}
+    store.upsert(name, np.array([7, 1031, 2055]), k1, attrs)
+    store.upsert(name, np.array([7, 1031, 2055]), k2, attrs)  # the same position again: replaced
+    assert store.count(name) == 3
+    np.testing.assert_array_equal(store.fetch(name, np.array([1031])), k2[1:2])
+    hits = store.search(name, k2[:1], where=Where(eq={"layer": 0, "head": 0}, lt={"position": 8}))
+    assert hits.ids.tolist() == [[7]] and abs(hits.dists[0, 0]) < 1e-6
+    table = store._col(name).table
+    kind = store.conn.execute("SELECT relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                              "WHERE n.nspname = %s AND c.relname = %s", (store.schema, table)).fetchone()
+    assert kind == ("u",)  # unlogged: keys belong to one run
+    store.drop(name)
+    assert store.conn.execute("SELECT to_regclass(%s)", (f'"{store.schema}"."{table}"',)).fetchone() == (None,)
+
+
+def test_wide_vectors_stay_inline_and_the_widest_go_out_of_line_uncompressed(store):
+    for dim in (770, 3074):
+        store.create(f"d{dim}", dim, "l2")
+        x = rng.standard_normal((3, dim)).astype(np.float32)
+        store.upsert(f"d{dim}", np.arange(3), x)
+        np.testing.assert_array_equal(store.fetch(f"d{dim}", np.arange(3)), x)
+    storage = dict(store.conn.execute(
+        "SELECT c.relname, a.attstorage FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND a.attname = 'embedding'",
+        (store.schema,)).fetchall())
+    assert storage == {"d770": "p", "d3074": "e"}
+
+
+def one_line(error) -> str:
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_connection_refused_is_one_line(monkeypatch):
+    monkeypatch.delenv(pgvector.ENV_DSN, raising=False)
+    with pytest.raises(VecgptError) as e:
+        pgvector.connect(dsn="postgresql://postgres@127.0.0.1:1/postgres")
+    assert "connection refused" in one_line(e) and pgvector.ENV_DSN in one_line(e)
+
+
+def test_a_password_in_the_config_is_refused(monkeypatch):
+    monkeypatch.delenv(pgvector.ENV_DSN, raising=False)
+    with pytest.raises(VecgptError) as e:
+        pgvector.connect(dsn="postgresql://me:secret@127.0.0.1:1/db")
+    assert "PGPASSWORD" in one_line(e) and "secret" not in one_line(e)
+
+
+def test_missing_extension_is_one_line(store):
+    admin = store.conn
+    admin.execute("DROP DATABASE IF EXISTS noext")
+    admin.execute("DROP ROLE IF EXISTS noext")
+    admin.execute("CREATE ROLE noext LOGIN")  # not a superuser: cannot create the extension
+    admin.execute("CREATE DATABASE noext OWNER noext")
+    dsn = psycopg.conninfo.make_conninfo(store.dsn, dbname="noext", user="noext")
+    with pytest.raises(VecgptError) as e:
+        pgvector.PgStore(dsn)
+    assert "CREATE EXTENSION vector" in one_line(e)
+
+
+def test_wrong_dimension_is_one_line(store):
+    store.create("c", 8, "l2")
+    with pytest.raises(VecgptError) as e:
+        store.create("c", 9, "l2")
+    assert "dimension 8" in one_line(e)
+    with pytest.raises(VecgptError) as e:
+        store.upsert("c", np.arange(1), np.zeros((1, 9), np.float32))
+    assert "dimension" in one_line(e)
+
+
+def test_no_dsn_starts_a_local_server_that_keeps_its_data(tmp_path, monkeypatch):
+    monkeypatch.delenv(pgvector.ENV_DSN, raising=False)
+    first = pgvector.connect(data_dir=str(tmp_path / "pg"))
+    first.create("kept", 4, "ip")
+    first.upsert("kept", np.arange(2), np.eye(2, 4, dtype=np.float32))
+    assert first.conn.execute("SHOW shared_buffers").fetchone() == ("1GB",)
+    first.close()
+    second = pgvector.connect(data_dir=str(tmp_path / "pg"))
+    assert second.search("kept", np.eye(1, 4, dtype=np.float32), k=1).ids.tolist() == [[0]]
+    second.close()
