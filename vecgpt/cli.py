@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 
@@ -38,7 +39,8 @@ def cmd_load(args) -> int:
         print(f"{len(rows)} collections, {docs:,} documents, {size / 1e6:,.1f} MB of float32 vectors")
         estimate = getattr(__import__(f"vecgpt.backends.{config.backend}", fromlist=["x"]), "estimate_cost", None)
         if estimate:
-            print(estimate(rows))
+            accepted = inspect.signature(estimate).parameters
+            print(estimate(rows, **{k: v for k, v in config.store.items() if k in accepted}))
         return 0
     store = open_store(config)
     manifest = push(store, model, config.metric, replace=args.replace, progress=True)

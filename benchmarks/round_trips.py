@@ -1,0 +1,204 @@
+"""Round trips, seconds and dollars per token through turbopuffer's HTTP API, on the local server.
+
+    python benchmarks/round_trips.py [-n 8] [--latency-ms 25] [--replicas 2] [--key-replicas 2] [--layouts]
+
+Starts `vecgpt.tpuf_local` in a subprocess with a fixed delay per request (the network; puffergpt sees
+20-30 ms), loads a random GPT-2 small-shaped model (12 layers, 12 heads, 768 wide, 50,257 tokens) through
+the official client, reads a ten-token prompt as one block, generates n tokens, and prints round trips
+(sequential rounds, as `vecgpt.meter` counts them), requests, subqueries, seconds, and dollars at the
+published prices. `--layouts` also times the two namespace layouts (per matrix vs per vector length).
+Writes benchmarks/results/round_trips.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("-n", type=int, default=8, help="generated tokens")
+parser.add_argument("--latency-ms", type=float, default=25.0)
+parser.add_argument("--replicas", type=int, default=2)
+parser.add_argument("--key-replicas", type=int, default=2)
+parser.add_argument("--key-partition", default="head", help="'' keeps a text's keys in one namespace (and its copies)")
+parser.add_argument("--slot-rule", default="subquery", choices=["subquery", "request"])
+parser.add_argument("--layouts", action="store_true", help="also measure namespace per matrix vs per dimension")
+parser.add_argument("--model", default=None)
+parser.add_argument("--out", default="benchmarks/results/round_trips.json")
+args = parser.parse_args()
+
+import numpy as np  # noqa: E402
+
+from vecgpt import tokenizer, weights  # noqa: E402
+from vecgpt.backends import turbopuffer as tpb  # noqa: E402
+from vecgpt.backends.base import get_store  # noqa: E402
+from vecgpt.engine import Engine, plan, push  # noqa: E402
+
+GPT2_SMALL = weights.HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
+PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
+
+
+def model_dir() -> str:
+    if args.model:
+        return args.model
+    path = weights.default_models_dir() / "gpt2-small-random-s0"
+    if not (path / "model.safetensors").is_file():
+        print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
+        weights.make_model(path, GPT2_SMALL, seed=0)
+    return str(path)
+
+
+def start_server(latency_ms: float):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "vecgpt.tpuf_local", "--port", str(port), "--latency-ms",
+                             str(latency_ms), "--slot-rule", args.slot_rule], stdout=subprocess.DEVNULL)
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc, f"http://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("the local server did not start")
+
+
+def token_usage(store, fn):
+    before = dict(store.usage)
+    t = time.perf_counter()
+    out = fn()
+    seconds = time.perf_counter() - t
+    used = {k: store.usage[k] - before.get(k, 0) for k in store.usage}
+    return out, seconds, used
+
+
+def measure_layouts(url: str) -> dict:
+    """Exact search for one vector over a 3,072-row matrix: its own namespace, or filtered out of one
+    namespace holding every 769-wide matrix of GPT-2 small (124,009 rows, attribute `matrix`)."""
+    import turbopuffer
+
+    client = turbopuffer.Turbopuffer(base_url=url, max_retries=0)
+    rng = np.random.default_rng(0)
+    sizes = [2304, 768, 3072] * 12 + [50257]  # c_attn, attn.c_proj, c_fc per layer; wte
+    total = sum(sizes)
+    matrix = np.concatenate([np.full(n, i) for i, n in enumerate(sizes)])
+    own, shared = client.namespace("layout-matrix"), client.namespace("layout-dim769")
+    for start in range(0, total, 4000):
+        sl = slice(start, min(start + 4000, total))
+        v = rng.standard_normal((sl.stop - sl.start, 769)).astype(np.float32)
+        shared.write(upsert_columns={"id": list(range(sl.start, sl.stop)), "vector": tpb.b64(v),
+                                     "matrix": matrix[sl].tolist()}, distance_metric="euclidean_squared")
+    v = rng.standard_normal((3072, 769)).astype(np.float32)
+    own.write(upsert_columns={"id": list(range(3072)), "vector": tpb.b64(v), "row": list(range(3072))},
+              distance_metric="euclidean_squared")
+    q = rng.standard_normal(769).astype(np.float32).tolist()
+    out = {}
+    for name, ns, filt in (("namespace per matrix", own, ["row", "Gte", 0]),
+                           ("namespace per dimension + filter", shared, ["matrix", "Eq", 2])):
+        times = []
+        for _ in range(30):
+            t = time.perf_counter()
+            r = ns.with_raw_response.query(rank_by=["vector", "kNN", q], top_k=10000, filters=filt)
+            rows = json.loads(r.read())["rows"]
+            times.append(time.perf_counter() - t)
+        out[name] = {"rows": len(rows), "median_ms": 1e3 * float(np.median(times)), "namespace_rows":
+                     3072 if ns is own else total}
+    own.delete_all(), shared.delete_all()
+    return out
+
+
+def main():
+    os.environ.setdefault("TURBOPUFFER_API_KEY", "local")
+    os.environ.pop("TURBOPUFFER_REGION", None)
+    model = weights.load(model_dir())
+    proc, url = start_server(args.latency_ms)
+    result = {"latency_ms": args.latency_ms, "replicas": args.replicas, "key_replicas": args.key_replicas,
+              "key_partition": args.key_partition,
+              "slot_rule": args.slot_rule, "model": model.source}
+    try:
+        store = get_store("turbopuffer", base_url=url, prefix="bench-", replicas=args.replicas,
+                          key_replicas=args.key_replicas, key_partition=args.key_partition, slot_rule=args.slot_rule,
+                          max_retries=0)
+        t = time.perf_counter()
+        _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", replace=True, progress=True))
+        print(f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
+              f"${tpb.dollars(load_used):.4f} in writes", file=sys.stderr)
+        engine = Engine(store)
+        ids = tokenizer.encode(PROMPT)
+        assert len(ids) == 10, len(ids)
+        text = engine.open()
+        cands, prompt_s, prompt_used = token_usage(store, lambda: text.read(ids))
+        decode = []
+        for _ in range(args.n):
+            text.meter.start_token()
+            cands, s, used = token_usage(store, lambda: text.read([int(cands.ids[0])]))
+            decode.append((s, used))
+        summary = text.meter.summary()
+        text.close()
+        rows = plan(model, "l2")
+        stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * args.replicas
+        first, toks = summary["per_token"][0], summary["per_token"][1:]
+        result.update({
+            "prompt_tokens": len(ids),
+            "prompt": {"round_trips": first["round_trips"], "seconds": prompt_s, "requests": first["total"],
+                       "subqueries": first["subqueries"], "by_kind": first["by_kind"],
+                       "round_trips_by_kind": first["round_trips_by_kind"], "dollars": tpb.dollars(prompt_used)},
+            "per_token": {"round_trips": float(np.mean([t["round_trips"] for t in toks])),
+                          "seconds": float(np.median([s for s, _ in decode])),
+                          "requests": float(np.mean([t["total"] for t in toks])),
+                          "subqueries": float(np.mean([t["subqueries"] for t in toks])),
+                          "by_kind": toks[-1]["by_kind"], "round_trips_by_kind": toks[-1]["round_trips_by_kind"],
+                          "seconds_by_kind": toks[-1]["seconds_by_kind"], "usage": decode[-1][1],
+                          "dollars_each": [tpb.dollars(u) for _, u in decode], "seconds_each": [s for s, _ in decode],
+                          "dollars": float(np.mean([tpb.dollars(u) for _, u in decode]))},
+            "load": {"seconds": load_s, "write_requests": load_used.get("write_requests", 0),
+                     "dollars": tpb.dollars(load_used)},
+            "stored_model": {"documents": sum(n for _, n, _ in rows) * args.replicas, "bytes": stored_bytes,
+                             "dollars_per_month": stored_bytes / 1e9 * tpb.PRICES["storage_gb_month"]},
+            "floor_seconds_per_token": result_floor(toks, args.latency_ms),
+        })
+        if args.layouts:
+            result["layouts"] = measure_layouts(url)
+        store.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    report(result)
+
+
+def result_floor(toks, latency_ms):
+    return float(np.mean([t["round_trips"] for t in toks])) * latency_ms / 1e3
+
+
+def report(r):
+    p, t = r["prompt"], r["per_token"]
+    print(f"\nturbopuffer over HTTP, local server at {r['latency_ms']:.0f} ms a request; GPT-2 small shape, random weights; "
+          f"replicas={r['replicas']} key_replicas={r['key_replicas']} key_partition={r['key_partition']!r} "
+          f"slot_rule={r['slot_rule']}")
+    print(f"  prompt of {r['prompt_tokens']} tokens: {p['round_trips']} round trips, {p['seconds']:.2f} s, "
+          f"{p['requests']} requests ({p['subqueries']} subqueries), ${p['dollars']:.5f}")
+    print(f"  per generated token: {t['round_trips']:.0f} round trips, {t['seconds']:.2f} s "
+          f"(floor {r['floor_seconds_per_token']:.2f} s at {r['latency_ms']:.0f} ms each), {t['requests']:.0f} requests "
+          f"({t['subqueries']:.0f} subqueries), ${t['dollars']:.6f}")
+    print(f"    requests by kind: {t['by_kind']}")
+    print(f"    seconds by kind: {t['seconds_by_kind']}")
+    print(f"    billed: {t['usage']}")
+    print(f"  load: {r['load']['seconds']:.0f} s, {r['load']['write_requests']:.0f} write requests, "
+          f"${r['load']['dollars']:.3f}; stored model: {r['stored_model']['documents']:,} docs, "
+          f"{r['stored_model']['bytes'] / 1e9:.3f} GB, ${r['stored_model']['dollars_per_month']:.3f} a month")
+    for name, m in r.get("layouts", {}).items():
+        print(f"  layout {name}: {m['median_ms']:.1f} ms median for a {m['rows']}-row exact search "
+              f"(namespace of {m['namespace_rows']:,} rows)")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(r, f, indent=1, default=float)
+
+
+if __name__ == "__main__":
+    main()

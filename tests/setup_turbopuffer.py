@@ -1,0 +1,28 @@
+"""The turbopuffer backend's test server: vecgpt.tpuf_local on a free loopback port, started once per
+run on first use (in a background thread) and stopped at exit. Each test gets its own namespace prefix,
+derived from its tmp_path, so two connections in one test see the same data."""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+
+_running = None
+
+
+def server():
+    global _running
+    if _running is None:
+        from vecgpt.tpuf_local import Running
+
+        _running = Running()
+        atexit.register(_running.stop)
+    return _running
+
+
+def options(tmp_path) -> dict:
+    os.environ.setdefault("TURBOPUFFER_API_KEY", "local-test-key")  # the local server takes any key
+    os.environ.pop("TURBOPUFFER_REGION", None)  # the client refuses a region with a base URL lacking {region}
+    prefix = "t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:10] + "-"
+    return {"base_url": server().url, "prefix": prefix, "max_retries": 0}

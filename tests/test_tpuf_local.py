@@ -1,0 +1,138 @@
+"""The local turbopuffer server through the official client: shapes, limits, filters, errors."""
+
+import base64
+import concurrent.futures as cf
+import gzip
+import json
+import urllib.request
+
+import numpy as np
+import pytest
+
+turbopuffer = pytest.importorskip("turbopuffer")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from vecgpt.tpuf_local import Running  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = Running(max_top_k=50)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server, monkeypatch):
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    return turbopuffer.Turbopuffer(api_key="local", base_url=server.url, max_retries=0)
+
+
+def test_write_forms_and_exact_float32_distances(client):
+    ns = client.namespace("forms")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    ns.write(upsert_rows=[{"id": i, "vector": x[i].tolist(), "g": i % 2} for i in range(3)],  # client sends base64
+             distance_metric="euclidean_squared")
+    ns.write(upsert_columns={"id": [3, 4, 5], "vector": [base64.b64encode(v.tobytes()).decode() for v in x[3:]],
+                             "g": [1, 0, 1]})
+    q = rng.standard_normal(5).astype(np.float32)
+    res = ns.query(rank_by=("vector", "kNN", q.tolist()), top_k=10, filters=["g", "In", [0, 1]])
+    got = {r.id: r["$dist"] for r in res.rows}
+    want = ((x.astype(np.float64) - q.astype(np.float64)) ** 2).sum(1).astype(np.float32)
+    assert sorted(got) == list(range(6))
+    assert all(got[i] == float(want[i]) for i in range(6))  # the exact distance, rounded to float32 once
+    assert [r.id for r in res.rows] == list(np.argsort(want, kind="stable"))
+    assert ns.metadata().approx_row_count == 6
+    assert ns.schema()["vector"].type == "[5]f32"
+
+
+def test_filters_multi_query_and_deletes(client):
+    ns = client.namespace("filters")
+    ids = list(range(20))
+    ns.write(upsert_columns={"id": ids, "vector": [[float(i), 0.0] for i in ids], "a": [i % 4 for i in ids],
+                             "s": ["x" if i < 10 else "y" for i in ids]}, distance_metric="euclidean_squared")
+    def ask(f):
+        return sorted(r.id for r in ns.query(rank_by=("vector", "kNN", [0.0, 0.0]), top_k=50, filters=f).rows)
+    assert ask(["a", "Eq", 1]) == [1, 5, 9, 13, 17]
+    assert ask(["And", [["a", "In", [1, 2]], ["id", "Lt", 6]]]) == [1, 2, 5]
+    assert ask(["Or", [["id", "Lte", 1], ["id", "Gte", 18]]]) == [0, 1, 18, 19]
+    assert ask(["And", [["id", "Gt", 16], ["s", "Eq", "y"], ["Not", ["a", "Eq", 3]]]]) == [17, 18]
+    out = ns.multi_query(queries=[{"rank_by": ("vector", "kNN", [3.0, 0.0]), "top_k": 2, "filters": ["a", "Eq", 3]},
+                                  {"rank_by": ("vector", "ANN", [0.0, 0.0]), "top_k": 1}])
+    assert [[r.id for r in res.rows] for res in out.results] == [[3, 7], [0]]
+    ns.write(deletes=[0, 1])
+    assert ask(["id", "Lt", 3]) == [2]
+
+
+def test_limits_and_errors(client, server):
+    ns = client.namespace("limits")
+    ns.write(upsert_rows=[{"id": 1, "vector": [1.0, 2.0]}], distance_metric="euclidean_squared")
+    q = ("vector", "kNN", [0.0, 0.0])
+    with pytest.raises(turbopuffer.BadRequestError, match="require"):
+        ns.query(rank_by=q, top_k=1)  # kNN without a filter
+    with pytest.raises(turbopuffer.BadRequestError, match="exceeds"):
+        ns.query(rank_by=q, top_k=51, filters=["id", "Gte", 0])  # this server was started with max_top_k=50
+    with pytest.raises(turbopuffer.BadRequestError, match="at most 16"):
+        ns.multi_query(queries=[{"rank_by": ("vector", "ANN", [0.0, 0.0]), "top_k": 1}] * 17)
+    with pytest.raises(turbopuffer.RateLimitError, match="slots"):  # 9 kNN subqueries want 18 of 16 slots
+        ns.multi_query(queries=[{"rank_by": q, "top_k": 1, "filters": ["id", "Gte", 0]}] * 9)
+    with pytest.raises(turbopuffer.BadRequestError, match="dimension"):
+        ns.write(upsert_rows=[{"id": 2, "vector": [1.0, 2.0, 3.0]}])
+    with pytest.raises(turbopuffer.BadRequestError, match="10752"):
+        client.namespace("wide").write(upsert_rows=[{"id": 1, "vector": [0.0] * 10753}], distance_metric="euclidean_squared")
+    with pytest.raises(turbopuffer.BadRequestError, match="namespace name"):
+        client.namespace("bad name!").write(upsert_rows=[{"id": 1}])
+    with pytest.raises(turbopuffer.NotFoundError):
+        client.namespace("nowhere").query(rank_by=q, top_k=1, filters=["id", "Gte", 0])
+    assert client.namespace("nowhere").exists() is False and ns.exists() is True
+    ns.delete_all()
+    assert not ns.exists()
+    server.server.api_key = "right"
+    try:
+        with pytest.raises(turbopuffer.AuthenticationError):
+            turbopuffer.Turbopuffer(api_key="wrong", base_url=server.url, max_retries=0).namespace("x").metadata()
+    finally:
+        server.server.api_key = None
+
+
+def test_concurrency_limit_queues_then_refuses(server, client):
+    ns = client.namespace("busy")
+    ns.write(upsert_rows=[{"id": 1, "vector": [1.0]}], distance_metric="euclidean_squared")
+    server.server.latency = 0.3  # the delay comes before the slots are taken; the query itself is quick
+    sub = {"rank_by": ("vector", "kNN", [0.0]), "top_k": 1, "filters": ["id", "Gte", 0]}
+    try:
+        with cf.ThreadPoolExecutor(4) as pool:  # 4 x 8 kNN subqueries = 64 slots wanted at once: some wait, none fail
+            results = list(pool.map(lambda _: ns.multi_query(queries=[sub] * 8), range(4)))
+        assert all(len(r.results) == 8 for r in results)
+    finally:
+        server.server.latency = 0.0
+    assert server.server.stats["peak_slots"] <= 16
+
+
+def test_gzip_bodies_query_strings_and_branching(server, client):
+    body = gzip.compress(json.dumps({"upsert_rows": [{"id": 7, "vector": [0.5, 0.5]}],
+                                     "distance_metric": "euclidean_squared"}).encode())
+    req = urllib.request.Request(f"{server.url}/v2/namespaces/gz?stainless_overload=x", data=body, method="POST",
+                                 headers={"Authorization": "Bearer k", "Content-Encoding": "gzip",
+                                          "Content-Type": "application/json"})
+    assert json.loads(urllib.request.urlopen(req).read())["rows_upserted"] == 1
+    zipped = turbopuffer.Turbopuffer(api_key="k", base_url=server.url, max_retries=0, compression=True)
+    zipped.namespace("gz").write(upsert_rows=[{"id": i, "vector": [0.1 * i, 0.0]} for i in range(100)])
+    client.namespace("gz-branch").branch_from(source_namespace="gz")
+    assert client.namespace("gz-branch").metadata().approx_row_count == 100  # id 7 was overwritten
+    names = [n.id for n in client.namespaces(prefix="gz")]
+    assert names == ["gz", "gz-branch"]
+
+
+def test_cli_registers_subcommands():
+    import argparse
+
+    from vecgpt import tpuf_cli
+
+    root = argparse.ArgumentParser()
+    tpuf_cli.register(root.add_subparsers(dest="command"))
+    args = root.parse_args(["tpuf-local", "--port", "1", "--latency-ms", "25"])
+    assert args.latency_ms == 25 and callable(args.func)
+    assert root.parse_args(["tpuf-gc", "--remove"]).remove

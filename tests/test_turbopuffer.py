@@ -1,0 +1,180 @@
+"""The turbopuffer adapter beyond the conformance suite: splitting, concurrency, round trips, errors, cost."""
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("turbopuffer")
+pytest.importorskip("starlette")
+
+from vecgpt import tokenizer  # noqa: E402
+from vecgpt.api import generate  # noqa: E402
+from vecgpt.backends import turbopuffer as tpb  # noqa: E402
+from vecgpt.backends.base import Search, Where  # noqa: E402
+from vecgpt.engine import Engine, plan, push  # noqa: E402
+from vecgpt.errors import VecgptError  # noqa: E402
+from vecgpt.tpuf_local import Running  # noqa: E402
+
+LIVE_KEY = os.environ.get("TURBOPUFFER_API_KEY")  # read at import, before the local setup sets a dummy one
+rng = np.random.default_rng(3)
+
+
+@pytest.fixture(scope="module")
+def small_server():
+    running = Running(max_top_k=50)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def local(monkeypatch):
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "local")
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    opened = []
+
+    def make(url, **kw):
+        kw = {"max_top_k": 50, **kw}  # small_server answers at most 50 rows a query
+        store = tpb.connect(base_url=url, prefix=f"u{uuid.uuid4().hex[:8]}-", max_retries=0, **kw)
+        opened.append(store)
+        return store
+
+    yield make
+    for s in opened:
+        s.close()
+
+
+def truth(q, x):
+    return ((q.astype(np.float64)[:, None] - x.astype(np.float64)[None]) ** 2).sum(-1)
+
+
+def test_more_rows_than_a_query_returns_are_split_by_id_range(small_server, local):
+    store = local(small_server.url)
+    x = rng.standard_normal((237, 8)).astype(np.float32)
+    store.create("big", 8, "l2", ("row",))
+    store.upsert("big", np.arange(237), x, {"row": np.arange(237)})
+    q = rng.standard_normal((3, 8)).astype(np.float32)
+    hits = store.search("big", q)
+    assert hits.ids.shape == (3, 237)
+    order = np.argsort(hits.ids, axis=1)
+    np.testing.assert_allclose(np.take_along_axis(hits.dists, order, 1), truth(q, x), rtol=1e-6)
+    top = store.search("big", q, k=70)  # more than one query may return
+    assert top.ids.tolist() == np.argsort(truth(q, x), axis=1)[:, :70].tolist()
+    part = store.search("big", q, where=Where(ge={"row": 100}))
+    assert sorted(part.ids[0].tolist()) == list(range(100, 237))
+    assert small_server.server.stats["status_400"] == 0
+
+
+def test_many_subqueries_never_hit_the_concurrency_limit(small_server, local):
+    store = local(small_server.url, replicas=2)
+    x = rng.standard_normal((40, 6)).astype(np.float32)
+    store.create("m", 6, "l2", ("row",))
+    store.upsert("m", np.arange(40), x, {"row": np.arange(40)})
+    small_server.server.latency = 0.05
+    try:
+        q = rng.standard_normal((45, 6)).astype(np.float32)
+        many = store.search_many([Search("m", q), Search("m", q[:5], k=3)])
+    finally:
+        small_server.server.latency = 0.0
+    assert many[0].ids.shape == (45, 40) and many[1].ids.shape == (5, 3)
+    assert small_server.server.stats["429"] == 0 and small_server.server.stats["peak_slots"] <= 16
+    np.testing.assert_allclose(np.sort(many[0].dists, 1), np.sort(truth(q, x), 1), rtol=1e-6)
+
+
+def test_text_keys_live_in_one_namespace_per_head_and_go_away(local, small_server):
+    store = local(small_server.url)
+    store.create("text-0123abcd", 4, "l2", ("layer", "head", "position"))
+    n = 24
+    attrs = {"layer": np.zeros(n, int), "head": np.arange(n) % 3, "position": np.arange(n) // 3}
+    store.upsert("text-0123abcd", np.arange(n), rng.standard_normal((n, 4)).astype(np.float32), attrs)
+    spaces = store._owned("text-0123abcd")
+    assert len(spaces) == 3 * 2  # 3 heads x 2 copies
+    hits = store.search("text-0123abcd", np.zeros((1, 4), np.float32), where=Where(eq={"layer": 0, "head": 1}, lt={"position": 5}))
+    assert sorted(hits.ids[0].tolist()) == [1, 4, 7, 10, 13]
+    assert store.count("text-0123abcd") == n
+    assert [t["text"] for t in store.leftover_texts()] == ["text-0123abcd"]
+    store.drop("text-0123abcd")
+    assert store._owned("text-0123abcd") == [] and store.leftover_texts() == []
+
+
+def test_engine_round_trips_over_http(make_store, tiny_model):
+    store = make_store("turbopuffer")
+    push(store, tiny_model, "l2", progress=False)
+    text = Engine(store).open()
+    generate(text, tokenizer.encode("one two three"), 3, stop=False)
+    summary = text.meter.summary()
+    text.close()
+    L, H = tiny_model.hparams.n_layer, tiny_model.hparams.n_head
+    decode = summary["per_token"][1]
+    assert decode["round_trips"] == 1 + 5 * L + 1
+    assert decode["by_kind"]["key_search"] == L * H  # one single-subquery request per head, all in one round
+    assert decode["by_kind"]["key_write"] == L * H * 2  # each head's namespace and its copy
+    assert summary["per_token"][0]["round_trips"] == 1 + 1 + 6 * L + 1
+
+
+def test_errors_are_one_line_and_never_show_the_key(small_server, local, monkeypatch):
+    store = local(small_server.url)
+    with pytest.raises(VecgptError, match="no collection"):
+        store.search("missing", np.zeros((1, 3), np.float32))
+    with pytest.raises(VecgptError, match="inner product|euclidean"):
+        store.create("x", 3, "ip")
+    small_server.server.api_key = "the-right-key"
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "sekrit-wrong-key")
+    try:
+        with pytest.raises(VecgptError) as err:
+            tpb.connect(base_url=small_server.url, prefix="p-", max_retries=0, max_top_k=50).collections()
+    finally:
+        small_server.server.api_key = None
+    assert "401" in str(err.value) and "sekrit" not in str(err.value) and "\n" not in str(err.value)
+    monkeypatch.delenv("TURBOPUFFER_API_KEY")
+    with pytest.raises(VecgptError, match="TURBOPUFFER_API_KEY"):
+        tpb.connect(base_url=small_server.url)
+
+
+def test_dry_run_estimate(tiny_model):
+    text = tpb.estimate_cost(plan(tiny_model, "l2"))
+    docs = sum(n for _, n, _ in plan(tiny_model, "l2"))
+    assert f"{docs:,} documents" in text and "$" in text and "a month" in text and "per generated token" in text
+
+
+def test_gc_command_lists_and_removes_leftover_texts(small_server, local, tmp_path, capsys):
+    from vecgpt import tpuf_cli
+
+    store = local(small_server.url)
+    store.create("text-deadbeef", 4, "l2", ("layer", "head", "position"))
+    store.upsert("text-deadbeef", np.arange(2), np.ones((2, 4), np.float32),
+                 {"layer": np.zeros(2, int), "head": np.zeros(2, int), "position": np.arange(2)})
+    config = tmp_path / "tp.toml"
+    config.write_text(f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\nprefix = "{store.prefix}"\nmax_top_k = 50\n')
+
+    class Args:
+        remove, older_than = False, 0.0
+    Args.config = str(config)
+    assert tpuf_cli.cmd_gc(Args) == 0
+    assert "text-deadbeef" in capsys.readouterr().out
+    Args.remove = True
+    tpuf_cli.cmd_gc(Args)
+    assert "removed 1 of 1" in capsys.readouterr().out
+    assert store.leftover_texts() == []
+
+
+@pytest.mark.live
+@pytest.mark.skipif(not LIVE_KEY or not os.environ.get("TURBOPUFFER_REGION"),
+                    reason="live turbopuffer test: needs TURBOPUFFER_API_KEY and TURBOPUFFER_REGION")
+def test_live_service_round_trip():
+    store = tpb.connect(prefix=f"vecgpt-test-{uuid.uuid4().hex[:8]}-")
+    try:
+        x = rng.standard_normal((30, 8)).astype(np.float32)
+        store.create("c", 8, "l2", ("row",))
+        store.upsert("c", np.arange(30), x, {"row": np.arange(30)})
+        q = rng.standard_normal((2, 8)).astype(np.float32)
+        hits = store.search("c", q)
+        order = np.argsort(hits.ids, axis=1)
+        np.testing.assert_allclose(np.take_along_axis(hits.dists, order, 1), truth(q, x), rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(store.fetch("c", np.array([3, 1])), x[[3, 1]])
+    finally:
+        store.drop("c")
+        store.write_manifest(None)
+        for ns in (store.catalog_ns,):
+            store._delete_namespace(ns)

@@ -1,0 +1,74 @@
+"""turbopuffer subcommands: `vecgpt tpuf-local` (a local server) and `vecgpt tpuf-gc` (leftover texts)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timezone
+
+from vecgpt.errors import VecgptError
+
+
+def cmd_local(args) -> int:
+    try:
+        from vecgpt.tpuf_local import run_args
+    except ImportError as e:
+        raise VecgptError(f"tpuf-local needs {e.name}: pip install 'vecgpt[turbopuffer]'") from None
+    return run_args(args)
+
+
+def _age_minutes(stamp: str) -> float | None:
+    try:
+        then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (datetime.now(timezone.utc) - then).total_seconds() / 60
+
+
+def cmd_gc(args) -> int:
+    from vecgpt.config import load_config, open_store
+
+    config = load_config(args.config, backend="turbopuffer")
+    store = open_store(config)
+    texts = store.leftover_texts()
+    if not texts:
+        print("no text namespaces")
+        return 0
+    removed = 0
+    for t in texts:
+        age = _age_minutes(t["updated_at"]) if t["updated_at"] else None
+        old = age is None or age >= args.older_than
+        mark = "remove" if args.remove and old else ("keep (recent)" if args.remove else "")
+        age_s = f"{age:,.0f} min ago" if age is not None else "no data"
+        print(f"{t['text']:20s} {t['namespaces']:>3} ns {t['documents']:>8,} docs {t['bytes'] / 1e6:>9.2f} MB  "
+              f"updated {age_s:>14s}  {mark}".rstrip())
+        if args.remove and old:
+            store.drop(t["text"])
+            removed += 1
+    if args.remove:
+        print(f"removed {removed} of {len(texts)} texts")
+    else:
+        print(f"{len(texts)} texts; pass --remove to delete those idle for --older-than minutes (default 60)")
+    store.close()
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("tpuf-local", help="run a local server speaking turbopuffer's HTTP API (for tests)")
+    from vecgpt.tpuf_local import add_arguments  # needs only numpy; starlette/uvicorn load when it runs
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_local)
+
+    p = sub.add_parser("tpuf-gc", help="list (and --remove) text namespaces left behind in turbopuffer")
+    p.add_argument("--config", help="TOML file with backend = \"turbopuffer\" and its [store] options")
+    p.add_argument("--remove", action="store_true", help="delete them (they are billed for storage)")
+    p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
+                   help="only texts not written for this long (a running generation keeps writing); default 60")
+    p.set_defaults(func=cmd_gc)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    root = argparse.ArgumentParser(prog="vecgpt")
+    register(root.add_subparsers(dest="command", required=True))
+    a = root.parse_args()
+    raise SystemExit(a.func(a))
