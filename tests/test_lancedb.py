@@ -1,0 +1,152 @@
+"""What the LanceDB backend adds to the conformance suite: distance conversion and precision,
+idempotent loads, bounded table versions under many small writes, exact prefiltered search even
+where a vector index exists, and compaction racing searches from other threads."""
+
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lancedb")
+
+from lancedb.index import IvfFlat  # noqa: E402
+
+from vecgpt import weights  # noqa: E402
+from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.engine import Engine, push  # noqa: E402
+
+rng = np.random.default_rng(3)
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+def keys(store, name="text-k", n=600, dim=16, metric="l2"):
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    store.create(name, dim, metric, attrs=("layer", "head", "position"))
+    attrs = {"layer": np.arange(n) % 3, "head": (np.arange(n) // 3) % 4, "position": np.arange(n) // 12}
+    store.upsert(name, np.arange(n), x, attrs)
+    return x, attrs
+
+
+def fragments(store, name):
+    return store.stats()[name]["fragments"]
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_distances_are_float64_and_as_precise_as_float32_allows(make_store, metric):
+    store = make_store("lancedb")
+    x = (rng.standard_normal((500, 770)) * 2).astype(np.float32)
+    store.create("m", 770, metric)
+    store.upsert("m", np.arange(500), x)
+    q = (rng.standard_normal((4, 770)) * 2).astype(np.float32)
+    hits = store.search("m", q)
+    assert hits.dists.dtype == np.float64
+    q64, x64 = q.astype(np.float64), x.astype(np.float64)
+    truth = ((q64[:, None] - x64[None]) ** 2).sum(-1) if metric == "l2" else -(q64 @ x64.T)  # squared L2; -x.y
+    got = np.take_along_axis(hits.dists, np.argsort(hits.ids, 1), 1)
+    # float32 arithmetic: an error of a few ulps of the terms' size, (|q|^2 + |x|^2) or (1 + |q||x|)
+    qn, xn = np.linalg.norm(q64, axis=1)[:, None], np.linalg.norm(x64, axis=1)[None]
+    scale = qn ** 2 + xn ** 2 if metric == "l2" else 1 + qn * xn
+    assert np.all(np.abs(got - truth) <= 8 * EPS32 * scale)
+    if metric == "ip":  # LanceDB's dot is 1 - x.y; off by one would be far outside the tolerance
+        assert np.all(np.abs(got - truth) < 0.01)
+
+
+def test_reload_is_idempotent(make_store, tmp_path):
+    hp = weights.HParams(n_layer=1, n_head=2, n_embd=16, n_ctx=16, n_vocab=300)
+    model = weights.load(str(weights.make_model(tmp_path / "model", hp)))
+    store = make_store("lancedb")
+    manifest = push(store, model, "l2", progress=False)
+    before = store.stats()
+    assert push(store, model, "l2", progress=False) == manifest
+    assert store.stats() == before  # nothing rewritten, not even a new version
+    assert all(s["fragments"] <= 1 for s in before.values())  # the load ends compacted
+    again = make_store("lancedb")  # a second connection, as a second `vecgpt load` would open
+    assert push(again, model, "l2", progress=False) == manifest
+    # writing the same rows again replaces them: no duplicates
+    again.upsert("wpe", np.arange(16), model.params["wpe"]["weight"], {"row": np.arange(16)})
+    assert again.count("wpe") == 16
+    np.testing.assert_array_equal(again.fetch("wpe", np.array([3, 0])), model.params["wpe"]["weight"][[3, 0]])
+    text = Engine(again).open()
+    assert len(text.read([1, 2, 3]).ids) == 40
+
+
+def test_versions_and_fragments_stay_bounded_under_small_writes(make_store):
+    store = make_store("lancedb", compact_every=12, index_rows=100)
+    never = make_store("lancedb", compact_every=0, path=str(store.path) + "-never")
+    for s in (store, never):
+        s.create("text-k", 8, "l2", attrs=("layer", "head", "position"))
+    x = rng.standard_normal((60 * 12, 8)).astype(np.float32)
+    for pos in range(60):  # like one layer's keys per token: 12 heads at one position
+        rows = np.arange(pos * 12, pos * 12 + 12)
+        for s in (store, never):
+            s.upsert("text-k", rows, x[rows], {"layer": np.zeros(12), "head": np.arange(12), "position": np.full(12, pos)})
+    assert fragments(never, "text-k") == 60  # one fragment a write, left alone
+    assert fragments(store, "text-k") <= 12
+    table = store._table("text-k").handle
+    assert len(table.list_versions()) <= 13  # old versions are removed at each compaction
+    assert {"layer", "head"} <= {c for i in table.list_indices() for c in i.columns}
+    where = Where(eq={"layer": 0, "head": 5}, lt={"position": 40})
+    hits = store.search("text-k", x[:2], where=where)
+    assert sorted(hits.ids[0].tolist()) == [p * 12 + 5 for p in range(40)]
+    truth = ((x[:1, None].astype(np.float64) - x[None, hits.ids[0]]) ** 2).sum(-1)[0]
+    np.testing.assert_allclose(hits.dists[0], truth, rtol=1e-5, atol=1e-5)
+
+
+def test_prefiltered_search_is_exact_with_a_vector_index_present(make_store):
+    store = make_store("lancedb")
+    x, attrs = keys(store, "c", n=1000, dim=16)
+    handle = store._table("c").handle
+    handle.create_index("vector", config=IvfFlat(distance_type="l2", num_partitions=16))
+    q = rng.standard_normal((3, 16)).astype(np.float32)
+    truth = ((q[:, None].astype(np.float64) - x[None].astype(np.float64)) ** 2).sum(-1)
+    where = Where(eq={"layer": 1}, ge={"position": 10})
+    keep = np.flatnonzero(where.mask(attrs, 1000))
+    # the index is there and, used, would lose rows: probing one partition of 16 sees a few
+    ann = handle.search(q[0], vector_column_name="vector").nprobes(1).where("layer = 1 AND position >= 10", prefilter=True)
+    assert len(ann.limit(1000).to_arrow()) < len(keep)
+    everything = store.search("c", q, where=where)  # an ANN index would return a few partitions' rows
+    assert everything.ids.shape == (3, len(keep))
+    assert all(set(row.tolist()) == set(keep.tolist()) for row in everything.ids)
+    top = store.search("c", q, k=5, where=where)
+    for row in range(3):
+        assert top.ids[row].tolist() == keep[np.argsort(truth[row, keep])[:5]].tolist()
+
+
+def test_compaction_does_not_break_searches_from_other_threads(make_store):
+    store = make_store("lancedb", compact_every=3)
+    x, _ = keys(store, n=240, dim=16)
+    errors = []
+
+    def searcher():
+        try:
+            for _ in range(25):
+                hits = store.search("text-k", x[:1], where=Where(eq={"layer": 1}))
+                assert hits.ids.shape[1] >= 80
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=searcher) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for pos in range(20, 50):
+        store.upsert("text-k", np.arange(pos * 12, pos * 12 + 12), rng.standard_normal((12, 16)).astype(np.float32),
+                     {"layer": np.arange(12) % 3, "head": np.arange(12) % 4, "position": np.full(12, pos)})
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert store.count("text-k") == 600
+
+
+def test_empty_and_missing(make_store):
+    store = make_store("lancedb")
+    store.create("e", 4, "ip", attrs=("layer",))
+    hits = store.search("e", np.ones((2, 4), np.float32))
+    assert hits.ids.shape == (2, 0)
+    store.upsert("e", np.array([7]), np.ones((1, 4), np.float32), {"layer": np.array([1])})
+    assert store.search("e", np.ones((1, 4), np.float32), where=Where(eq={"layer": 0})).ids.shape == (1, 0)
+    from vecgpt.errors import VecgptError
+
+    with pytest.raises(VecgptError, match="no id 8"):
+        store.fetch("e", np.array([7, 8]))
+    with pytest.raises(VecgptError, match="no collection"):
+        store.search("nothing", np.ones((1, 4), np.float32))
