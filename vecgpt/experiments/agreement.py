@@ -1,0 +1,508 @@
+"""Experiment 1: does every store give the same answer, and how close to numpy is it?
+
+For each prompt the float64 numpy reference picks N greedy tokens. Every subject (each configured
+store, in each encoding it offers, and numpy in float32) then reads the same tokens (teacher
+forcing), so every step compares the same context: up to the first divergence this is exactly a
+free greedy run, and after it the errors still compare like with like. Per subject:
+
+- greedy steps identical to the float64 reference until the first divergence, and whether the
+  divergence happened at a near tie: the reference's top-2 gap at that step is below
+  max(2 x the subject's typical logit error, 1e-3), the typical error being the median over the
+  prompt's steps of the largest top-40 error at each step (`near_tie`, `typical_error`);
+- overlap of the top-40 token sets at each step (`topk_overlap`);
+- max and mean absolute error of the subject's top-40 logits against float64 numpy (`logit_error`);
+- the residual stream's error after the embedding (layer 0) and after each layer (`residual_error`).
+
+This module also holds what the other experiments share: model names, the store variants a list
+of configs gives, opening them, and tracing the residual stream of the engine and of numpy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import inspect
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+NAME = "agreement"
+HELP = "greedy tokens, top-40 sets, logit and per-layer errors of every store against numpy float64"
+DEFAULT_CONFIGS = ["configs/memory.toml", "configs/faiss.toml", "configs/faiss-ip.toml"]
+DEFAULT_PROMPTS = ["ROMEO:", "The history of the vector database begins",
+                   "First Citizen:\nBefore we proceed any further, hear me speak."]
+RANDOM_SMALL = "random-small"  # alias: random weights at GPT-2 small shape (as benchmarks/per_token.py)
+TIE_FACTOR, TIE_FLOOR = 2.0, 1e-3
+
+
+# ---------------------------------------------------------------- metric functions (pure)
+
+def first_divergence(tokens, ref_tokens) -> int | None:
+    """The first step where the tokens differ from the reference's, or None if they agree throughout."""
+    for i, (a, b) in enumerate(zip(tokens, ref_tokens)):
+        if int(a) != int(b):
+            return i
+    return None
+
+
+def top2_gap(logits) -> float:
+    """Best logit minus the second best of a full vocabulary row."""
+    top = np.partition(np.asarray(logits, np.float64), -2)[-2:]
+    return float(top[1] - top[0])
+
+
+def tie_threshold(logit_error: float, factor: float = TIE_FACTOR, floor: float = TIE_FLOOR) -> float:
+    """A gap below this can be flipped by errors of logit_error on both logits (or is below the floor)."""
+    return max(factor * float(logit_error), floor)
+
+
+def near_tie(gap: float, logit_error: float, factor: float = TIE_FACTOR, floor: float = TIE_FLOOR) -> bool:
+    return float(gap) < tie_threshold(logit_error, factor, floor)
+
+
+def typical_error(max_error_by_step) -> float:
+    """The subject's usual logit error: the median over steps of the largest top-k error at each step.
+    (Not the error at the divergence step alone: if both flipped tokens are among the candidates,
+    that error is at least half the gap by construction, so every divergence would look like a tie.)"""
+    return float(np.median(max_error_by_step)) if len(max_error_by_step) else 0.0
+
+
+def topk_overlap(ids, ref_ids) -> float:
+    """Share of the reference's top-k set that the other top-k set holds."""
+    ref = {int(i) for i in ref_ids}
+    return len(ref & {int(i) for i in ids}) / len(ref) if ref else 1.0
+
+
+def logit_errors(ids, logits, ref_logits) -> np.ndarray:
+    """|logit - reference| for the candidate tokens ids, against a full reference row."""
+    return np.abs(np.asarray(logits, np.float64) - np.asarray(ref_logits, np.float64)[np.asarray(ids, np.int64)])
+
+
+def logit_error(ids, logits, ref_logits) -> dict:
+    e = logit_errors(ids, logits, ref_logits)
+    return {"max": float(e.max()) if e.size else 0.0, "mean": float(e.mean()) if e.size else 0.0}
+
+
+def residual_error(layers, ref_layers) -> list[dict]:
+    """Per layer ([positions, d] arrays): max absolute error and relative error |x - ref| / |ref|."""
+    out = []
+    for x, r in zip(layers, ref_layers):
+        d = np.asarray(x, np.float64) - np.asarray(r, np.float64)
+        norm = float(np.linalg.norm(r))
+        out.append({"max_abs": float(np.abs(d).max()) if d.size else 0.0,
+                    "relative": float(np.linalg.norm(d)) / norm if norm else 0.0})
+    return out
+
+
+# ---------------------------------------------------------------- models, stores, traces (shared)
+
+GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
+
+
+def load_model(name: str | None, dtype=np.float32):
+    """A model by the names `vecgpt --model` takes, plus `random-small` (made once if absent)."""
+    from vecgpt import weights
+
+    if name == RANDOM_SMALL:
+        path = weights.default_models_dir() / "gpt2-small-random-s0"
+        if not (path / "model.safetensors").is_file():
+            print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
+            weights.make_model(path, weights.HParams(**GPT2_SMALL), seed=0)
+        name = str(path)
+    return weights.load(name, dtype=dtype)
+
+
+def model_slug(name: str | None) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.rstrip("/")).name if name else "shakespeare") or "model"
+
+
+def model_label(model, name: str | None) -> str:
+    hp = model.hparams
+    return (f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, "
+            f"{hp.n_vocab} tokens, fingerprint {model.fingerprint[:12]}")
+
+
+@dataclass
+class Variant:
+    """One store in one encoding: a config, perhaps with its metric swapped and its path moved."""
+
+    config_path: str
+    config: object  # vecgpt.config.Config
+    note: str = ""
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.config.backend} ({self.config.metric})"
+
+
+def _connect_options(backend: str) -> dict:
+    """connect()'s parameters and their defaults; {} where the backend's client is not installed."""
+    try:
+        params = inspect.signature(importlib.import_module(f"vecgpt.backends.{backend}").connect).parameters
+    except Exception:  # noqa: BLE001 - open_store will say what is missing
+        return {}
+    return {name: p.default for name, p in params.items()}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")
+
+
+def place(config, name: str, root: str | None = None) -> bool:
+    """Give a config's store a place of its own: with root, the folder root/name (stores with a
+    `path`), the schema vecgpt_<name> (a `schema`) or the namespace prefix <prefix><name>- (a
+    `prefix`); without root, a sibling of its current place with name as suffix. False: neither."""
+    options, store = _connect_options(config.backend), dict(config.store)
+    if "path" in options:
+        current = store.get("path") or options["path"]
+        if root is None and not current:
+            from vecgpt.config import open_store
+
+            s = open_store(config)
+            current = str(getattr(s, "path", "") or "")
+            s.close()
+        if root is None and not current:
+            return False
+        store["path"] = str(Path(root) / name if root is not None else Path(current).expanduser().with_name(
+            Path(current).expanduser().name + f"-{name}"))
+    elif "schema" in options:
+        store["schema"] = f"vecgpt_{_safe(name)}" if root is not None else \
+            f"{store.get('schema') or options['schema']}_{_safe(name)}"
+    elif "prefix" in options:
+        store["prefix"] = f"{store.get('prefix') or options['prefix']}{_safe(name)}-"
+    else:
+        return False
+    config.store = store
+    return True
+
+
+def variants(config_paths, store_root: str | None = None, both_metrics: bool = True) -> list[Variant]:
+    """The configs as given, plus, where a store offers the other encoding and no config asks for it,
+    the same store in that encoding in a place of its own (see `place`). With store_root, every
+    store is placed by its config's name: store_root/<config name> for folder stores."""
+    from vecgpt.config import load_config, open_store
+
+    out: list[Variant] = []
+    for path in config_paths:
+        config = load_config(path)
+        if store_root:
+            place(config, Path(path).stem, store_root)
+        out.append(Variant(str(path), config))
+    if not both_metrics:
+        return out
+    have = {(v.config.backend, v.config.metric) for v in out}
+    for v in list(out):
+        other = "ip" if v.config.metric == "l2" else "l2"
+        if (v.config.backend, other) in have:
+            continue
+        try:
+            store = open_store(v.config)
+            offers = tuple(getattr(store, "metrics", ()))
+            store.close()
+        except Exception as e:  # noqa: BLE001 - an unreachable store is reported when it is used
+            print(f"{v.config_path}: cannot open to ask its encodings ({e})", file=sys.stderr)
+            continue
+        if other not in offers:
+            continue
+        config = copy.deepcopy(v.config)
+        config.metric = other
+        if not place(config, other):
+            print(f"{v.config_path}: {v.config.backend} also offers {other}; give a config with metric = "
+                  f"'{other}' and a store of its own to compare encodings", file=sys.stderr)
+            continue
+        out.append(Variant(v.config_path, config, note=f"metric swapped to {other}"))
+        have.add((config.backend, other))
+    order = {p: i for i, p in enumerate(config_paths)}
+    return sorted(out, key=lambda v: (order[v.config_path], v.config.metric != "l2"))
+
+
+def open_engine(variant: Variant, model, replace: bool = False, progress: bool = False):
+    """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
+    from vecgpt.config import open_store
+    from vecgpt.engine import Engine, push
+
+    store = open_store(variant.config)
+    t = time.perf_counter()
+    push(store, model, variant.config.metric, replace=replace, progress=progress)
+    variant.stats["push_s"] = time.perf_counter() - t
+    c = variant.config
+    engine = Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile)
+    engine.check(model)
+    return engine
+
+
+def describe_variant(v: Variant) -> dict:
+    c = v.config
+    return {"label": v.label, "config": v.config_path, "backend": c.backend, "metric": c.metric,
+            "store": c.store, "top_k": c.top_k, "prompt_block": c.prompt_block, "tile": c.tile, "note": v.note}
+
+
+def traced(text) -> list:
+    """Make an engine Text record the residual stream: each forward appends [embedding, layer 1..L]."""
+    trace: list = []
+    embed, block = text._embed, text._block
+
+    def _embed(ids, start):
+        x = embed(ids, start)
+        trace.append([x])
+        return x
+
+    def _block(x, layer, start):
+        x = block(x, layer, start)
+        trace[-1].append(x)
+        return x
+
+    text._embed, text._block = _embed, _block
+    return trace
+
+
+def stack_trace(trace) -> list[np.ndarray]:
+    """Per layer, the residual of every position read: [positions, d]."""
+    return [np.concatenate([np.asarray(fwd[i], np.float64) for fwd in trace]) for i in range(len(trace[0]))]
+
+
+def traced_reference(model, dtype):
+    """numpy GPT-2 (vecgpt.reference) that records the residual stream like `traced`."""
+    from vecgpt.reference import Reference, layer_norm, transformer_block
+
+    class TracedReference(Reference):
+        def __init__(self):
+            super().__init__(model, dtype)
+            self.trace: list = []
+
+        def logits(self, ids):  # vecgpt.reference.gpt2, keeping x after each layer
+            ids, p, hp, start = np.asarray(ids, np.int64), self.params, self.hparams, self.position
+            x = p["wte"]["weight"][ids] + p["wpe"]["weight"][start:start + len(ids)]
+            xs = [x]
+            for block, cache in zip(p["h"], self.caches):
+                x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], hp.n_head, hp.eps, cache)
+                xs.append(x)
+            self.trace.append(xs)
+            return layer_norm(x, **p["ln_f"], eps=hp.eps) @ p["wte"]["weight"].T
+
+    return TracedReference()
+
+
+def save_plot(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="store configs (TOML), one subject each")
+    p.add_argument("--model", default=None, help="model folder, shipped name, hub name such as gpt2, or "
+                   f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo")
+    p.add_argument("--store-root", default=None, help="put each path-based store under DIR/<config name> "
+                   "instead of the config's path (so runs do not clobber each other)")
+    p.add_argument("--replace", action="store_true", help="load the model over another one a store holds")
+    p.add_argument("--no-swap", action="store_true", help="only the configs' own encodings (no l2/ip comparison)")
+    p.add_argument("--seed", type=int, default=0, help="recorded in the provenance (greedy runs draw nothing)")
+    p.add_argument("--out", default=None, help=f"results folder (default results/{name}/<model>)")
+    p.add_argument("--quiet", action="store_true", help="no load progress bars")
+
+
+# ---------------------------------------------------------------- the experiment
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_common_arguments(p, "01_agreement")
+    p.add_argument("--prompts", nargs="+", default=DEFAULT_PROMPTS)
+    p.add_argument("-n", type=int, default=16, help="greedy steps per prompt")
+    p.add_argument("--top-k", type=int, default=40, help="candidate set compared at each step")
+
+
+def reference_run(model64, ids, n, k):
+    """The float64 reference's greedy tokens, full logits and residual stream."""
+    from vecgpt.sampling import top_k
+
+    ref = traced_reference(model64, np.float64)
+    rows, tokens, feed = [], [], list(ids)
+    for step in range(n):
+        row = ref.logits(feed)[-1]
+        rows.append(row)
+        tokens.append(int(top_k(row, k).ids[0]))
+        feed = [tokens[-1]]
+    return {"tokens": tokens, "logits": rows, "residual": stack_trace(ref.trace)}
+
+
+def forced_run(reader, ids, ref_tokens, k):
+    """Read the prompt then the reference's tokens; the reader's candidates at every step."""
+    cands, feed = [], list(ids)
+    for step, token in enumerate(ref_tokens):
+        if step and hasattr(reader, "meter"):
+            reader.meter.start_token()
+        c = reader.read(feed, k)
+        cands.append((np.asarray(c.ids), np.asarray(c.logits, np.float64)))
+        feed = [token]
+    return cands
+
+
+class NumpyReader:
+    """The traced numpy reference as a reader (read(ids, k) -> Candidates), for float32."""
+
+    def __init__(self, model, dtype):
+        self.ref = traced_reference(model, dtype)
+
+    def read(self, ids, k):
+        from vecgpt.sampling import top_k
+
+        return top_k(self.ref.logits(ids)[-1].astype(np.float64), k)
+
+
+def score(cands, residual, ref, k) -> dict:
+    """Every metric of one subject on one prompt against the float64 reference run."""
+    from vecgpt.sampling import top_k
+
+    own = [int(c[0][0]) for c in cands]
+    div = first_divergence(own, ref["tokens"])
+    errs = [logit_errors(i, l, r) for (i, l), r in zip(cands, ref["logits"])]
+    ref_ids = [top_k(r, k).ids for r in ref["logits"]]
+    overlap = [topk_overlap(i, r) for (i, _), r in zip(cands, ref_ids)]
+    missing = [[rank for rank, t in enumerate(r, 1) if t not in set(i.tolist())] for (i, _), r in zip(cands, ref_ids)]
+    out = {"own_tokens": own, "ref_tokens": ref["tokens"], "identical_steps": len(own) if div is None else div,
+           "first_divergence": div, "agreeing_steps": sum(a == b for a, b in zip(own, ref["tokens"])),
+           "topk_overlap": overlap, "missing_reference_ranks": missing, "logit_error_max_by_step": [float(e.max()) for e in errs],
+           "logit_error_mean_by_step": [float(e.mean()) for e in errs],
+           "logit_error_max": float(max(e.max() for e in errs)),
+           "logit_error_mean": float(np.mean(np.concatenate(errs))),
+           "residual_error": residual_error(residual, ref["residual"])}
+    if div is not None:
+        gap, err = top2_gap(ref["logits"][div]), typical_error(out["logit_error_max_by_step"])
+        out["divergence"] = {"step": div, "reference_top2_gap": gap, "typical_logit_error": err,
+                             "logit_error_at_step": float(errs[div].max()), "threshold": tie_threshold(err),
+                             "near_tie": near_tie(gap, err), "reference_token": ref["tokens"][div], "token": own[div]}
+    return out
+
+
+def summarize_subject(label, metric, per_prompt, n_layer) -> dict:
+    divs = [p["divergence"] for p in per_prompt if "divergence" in p]
+    res = [[p["residual_error"][layer] for p in per_prompt] for layer in range(n_layer + 1)]
+    return {
+        "subject": label, "metric": metric,
+        "identical_steps": [p["identical_steps"] for p in per_prompt],
+        "divergences": len(divs), "near_ties": sum(d["near_tie"] for d in divs),
+        "topk_overlap_mean": float(np.mean([o for p in per_prompt for o in p["topk_overlap"]])),
+        "topk_overlap_min": float(min(o for p in per_prompt for o in p["topk_overlap"])),
+        "logit_error_max": max(p["logit_error_max"] for p in per_prompt),
+        "logit_error_mean": float(np.mean([p["logit_error_mean"] for p in per_prompt])),
+        "residual_max_abs_by_layer": [max(r["max_abs"] for r in layer) for layer in res],
+        "residual_relative_by_layer": [max(r["relative"] for r in layer) for layer in res],
+    }
+
+
+def table_rows(summaries, n) -> list[dict]:
+    return [{"subject": s["subject"],
+             f"identical steps (of {n}) per prompt": ", ".join(map(str, s["identical_steps"])),
+             "divergences (near ties)": f"{s['divergences']} ({s['near_ties']})",
+             "top-k overlap mean / min": f"{s['topk_overlap_mean']:.3f} / {s['topk_overlap_min']:.3f}",
+             "logit err max": f"{s['logit_error_max']:.2e}", "logit err mean": f"{s['logit_error_mean']:.2e}",
+             "residual err, last layer (max abs / rel)":
+                 f"{s['residual_max_abs_by_layer'][-1]:.2e} / {s['residual_relative_by_layer'][-1]:.2e}"}
+            for s in summaries]
+
+
+def plot(summaries, path: Path, title: str) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for s in summaries:
+        e = np.asarray(s["residual_max_abs_by_layer"], float)
+        ax.plot(np.arange(len(e)), np.where(e > 0, e, np.nan), marker="o", ms=3, label=s["subject"])
+    ax.set_yscale("log")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("layer (0 = embedding)")
+    ax.set_ylabel("max |residual - float64 numpy|")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_plot(fig, path)
+
+
+def run(args) -> int:
+    from vecgpt import tokenizer
+    from vecgpt.api import check_request
+    from vecgpt.experiments.common import markdown_table, provenance, results_dir, write_json
+    from vecgpt.errors import VecgptError
+
+    model = load_model(args.model)
+    model64 = load_model(args.model, np.float64)
+    hp, k, n = model.hparams, args.top_k, args.n
+    if n < 1:
+        raise VecgptError(f"-n must be at least 1, not {n}")
+    prompts = [(p, tokenizer.encode(p)) for p in args.prompts]
+    for p, ids in prompts:
+        if not ids:
+            raise VecgptError(f"prompt {p!r} has no tokens")
+        check_request(hp, ids, n, k)
+    vs = variants(args.configs, args.store_root, not args.no_swap)
+    out = results_dir("", args.out or str(Path("results/01_agreement") / model_slug(args.model)))
+
+    refs = []
+    for p, ids in prompts:
+        refs.append(reference_run(model64, ids, n, k))
+    subjects = []  # (label, metric, per-prompt scores)
+    numpy32 = []
+    for (p, ids), ref in zip(prompts, refs):
+        reader = NumpyReader(model, np.float32)
+        numpy32.append(score(forced_run(reader, ids, ref["tokens"], k), stack_trace(reader.ref.trace), ref, k))
+    subjects.append(("numpy (float32)", "-", numpy32))
+    for v in vs:
+        print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+        engine = open_engine(v, model, args.replace, progress=not args.quiet)
+        per_prompt = []
+        t = time.perf_counter()
+        for (p, ids), ref in zip(prompts, refs):
+            text = engine.open()
+            trace = traced(text)
+            try:
+                per_prompt.append(score(forced_run(text, ids, ref["tokens"], k), stack_trace(trace), ref, k))
+            finally:
+                text.close()
+        v.stats["run_s"] = time.perf_counter() - t
+        engine.store.close()
+        subjects.append((v.label, v.config.metric, per_prompt))
+
+    summaries = [summarize_subject(label, metric, pp, hp.n_layer) for label, metric, pp in subjects]
+    rows = table_rows(summaries, n)
+    table = markdown_table(rows)
+    what = model_label(model, args.model)
+    data = {
+        "experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
+        "settings": {"prompts": args.prompts, "n": n, "top_k": k, "near_tie": f"reference top-2 gap at the divergence < max({TIE_FACTOR} x "
+                     f"the subject's typical logit error (median over the prompt's steps of the largest top-k error), "
+                     f"{TIE_FLOOR})",
+                     "teacher_forced": True},
+        "variants": [{**describe_variant(v), **v.stats} for v in vs],
+        "prompts": [{"prompt": p, "ids": ids, "reference_tokens": r["tokens"],
+                     "reference_text": tokenizer.decode(r["tokens"]),
+                     "reference_top2_gap_by_step": [top2_gap(row) for row in r["logits"]]}
+                    for (p, ids), r in zip(prompts, refs)],
+        "summary": summaries,
+        "per_prompt": {label: pp for label, _, pp in subjects},
+        "table": rows,
+    }
+    write_json(out / "agreement.json", data)
+    header = (f"Agreement with numpy float64, {len(prompts)} prompts x {n} greedy steps (teacher-forced), "
+              f"top-{k}; model {what}\n\n")
+    (out / "agreement.md").write_text(header + table + "\n")
+    plot(summaries, out / "agreement.png", f"residual stream error per layer\n{what}")
+    print(header + table)
+    print(f"\nwrote {out}/agreement.json, agreement.md, agreement.png", file=sys.stderr)
+    return 0
