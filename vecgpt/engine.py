@@ -133,6 +133,7 @@ class Text:
         hp, hd = self.hp, self.hp.n_embd // self.hp.n_head
         self.tokens: list[int] = []
         self.trace: list | None = None  # set to [] to collect the residual stream after each layer
+        self.pending: list[tuple] = []  # a decode step's keys, written together with its token search
         self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd))  # [L, ctx, H, hd]
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
         self.meter.together(("open", lambda: self.store.create(self.name, hd, self.metric, ("layer", "head", "position"))),
@@ -177,8 +178,8 @@ class Text:
 
     def _embed(self, ids, start):  # [m] -> [m, d]
         d, positions = self.hp.n_embd, np.arange(start, start + len(ids))
-        wte, wpe = self.meter.together(("lookup", lambda: self.store.fetch("wte", np.asarray(ids))),
-                                       ("lookup", lambda: self.store.fetch("wpe", positions)))
+        *_, wte, wpe = self.meter.together(*self._flush(), ("lookup", lambda: self.store.fetch("wte", np.asarray(ids))),
+                                           ("lookup", lambda: self.store.fetch("wpe", positions)))
         return wte[:, :d].astype(np.float64) + wpe.astype(np.float64)
 
     def _block(self, x, layer, start):  # [m, d] -> [m, d]
@@ -201,24 +202,35 @@ class Text:
         k32 = k.astype(np.float32)  # the keys as the store holds them
         self.values[layer, start:start + m] = v
         self.key_norms[layer, :, start:start + m] = np.einsum("mhd,mhd->hm", k32.astype(np.float64), k32.astype(np.float64))
-        write = ("key_write", lambda: self._write_keys(layer, start, k32))
-        if m == 1:  # decode: earlier keys from the store (written meanwhile), the own key from memory
+        if m == 1:  # decode: earlier keys from the store, the own key from memory; this one is written later
+            self.pending.append((layer, start, k32))
             searches = self._key_searches(q, layer, start)
-            found = (self.meter.together(write, *searches)[1:] or [[None] * hp.n_head])[0]
+            found = self.meter.together(*searches)[0] if searches else [None] * hp.n_head
             own = [(np.array([[start]]), (q[:, h] @ k32[0, h].astype(np.float64)).reshape(1, 1)) for h in range(hp.n_head)]
         else:  # a block: write its keys, then every query searches all keys up to the block's end
-            self.meter.together(write)
+            self.meter.together(("key_write", lambda: self._write_keys([(layer, start, k32)])))
             found = self.meter.together(*self._key_searches(q, layer, start + m))[0]
             own = [None] * hp.n_head
         heads = [self._attend(q[:, h], found[h], own[h], layer, h, start) for h in range(hp.n_head)]
         return self._linear(np.hstack(heads), f"h.{layer}.attn.c_proj")
 
-    def _write_keys(self, layer, start, k32):  # k32 [m, H, hd]
-        m, n_head = k32.shape[:2]
-        pos = np.repeat(np.arange(start, start + m), n_head)
-        head = np.tile(np.arange(n_head), m)
-        self.store.upsert(self.name, self._key_ids(layer, head, pos), k32.reshape(m * n_head, -1),
-                          {"layer": np.full(m * n_head, layer), "head": head, "position": pos})
+    def _write_keys(self, entries):  # [(layer, start, k32 [m, H, hd])] in one upsert
+        ids, vectors, attrs = [], [], {"layer": [], "head": [], "position": []}
+        for layer, start, k32 in entries:
+            m, n_head = k32.shape[:2]
+            pos, head = np.repeat(np.arange(start, start + m), n_head), np.tile(np.arange(n_head), m)
+            ids.append(self._key_ids(layer, head, pos))
+            vectors.append(k32.reshape(m * n_head, -1))
+            for name, column in (("layer", np.full(m * n_head, layer)), ("head", head), ("position", pos)):
+                attrs[name].append(column)
+        self.store.upsert(self.name, np.concatenate(ids), np.vstack(vectors),
+                          {name: np.concatenate(c) for name, c in attrs.items()})
+
+    def _flush(self):  # the pending key write as a (kind, fn) call, to ride along with another round
+        if not self.pending:
+            return []
+        entries, self.pending = self.pending, []
+        return [("key_write", lambda: self._write_keys(entries))]
 
     def _key_ids(self, layer, head, pos):
         return (layer * self.hp.n_head + head) * self.hp.n_ctx + pos
@@ -256,5 +268,5 @@ class Text:
 
     def _next_tokens(self, x, k):  # [1, d] -> the k best tokens
         q = encoding.encode_queries(layer_norm(x, **self.ln_f, eps=self.hp.eps), self.metric)
-        (hits,) = self.meter.together(("token_search", lambda: self.store.search("wte", q, k=k)))
+        *_, hits = self.meter.together(*self._flush(), ("token_search", lambda: self.store.search("wte", q, k=k)))
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
