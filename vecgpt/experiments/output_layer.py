@@ -389,7 +389,7 @@ def merge(folders, out) -> int:
     from vecgpt.experiments.common import write_json
 
     parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
-    models = list({m["name"]: m for p in parts for m in p["models"]}.values())
+    models = [m for p in parts for m in p["models"]]  # one entry per run: each has its own exact baseline
     result = {"provenance": parts[0]["provenance"], "merged_from": [str(f) for f in folders], "models": models,
               "rows": [r for p in parts for r in p["rows"]], "skipped": [s for p in parts for s in p["skipped"]],
               "published": PUBLISHED}
@@ -423,19 +423,22 @@ def report(result) -> str:
     prov = result["provenance"]
     lines = ["# Output layer as an ANN search", "",
              f"Machine: {prov['machine']['system']}, {prov['machine']['cores']} cores; commit {prov['commit']}.",
-             "Speedup = exact numpy output layer (`exact_ms`: float32 `h @ wte.T` + top-40, measured in the same run) / index head (search k + frequent "
-             "tokens + exact rescoring), both batch 1, medians (`p10_x`: the same from 10th percentiles, closer to an unloaded machine). `identical` = greedy steps identical to exact "
-             "decoding, summed over prompts. ppl_cand: softmax over the candidates only (inf when a target is "
+             "Speedup = exact numpy output layer (`exact_ms`: float32 `h @ wte.T` + top-40, measured in the same "
+             "run) / index head (search k + frequent tokens + exact rescoring), both batch 1, medians (`p10_x`: "
+             "the same from 10th percentiles, closer to an unloaded machine). `identical` = greedy steps "
+             "identical to exact decoding, summed over prompts. ppl_cand: softmax over the candidates only (inf when a target is "
              "missing; `miss` = such positions); ppl_floor: every missing token gets the lowest candidate logit.", ""]
-    for m in result["models"]:
-        rows = [r for r in result["rows"] if r["model"] == m["name"]]
-        lines += [f"## {m['description']}", "",
-                  f"{m['output_vectors']} x {m['hparams']['n_embd']} token vectors; {m['text_positions']} held-out "
-                  f"positions, {m['greedy_positions']} greedy positions; exact numpy output layer {m['numpy_ms']:.2f} ms, "
-                  f"rest of the token {m['body_ms']:.1f} ms, exact whole token {m['token_exact_ms']:.1f} ms; "
-                  f"BLAS threads {m.get('blas_threads')}."
-                  + (f" The exact top-1 is an always-scored token at {100 * m['top1_frequent']:.0f}% of greedy positions."
-                     if m.get("top1_frequent") is not None else ""), ""]
+    for name in dict.fromkeys(m["name"] for m in result["models"]):
+        runs = [m for m in result["models"] if m["name"] == name]
+        rows = [r for r in result["rows"] if r["model"] == name]
+        lines += [f"## {runs[0]['description']}", ""]
+        for m in runs:
+            lines += [f"{m['output_vectors']} x {m['hparams']['n_embd']} token vectors; {m['text_positions']} held-out "
+                      f"positions, {m['greedy_positions']} greedy positions; exact numpy output layer {m['numpy_ms']:.2f} ms, "
+                      f"rest of the token {m['body_ms']:.1f} ms, exact whole token {m['token_exact_ms']:.1f} ms; "
+                      f"BLAS threads {m.get('blas_threads')}."
+                      + (f" The exact top-1 is an always-scored token at {100 * m['top1_frequent']:.0f}% of greedy positions."
+                         if m.get("top1_frequent") is not None else ""), ""]
         if rows:
             lines += [markdown_table(list(table_rows(rows)), COLUMNS), ""]
     if result["skipped"]:
