@@ -98,6 +98,23 @@ def test_text_keys_live_in_one_namespace_per_head_and_go_away(local, small_serve
     assert store._owned("text-0123abcd") == [] and store.leftover_texts() == []
 
 
+def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_server):
+    store = local(small_server.url)
+    store.create("text-0badcafe", 4, "l2", ("layer", "head", "position"))
+    L, H = 3, 4  # one decode step's keys: every layer x head, in one upsert
+    layer, head = np.repeat(np.arange(L), H), np.tile(np.arange(H), L)
+    ids = (layer * H + head) * 100 + 7
+    x = rng.standard_normal((L * H, 4)).astype(np.float32)
+    before = store.usage["write_requests"]
+    store.upsert("text-0badcafe", ids, x, {"layer": layer, "head": head, "position": np.full(L * H, 7)})
+    assert store.usage["write_requests"] - before == H * 2  # each head's namespace and its copy, in parallel
+    spaces = store._owned("text-0badcafe")
+    assert len(spaces) == H * 2 and all(store._rows(ns) == L for ns in spaces)  # a head's keys of every layer
+    hits = store.search("text-0badcafe", x[[2 * H + 1]], k=1, where=Where(eq={"layer": 2, "head": 1}, lt={"position": 8}))
+    assert hits.ids[0].tolist() == [(2 * H + 1) * 100 + 7]
+    store.drop("text-0badcafe")
+
+
 def test_engine_round_trips_over_http(make_store, tiny_model):
     store = make_store("turbopuffer")
     push(store, tiny_model, "l2", progress=False)
@@ -109,7 +126,9 @@ def test_engine_round_trips_over_http(make_store, tiny_model):
     decode = summary["per_token"][1]
     assert decode["round_trips"] == 1 + 5 * L + 1
     assert decode["by_kind"]["key_search"] == L * H  # one single-subquery request per head, all in one round
-    assert decode["by_kind"]["key_write"] == L * H * 2  # each head's namespace and its copy
+    # the token's keys of every layer in one upsert, sent with the token search: one write per head namespace
+    # and its copy (it was L * H * 2 when each layer wrote its keys)
+    assert decode["by_kind"]["key_write"] == H * 2
     assert summary["per_token"][0]["round_trips"] == 1 + 1 + 6 * L + 1
 
 

@@ -33,12 +33,14 @@ import os
 import re
 import threading
 from collections import Counter, defaultdict
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, parallel, record
 from vecgpt.errors import VecgptError
+from vecgpt.tpuf_cost import PRICES, dollars, estimate_cost  # noqa: F401  (vecgpt load --dry-run, benchmarks)
+from vecgpt.tpuf_filters import MATCH_ALL, range_of, strip_range, to_filter, with_range
 
 try:
     import orjson
@@ -52,20 +54,7 @@ MAX_SUBQUERIES = 16
 SLOTS = 16
 KNN_SLOTS = 2
 NAME = re.compile(r"[A-Za-z0-9\-_.]{1,128}\Z")
-MATCH_ALL = ["id", "Gte", 0]
 LAYOUTS = ("namespace-per-matrix",)
-
-# published prices (turbopuffer.com/pricing, Launch/Scale tiers; reference section 10)
-PRICES = {"storage_gb_month": 0.33, "write_gb": 2.0, "queried_pb": 1.0, "returned_gb": 0.05,
-          "min_query_bytes": 1.28e9, "min_write_bytes": 10e3, "branch": 0.032}
-
-
-def dollars(usage: Mapping[str, float]) -> float:
-    """Dollars for a usage tally (billed bytes written, queried, returned), at the published prices."""
-    return (usage.get("billed_written", 0) / 1e9 * PRICES["write_gb"]
-            + usage.get("billed_queried", 0) / 1e15 * PRICES["queried_pb"]
-            + usage.get("billed_returned", 0) / 1e9 * PRICES["returned_gb"])
-
 
 class Gate:
     """Concurrency slots in flight per namespace, shared by every store of this process."""
@@ -102,24 +91,6 @@ def gate_for(url: str, slots: int) -> Gate:
 def b64(vectors: np.ndarray) -> list[str]:
     v = np.ascontiguousarray(vectors, "<f4")
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in v]
-
-
-def to_filter(where: Where | None, skip: str | None = None) -> list:
-    conds = []
-    if where is not None:
-        conds += [[a, "Eq", int(v)] for a, v in where.eq.items() if a != skip]
-        conds += [[a, "Lt", int(v)] for a, v in where.lt.items()]
-        conds += [[a, "Gte", int(v)] for a, v in where.ge.items()]
-    if not conds:
-        return MATCH_ALL
-    return conds[0] if len(conds) == 1 else ["And", conds]
-
-
-def with_range(f: list, lo: int, hi: int) -> list:
-    rng = [["id", "Gte", int(lo)], ["id", "Lt", int(hi)]]
-    if f == MATCH_ALL:
-        return ["And", rng]
-    return ["And", (f[1] if f[0] == "And" else [f]) + rng]
 
 
 class Task:
@@ -406,14 +377,14 @@ class TurbopufferStore:
 
     def _split(self, t: Task) -> list[Task]:
         """Pieces of a subquery that may have been cut at the row limit: id ranges, each asked again."""
-        rng = _range_of(t.filter)
+        rng = range_of(t.filter)
         if rng is not None:  # a piece that is still too big: halve it
             (lo, hi), pieces = rng, 2
         else:
             lo, hi = self._span(t.replicas[0])
             pieces = max(2, math.ceil(2 * (hi - lo) / t.limit))
         edges = np.unique(np.linspace(lo, hi, pieces + 1).astype(np.int64))
-        base = _strip_range(t.filter)
+        base = strip_range(t.filter)
         return [Task(t.si, t.qi, t.replicas, with_range(base, a, b), t.limit)
                 for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()) if b > a]
 
@@ -519,26 +490,6 @@ def _detail(e) -> str:
     return str(msg).splitlines()[0][:300] if str(msg) else type(e).__name__
 
 
-def _range_of(f: list):
-    if f and f[0] == "And":
-        lo = [c[2] for c in f[1] if c[:2] == ["id", "Gte"]]
-        hi = [c[2] for c in f[1] if c[:2] == ["id", "Lt"]]
-        if lo and hi:
-            return lo[-1], hi[-1]
-    return None
-
-
-def _is_range(f: list) -> bool:
-    return _range_of(f) is not None
-
-
-def _strip_range(f: list) -> list:
-    if f and f[0] == "And" and _is_range(f):
-        rest = [c for c in f[1] if c[:2] not in (["id", "Gte"], ["id", "Lt"])]
-        return MATCH_ALL if not rest else (rest[0] if len(rest) == 1 else ["And", rest])
-    return f
-
-
 def check_namespace(ns: str) -> None:
     if not NAME.match(ns):
         raise VecgptError(f"namespace name {ns!r} is not valid for turbopuffer ([A-Za-z0-9-_.], 1 to 128 characters); "
@@ -580,37 +531,3 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
     url = str(client.base_url).rstrip("/")
     return TurbopufferStore(client, url, prefix, replicas, key_replicas, key_partition or None, max_top_k, slots,
                             slot_rule, write_batch_mb)
-
-
-def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_replicas: int = 2) -> str:
-    """What a load writes and costs, and what a generated token costs, at the published prices.
-
-    rows: (collection, documents, dimension) as `vecgpt.engine.plan` gives them. Per-token figures assume
-    GPT-2's shape (64-wide heads) and a namespace per matrix: one kNN subquery per matrix, one per head
-    for the keys, the token search; every query is billed at least 1.28 GB queried.
-    """
-    doc_bytes = [(name, n, d, n * (8 + 4 * d + 8)) for name, n, d in rows]  # id + f32 vector + row attribute
-    docs = sum(n for _, n, _, _ in doc_bytes) * replicas
-    size = sum(b for *_, b in doc_bytes) * replicas
-    write = size / 1e9 * PRICES["write_gb"]
-    storage = size / 1e9 * PRICES["storage_gb_month"]
-    matrices = [r for r in doc_bytes if r[0].startswith("h.")]
-    layers = sum(1 for r in matrices if r[0].endswith("attn.c_attn"))
-    width = next((d for name, _, d in rows if name == "wpe"), 768)
-    heads = max(1, width // 64)
-    per_ns_bytes = {name: b for name, _, _, b in doc_bytes}
-    subqueries = len(matrices) + layers * heads + 1
-    queried = sum(max(PRICES["min_query_bytes"], per_ns_bytes[r[0]]) for r in matrices) + \
-        layers * heads * PRICES["min_query_bytes"] + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
-    returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
-    key_writes = layers * heads * key_replicas * PRICES["min_write_bytes"]
-    token = queried / 1e15 * PRICES["queried_pb"] + returned / 1e9 * PRICES["returned_gb"] + \
-        key_writes / 1e9 * PRICES["write_gb"]
-    return "\n".join([
-        f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
-        f"  load (writes at $2/GB, before batch discounts): ${write:,.2f}",
-        f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
-        f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
-        f"{returned / 1e6:.2f} MB returned, {layers * heads * key_replicas} key writes: ${token:.6f}",
-        f"  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
-    ])

@@ -1,0 +1,53 @@
+"""turbopuffer prices, the dollars of a usage tally, and the dry-run estimate (`vecgpt load --dry-run`)
+for the turbopuffer backend (which re-exports these names)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+# published prices (turbopuffer.com/pricing, Launch/Scale tiers; reference section 10)
+PRICES = {"storage_gb_month": 0.33, "write_gb": 2.0, "queried_pb": 1.0, "returned_gb": 0.05,
+          "min_query_bytes": 1.28e9, "min_write_bytes": 10e3, "branch": 0.032}
+
+
+def dollars(usage: Mapping[str, float]) -> float:
+    """Dollars for a usage tally (billed bytes written, queried, returned), at the published prices."""
+    return (usage.get("billed_written", 0) / 1e9 * PRICES["write_gb"]
+            + usage.get("billed_queried", 0) / 1e15 * PRICES["queried_pb"]
+            + usage.get("billed_returned", 0) / 1e9 * PRICES["returned_gb"])
+
+
+def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_replicas: int = 2) -> str:
+    """What a load writes and costs, and what a generated token costs, at the published prices.
+
+    rows: (collection, documents, dimension) as `vecgpt.engine.plan` gives them. Per-token figures assume
+    GPT-2's shape (64-wide heads) and a namespace per matrix: one kNN subquery per matrix, one per head
+    for the keys, the token search; every query is billed at least 1.28 GB queried; the token's keys (all
+    layers) go out as one upsert, a write per head namespace and copy, each billed at least 10 KB.
+    """
+    doc_bytes = [(name, n, d, n * (8 + 4 * d + 8)) for name, n, d in rows]  # id + f32 vector + row attribute
+    docs = sum(n for _, n, _, _ in doc_bytes) * replicas
+    size = sum(b for *_, b in doc_bytes) * replicas
+    write = size / 1e9 * PRICES["write_gb"]
+    storage = size / 1e9 * PRICES["storage_gb_month"]
+    matrices = [r for r in doc_bytes if r[0].startswith("h.")]
+    layers = sum(1 for r in matrices if r[0].endswith("attn.c_attn"))
+    width = next((d for name, _, d in rows if name == "wpe"), 768)
+    heads = max(1, width // 64)
+    per_ns_bytes = {name: b for name, _, _, b in doc_bytes}
+    subqueries = len(matrices) + layers * heads + 1
+    queried = sum(max(PRICES["min_query_bytes"], per_ns_bytes[r[0]]) for r in matrices) + \
+        layers * heads * PRICES["min_query_bytes"] + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
+    returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
+    writes = heads * key_replicas  # a token's keys, every layer, in one upsert: a request per head namespace copy
+    key_writes = writes * PRICES["min_write_bytes"]
+    token = queried / 1e15 * PRICES["queried_pb"] + returned / 1e9 * PRICES["returned_gb"] + \
+        key_writes / 1e9 * PRICES["write_gb"]
+    return "\n".join([
+        f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
+        f"  load (writes at $2/GB, before batch discounts): ${write:,.2f}",
+        f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
+        f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
+        f"{returned / 1e6:.2f} MB returned, {writes} key writes: ${token:.6f}",
+        f"  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
+    ])

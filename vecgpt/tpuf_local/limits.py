@@ -1,0 +1,37 @@
+"""The service's limits and its error reply: names, ids, dimensions, rows, subqueries, slots, body size."""
+
+from __future__ import annotations
+
+import re
+
+NAME = re.compile(r"[A-Za-z0-9\-_.]{1,128}\Z")
+MAX_TOP_K = 10_000
+MAX_SUBQUERIES = 16
+MAX_DIMS = 10_752
+MAX_BODY = 512_000_000
+SLOTS = 16
+SLOT_WAIT_S = 0.8
+METRICS = ("euclidean_squared", "cosine_distance")
+
+
+class ApiError(Exception):
+    """An error reply: HTTP status, message, extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def check_name(name: str) -> None:
+    if not NAME.match(name):
+        raise ApiError(400, f"invalid namespace name {name!r}: use [A-Za-z0-9-_.], 1 to 128 characters")
+
+
+def valid_id(value):
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ApiError(400, f"invalid id {value!r}: ids are unsigned integers, UUIDs or strings")
+    if isinstance(value, int) and not 0 <= value < 2**64:
+        raise ApiError(400, f"invalid id {value}: integer ids are u64")
+    if isinstance(value, str) and len(value.encode()) > 64:
+        raise ApiError(400, "invalid id: string ids are at most 64 bytes")
+    return value

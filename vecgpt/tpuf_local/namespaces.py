@@ -1,0 +1,237 @@
+"""One namespace in memory: ids, float32 vectors (kept as float64 for BLAS), attribute columns; upsert,
+delete, columns for filters. Also the decoding of a write's vector column (lists or base64 `<f4`)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from datetime import datetime, timezone
+
+import numpy as np
+
+from vecgpt.tpuf_local import filters
+from vecgpt.tpuf_local.limits import MAX_DIMS, METRICS, ApiError, valid_id
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def value_bytes(v) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, str):
+        return len(v.encode())
+    if isinstance(v, list):
+        return sum(value_bytes(x) for x in v)
+    return 8
+
+
+class Namespace:
+    """One namespace: ids, float32 vectors (kept as float64 for BLAS), attribute columns."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ids: list = []
+        self.slot_of: dict = {}
+        self.dim: int | None = None
+        self.metric: str | None = None
+        self.vectors = np.zeros((0, 0))  # [capacity, dim] float64 holding float32 values
+        self.norms = np.zeros(0)
+        self.attrs: dict[str, list] = {}
+        self.types: dict[str, str] = {}
+        self.schema_extra: dict = {}
+        self.attr_bytes = 0
+        self.created_at = self.updated_at = now()
+        self.version = 0
+        self.lock = threading.RLock()
+        self._columns: dict = {}
+
+    @property
+    def n(self) -> int:
+        return len(self.ids)
+
+    def logical_bytes(self) -> int:
+        return self.n * (8 + 4 * (self.dim or 0)) + self.attr_bytes
+
+    # writes -------------------------------------------------------------------------------
+    def set_metric(self, metric, needed: bool) -> None:
+        if metric is not None:
+            if metric not in METRICS:
+                raise ApiError(400, f"unknown distance_metric {metric!r}; expected one of {list(METRICS)}")
+            if self.metric is not None and metric != self.metric:
+                raise ApiError(400, f"namespace {self.name} uses distance_metric {self.metric!r}, not {metric!r}")
+            self.metric = metric
+        elif needed and self.metric is None:
+            raise ApiError(400, "distance_metric is required when writing vectors to a new namespace")
+
+    def _grow(self, extra: int) -> None:
+        need = self.n + extra
+        if need > len(self.vectors):
+            cap = max(need, 2 * len(self.vectors), 16)
+            grown = np.zeros((cap, self.dim))
+            grown[: self.n] = self.vectors[: self.n]
+            self.vectors = grown
+            norms = np.zeros(cap)
+            norms[: self.n] = self.norms[: self.n]
+            self.norms = norms
+
+    def upsert(self, ids: list, vectors: np.ndarray | None, attrs: dict[str, list]) -> None:
+        self._check_vectors(vectors, ids)
+        for name, column in attrs.items():
+            if name.startswith("$") or len(name.encode()) > 128:
+                raise ApiError(400, f"invalid attribute name {name!r}")
+            self._note_type(name, column)
+        ids = [valid_id(i) for i in ids]
+        if ids and self.ids and type(ids[0]) is not type(self.ids[0]):
+            raise ApiError(400, "a namespace cannot mix id types")
+        order, slots = self._place(ids, attrs, grow=self.dim is not None and vectors is not None)
+        if vectors is not None:
+            v = vectors[np.asarray(order, np.int64)].astype(np.float64)
+            idx = np.asarray(slots, np.int64)
+            self.vectors[idx] = v
+            self.norms[idx] = np.einsum("ij,ij->i", v, v)
+        self._set_attrs(attrs, order, slots)
+        self._touch()
+
+    def _check_vectors(self, vectors: np.ndarray | None, ids: list) -> None:
+        if vectors is not None:
+            if vectors.ndim != 2 or vectors.shape[1] == 0:
+                raise ApiError(400, "vectors must be non-empty arrays of floats")
+            dim = vectors.shape[1]
+            if dim > MAX_DIMS:
+                raise ApiError(400, f"vector has {dim} dimensions; the limit is {MAX_DIMS}")
+            if self.dim is None:
+                self.dim = dim
+                self.vectors, self.norms = np.zeros((0, dim)), np.zeros(0)
+            elif dim != self.dim:
+                raise ApiError(400, f"vector dimension mismatch: namespace {self.name} holds [{self.dim}]f32, got [{dim}]")
+        elif self.dim is not None and ids:
+            raise ApiError(400, f"namespace {self.name} has a vector column; every upserted document needs a vector")
+
+    def _place(self, ids: list, attrs: dict, grow: bool) -> tuple[list, list]:
+        """(rows of the request to keep, their slots): the last write of an id wins; new ids are appended."""
+        last = {i: r for r, i in enumerate(ids)}
+        order = list(last.values())
+        slots = [self.slot_of.get(ids[r], -1) for r in order]
+        new_rows = [r for r, s in zip(order, slots) if s < 0]
+        if grow:
+            self._grow(len(new_rows))
+        for name in set(attrs) | set(self.attrs):
+            self.attrs.setdefault(name, [None] * self.n)
+        start = self.n
+        for r in new_rows:
+            self.slot_of[ids[r]] = len(self.ids)
+            self.ids.append(ids[r])
+            for col in self.attrs.values():
+                col.append(None)
+        return order, [s if s >= 0 else start + k for s, k in zip(slots, _count_new(slots))]
+
+    def _set_attrs(self, attrs: dict, order: list, slots: list) -> None:
+        for name, col in self.attrs.items():
+            given = attrs.get(name)
+            for r, s in zip(order, slots):
+                old = col[s]
+                new = None if given is None else given[r]
+                self.attr_bytes += value_bytes(new) - value_bytes(old)
+                col[s] = new
+
+    def _note_type(self, name, column) -> None:
+        for v in column:
+            if v is None:
+                continue
+            t = ("bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float)
+                 else "string" if isinstance(v, str) else "[]" + ("string" if v and isinstance(v[0], str) else "int")
+                 if isinstance(v, list) else None)
+            if t is None:
+                raise ApiError(400, f"attribute {name!r}: unsupported value {v!r}")
+            self.types.setdefault(name, t)
+            break
+
+    def delete(self, ids: list) -> int:
+        done = 0
+        for i in ids:
+            s = self.slot_of.pop(i, None)
+            if s is None:
+                continue
+            done += 1
+            self._remove(s)
+        self._touch()
+        return done
+
+    def _remove(self, s: int) -> None:
+        last = self.n - 1
+        for col in self.attrs.values():
+            self.attr_bytes -= value_bytes(col[s])
+        if s != last:  # move the last row into the hole
+            moved = self.ids[last]
+            self.ids[s] = moved
+            self.slot_of[moved] = s
+            if self.dim is not None:
+                self.vectors[s], self.norms[s] = self.vectors[last], self.norms[last]
+            for col in self.attrs.values():
+                col[s] = col[last]
+        self.ids.pop()
+        for col in self.attrs.values():
+            col.pop()
+
+    def _touch(self) -> None:
+        self.version += 1
+        self._columns = {}
+        self.updated_at = now()
+
+    # reads --------------------------------------------------------------------------------
+    def column(self, name: str):
+        """(values, present) for an attribute or `id`: int64 where every value is an int, else objects."""
+        cached = self._columns.get(name)
+        if cached is not None:
+            return cached
+        raw = self.ids if name == "id" else self.attrs.get(name, [None] * self.n)
+        present = np.fromiter((v is not None for v in raw), bool, len(raw))
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in raw if v is not None) and \
+                all(-2**63 <= v < 2**63 for v in raw if v is not None):
+            values = np.fromiter((0 if v is None else v for v in raw), np.int64, len(raw))
+        else:
+            values = np.empty(len(raw), object)
+            values[:] = raw
+        self._columns[name] = (values, present)
+        return values, present
+
+    def mask(self, f) -> np.ndarray:
+        return filters.mask(self, f)
+
+    def snapshot(self):
+        with self.lock:
+            n = self.n
+            return n, self.vectors[:n], self.norms[:n], list(self.ids)
+
+
+def _count_new(slots):
+    k = 0
+    for s in slots:
+        yield k
+        if s < 0:
+            k += 1
+
+
+def decode_vectors(column) -> np.ndarray | None:
+    if column is None:
+        return None
+    if all(v is None for v in column):
+        return None
+    if any(v is None for v in column):
+        raise ApiError(400, "every document needs a vector once the namespace has a vector column")
+    try:
+        if all(isinstance(v, str) for v in column):
+            raw = [base64.b64decode(v, validate=True) for v in column]
+            if len({len(r) for r in raw}) != 1 or len(raw[0]) % 4:
+                raise ApiError(400, "base64 vectors must be little-endian f32 arrays of one length")
+            return np.frombuffer(b"".join(raw), "<f4").reshape(len(raw), -1)
+        return np.asarray(column, np.float32).reshape(len(column), -1) if len({len(v) for v in column}) == 1 \
+            else _bad_vectors()
+    except (ValueError, TypeError) as e:
+        raise ApiError(400, f"invalid vector: {e}") from None
+
+
+def _bad_vectors():
+    raise ApiError(400, "vectors of one namespace must all have the same dimension")

@@ -1,0 +1,190 @@
+"""POST /v2/namespaces/{ns}/query: kNN/ANN (both an exact scan here) or ordering by an attribute, filters,
+top_k / limit, include_attributes, vector_encoding; `queries` makes it a multi_query, answered from one
+snapshot. Also the concurrency slots a query takes."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+
+from vecgpt.tpuf_local.limits import MAX_SUBQUERIES, ApiError
+from vecgpt.tpuf_local.namespaces import Namespace, value_bytes
+
+MULTI_FIELDS = {"queries", "consistency", "vector_encoding", "limit", "offset", "rerank_by"}
+UNSUPPORTED = {"aggregate_by", "group_by", "rerank_by", "compute_attributes"}
+
+
+def query_slots(q: dict) -> int:
+    if "aggregate_by" in q:
+        return 4
+    rank = q.get("rank_by")
+    if isinstance(rank, list) and len(rank) == 3 and rank[1] == "kNN":
+        return 2
+    return 1
+
+
+def slots_needed(body: dict, slot_rule: str) -> tuple[int, int]:
+    """(slots, subqueries) for a query body; a malformed multi_query is refused here, before it waits."""
+    if "queries" not in body:
+        return query_slots(body), 1
+    qs = body["queries"]
+    if not isinstance(qs, list) or not qs:
+        raise ApiError(400, "queries must be a non-empty list")
+    if len(qs) > MAX_SUBQUERIES:
+        raise ApiError(400, f"a multi-query takes at most {MAX_SUBQUERIES} queries, got {len(qs)}")
+    extra = set(body) - MULTI_FIELDS
+    if extra:
+        raise ApiError(400, f"queries cannot be combined with top-level {sorted(extra)[0]!r}")
+    per = [query_slots(q) if isinstance(q, dict) else 1 for q in qs]
+    return (sum(per) if slot_rule == "subquery" else max(per)), len(qs)
+
+
+def query(ns: Namespace, body: dict, max_top_k: int) -> dict:
+    start = time.perf_counter()
+    with ns.lock:  # one snapshot for every subquery
+        snap = ns.snapshot()
+        qs = body["queries"] if "queries" in body else [body]
+        results = [one(ns, q, snap, body, max_top_k) for q in qs]
+    n = snap[0]
+    returned = sum(r.pop("_bytes") for r in results)
+    out = {"billing": {"billable_logical_bytes_queried": ns.logical_bytes() * len(results),
+                       "billable_logical_bytes_returned": returned},
+           "performance": {"approx_namespace_size": n, "cache_hit_ratio": 1.0, "cache_temperature": "hot",
+                           "exhaustive_search_count": n, "query_execution_ms": round(1000 * (time.perf_counter() - start), 3),
+                           "server_total_ms": round(1000 * (time.perf_counter() - start), 3)}}
+    if "queries" in body:
+        out["results"] = results
+    else:
+        out.update(results[0])
+    return out
+
+
+def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int) -> dict:
+    """One (sub)query against a snapshot (n, vectors, norms, ids): {"rows": [...], "_bytes": returned}."""
+    if not isinstance(q, dict):
+        raise ApiError(400, "each query must be an object")
+    unsupported = set(q) & UNSUPPORTED
+    if unsupported:
+        raise ApiError(400, f"this local server does not implement {sorted(unsupported)[0]!r}")
+    limit = _limit(q, max_top_k)
+    offset = q.get("offset") or 0
+    rank = q.get("rank_by")
+    filters = q.get("filters")
+    keep = ns.mask(filters) if filters is not None else None
+    chosen = np.flatnonzero(keep) if keep is not None else np.arange(snap[0])
+    dists = None
+    if not isinstance(rank, list) or len(rank) < 2:
+        raise ApiError(400, "rank_by is required (e.g. [\"vector\", \"kNN\", [..]] or [\"id\", \"asc\"])")
+    if len(rank) == 3 and rank[1] in ("kNN", "ANN"):
+        chosen, dists = _by_vector(ns, rank, filters, chosen, snap, limit, offset)
+    elif len(rank) == 2 and rank[1] in ("asc", "desc"):
+        chosen = _by_attribute(ns, rank, chosen, limit, offset)
+    else:
+        raise ApiError(400, f"this local server does not implement rank_by {rank[:2]!r}")
+    encoding = root.get("vector_encoding", q.get("vector_encoding", "float"))
+    return _rows(ns, chosen, dists, _included(ns, q), snap, encoding)
+
+
+def _limit(q: dict, max_top_k: int) -> int:
+    limit = q.get("top_k", q.get("limit"))
+    if isinstance(limit, dict):
+        limit = limit.get("total")
+    if limit is None:
+        limit = 10
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ApiError(400, f"invalid top_k/limit {limit!r}")
+    if limit > max_top_k:
+        raise ApiError(400, f"top_k/limit {limit} exceeds the maximum of {max_top_k}")
+    return limit
+
+
+def _by_vector(ns, rank, filters, chosen, snap, limit, offset):
+    """(rows, float32 distances) of the nearest `limit` after `offset` among `chosen`: an exact scan."""
+    n, vectors, norms, _ = snap
+    if rank[0] != "vector":
+        raise ApiError(400, f"no vector attribute {rank[0]!r}; vectors live in 'vector'")
+    if rank[1] == "kNN" and filters is None:
+        raise ApiError(400, "kNN (exact) queries require filters")
+    if ns.dim is None:
+        raise ApiError(400, f"namespace {ns.name} has no vectors")
+    try:
+        qv = np.asarray(rank[2], np.float32).astype(np.float64)
+    except (ValueError, TypeError):
+        raise ApiError(400, "the query vector must be an array of floats") from None
+    if qv.shape != (ns.dim,):
+        raise ApiError(400, f"query vector has {qv.size} dimensions; the namespace holds [{ns.dim}]f32")
+    if len(chosen) == n:  # every row: no copy
+        data, nrm = vectors, norms
+    elif len(chosen) and chosen[-1] - chosen[0] == len(chosen) - 1:  # a contiguous run: a view
+        data, nrm = vectors[chosen[0]:chosen[-1] + 1], norms[chosen[0]:chosen[-1] + 1]
+    else:
+        data, nrm = vectors[chosen], norms[chosen]
+    d = _distances(ns.metric, data, nrm, qv)
+    want = min(limit + offset, len(d))
+    if want < len(d):
+        part = np.argpartition(d, want - 1)[:want] if want else np.zeros(0, np.int64)
+    else:
+        part = np.arange(len(d))
+    order = part[np.argsort(d[part], kind="stable")][offset:]
+    return chosen[order], d[order]
+
+
+def _distances(metric, data, nrm, qv) -> np.ndarray:
+    """The exact distance, computed in float64 from float32 values and rounded to float32 once."""
+    dots = data @ qv
+    if metric == "cosine_distance":
+        denom = np.sqrt(nrm * (qv @ qv))
+        d = 1.0 - np.divide(dots, denom, out=np.zeros_like(dots), where=denom > 0)
+    else:
+        d = np.maximum(nrm + qv @ qv - 2.0 * dots, 0.0)
+    return d.astype(np.float32)
+
+
+def _by_attribute(ns, rank, chosen, limit, offset):
+    values, present = ns.column(rank[0])
+    sub = values[chosen]
+    order = np.argsort(sub, kind="stable") if sub.dtype != object else \
+        np.array(sorted(range(len(sub)), key=lambda i: (sub[i] is None, sub[i])), np.int64)
+    if rank[1] == "desc":
+        order = order[::-1]
+    return chosen[order][offset: offset + limit]
+
+
+def _included(ns, q) -> list[str]:
+    include = q.get("include_attributes", False)
+    if include is True:
+        return ["vector", *ns.attrs] if ns.dim else list(ns.attrs)
+    if isinstance(include, list):
+        return [a for a in include if a != "id"]
+    return []
+
+
+def _rows(ns, chosen, dists, names, snap, encoding) -> dict:
+    _, vectors, _, ids = snap
+    id_list = [ids[s] for s in chosen.tolist()]
+    returned = 8 * len(id_list)
+    if dists is not None:
+        dl = dists.tolist()
+        returned += 4 * len(dl)
+        rows = [{"id": i, "$dist": x} for i, x in zip(id_list, dl)]
+    else:
+        rows = [{"id": i} for i in id_list]
+    for a in names:
+        if a == "vector":
+            if ns.dim is None:
+                continue
+            v32 = vectors[chosen].astype("<f4")
+            returned += v32.nbytes
+            vals = [base64.b64encode(r.tobytes()).decode() for r in v32] if encoding == "base64" else v32.tolist()
+        else:
+            col = ns.attrs.get(a)
+            if col is None:
+                continue
+            vals = [col[s] for s in chosen.tolist()]
+            returned += sum(value_bytes(v) for v in vals)
+        for row, v in zip(rows, vals):
+            if v is not None:
+                row[a] = v
+    return {"rows": rows, "_bytes": returned}
