@@ -1,4 +1,4 @@
-"""Issue 7: the output layer as an ANN search (vecgpt/output_index.py, vecgpt experiment output-layer)."""
+"""Issue 7: the output layer as an ANN search (vecgpt/output_index/, vecgpt experiment output-layer)."""
 
 from __future__ import annotations
 

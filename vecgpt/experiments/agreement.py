@@ -13,30 +13,27 @@ free greedy run, and after it the errors still compare like with like. Per subje
 - max and mean absolute error of the subject's top-40 logits against float64 numpy (`logit_error`);
 - the residual stream's error after the embedding (layer 0) and after each layer (`residual_error`).
 
-This module also holds what the other experiments share: model names, the store variants a list
-of configs gives, opening them, and tracing the residual stream of the engine and of numpy.
+What the experiments share (models, store variants, traces, plots) is in subjects.py, tracing.py and plots.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import importlib
-import inspect
-import re
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from vecgpt.experiments.plots import log_error_plot
+from vecgpt.experiments.subjects import (GPT2_SMALL, add_common_arguments, describe_variant, load_model,  # noqa: F401
+                                         model_label, model_slug, open_engine, variants)
+from vecgpt.experiments.tracing import NumpyReader, stack_trace, traced, traced_reference
+
 NAME = "agreement"
 HELP = "greedy tokens, top-40 sets, logit and per-layer errors of every store against numpy float64"
-DEFAULT_CONFIGS = ["configs/memory.toml", "configs/faiss.toml", "configs/faiss-ip.toml"]
 DEFAULT_PROMPTS = ["ROMEO:", "The history of the vector database begins",
                    "First Citizen:\nBefore we proceed any further, hear me speak."]
-RANDOM_SMALL = "random-small"  # alias: random weights at GPT-2 small shape (as benchmarks/per_token.py)
 TIE_FACTOR, TIE_FLOOR = 2.0, 1e-3
 
 
@@ -99,227 +96,6 @@ def residual_error(layers, ref_layers) -> list[dict]:
     return out
 
 
-# ---------------------------------------------------------------- models, stores, traces (shared)
-
-GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
-
-
-def load_model(name: str | None, dtype=np.float32):
-    """A model by the names `vecgpt --model` takes, plus `random-small` (made once if absent)."""
-    from vecgpt import weights
-
-    if name == RANDOM_SMALL:
-        path = weights.default_models_dir() / "gpt2-small-random-s0"
-        if not (path / "model.safetensors").is_file():
-            print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
-            weights.make_model(path, weights.HParams(**GPT2_SMALL), seed=0)
-        name = str(path)
-    return weights.load(name, dtype=dtype)
-
-
-def model_slug(name: str | None) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.rstrip("/")).name if name else "shakespeare") or "model"
-
-
-def model_label(model, name: str | None) -> str:
-    hp = model.hparams
-    return (f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, "
-            f"{hp.n_vocab} tokens, fingerprint {model.fingerprint[:12]}")
-
-
-@dataclass
-class Variant:
-    """One store in one encoding: a config, perhaps with its metric swapped and its path moved."""
-
-    config_path: str
-    config: object  # vecgpt.config.Config
-    note: str = ""
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.config.backend} ({self.config.metric})"
-
-
-def _connect_options(backend: str) -> dict:
-    """connect()'s parameters and their defaults; {} where the backend's client is not installed."""
-    try:
-        params = inspect.signature(importlib.import_module(f"vecgpt.backends.{backend}").connect).parameters
-    except Exception:  # noqa: BLE001 - open_store will say what is missing
-        return {}
-    return {name: p.default for name, p in params.items()}
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")
-
-
-def place(config, name: str, root: str | None = None) -> bool:
-    """Give a config's store a place of its own: with root, the folder root/name (stores with a
-    `path`), the schema vecgpt_<name> (a `schema`) or the namespace prefix <prefix><name>- (a
-    `prefix`); without root, a sibling of its current place with name as suffix. False: neither."""
-    options, store = _connect_options(config.backend), dict(config.store)
-    if "path" in options:
-        current = store.get("path") or options["path"]
-        if root is None and not current:
-            from vecgpt.config import open_store
-
-            s = open_store(config)
-            current = str(getattr(s, "path", "") or "")
-            s.close()
-        if root is None and not current:
-            return False
-        store["path"] = str(Path(root) / name if root is not None else Path(current).expanduser().with_name(
-            Path(current).expanduser().name + f"-{name}"))
-    elif "schema" in options:
-        store["schema"] = f"vecgpt_{_safe(name)}" if root is not None else \
-            f"{store.get('schema') or options['schema']}_{_safe(name)}"
-    elif "prefix" in options:
-        store["prefix"] = f"{store.get('prefix') or options['prefix']}{_safe(name)}-"
-    else:
-        return False
-    config.store = store
-    return True
-
-
-def variants(config_paths, store_root: str | None = None, both_metrics: bool = True) -> list[Variant]:
-    """The configs as given, plus, where a store offers the other encoding and no config asks for it,
-    the same store in that encoding in a place of its own (see `place`). With store_root, every
-    store is placed by its config's name: store_root/<config name> for folder stores."""
-    from vecgpt.config import load_config, open_store
-
-    out: list[Variant] = []
-    for path in config_paths:
-        config = load_config(path)
-        if store_root:
-            place(config, Path(path).stem, store_root)
-        out.append(Variant(str(path), config))
-    if not both_metrics:
-        return out
-    have = {(v.config.backend, v.config.metric) for v in out}
-    for v in list(out):
-        other = "ip" if v.config.metric == "l2" else "l2"
-        if (v.config.backend, other) in have:
-            continue
-        try:
-            store = open_store(v.config)
-            offers = tuple(getattr(store, "metrics", ()))
-            store.close()
-        except Exception as e:  # noqa: BLE001 - an unreachable store is reported when it is used
-            print(f"{v.config_path}: cannot open to ask its encodings ({e})", file=sys.stderr)
-            continue
-        if other not in offers:
-            continue
-        config = copy.deepcopy(v.config)
-        config.metric = other
-        if not place(config, other):
-            print(f"{v.config_path}: {v.config.backend} also offers {other}; give a config with metric = "
-                  f"'{other}' and a store of its own to compare encodings", file=sys.stderr)
-            continue
-        out.append(Variant(v.config_path, config, note=f"metric swapped to {other}"))
-        have.add((config.backend, other))
-    order = {p: i for i, p in enumerate(config_paths)}
-    return sorted(out, key=lambda v: (order[v.config_path], v.config.metric != "l2"))
-
-
-def open_engine(variant: Variant, model, replace: bool = False, progress: bool = False):
-    """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
-    from vecgpt.config import open_store
-    from vecgpt.engine import Engine, push
-
-    store = open_store(variant.config)
-    t = time.perf_counter()
-    push(store, model, variant.config.metric, replace=replace, progress=progress)
-    variant.stats["push_s"] = time.perf_counter() - t
-    c = variant.config
-    engine = Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile)
-    engine.check(model)
-    return engine
-
-
-def describe_variant(v: Variant) -> dict:
-    c = v.config
-    return {"label": v.label, "config": v.config_path, "backend": c.backend, "metric": c.metric,
-            "store": c.store, "top_k": c.top_k, "prompt_block": c.prompt_block, "tile": c.tile, "note": v.note}
-
-
-def traced(text) -> list:
-    """Make an engine Text record the residual stream: each forward appends [embedding, layer 1..L]."""
-    trace: list = []
-    embed, block = text._embed, text._block
-
-    def _embed(ids, start):
-        x = embed(ids, start)
-        trace.append([x])
-        return x
-
-    def _block(x, layer, start):
-        x = block(x, layer, start)
-        trace[-1].append(x)
-        return x
-
-    text._embed, text._block = _embed, _block
-    return trace
-
-
-def stack_trace(trace) -> list[np.ndarray]:
-    """Per layer, the residual of every position read: [positions, d]."""
-    return [np.concatenate([np.asarray(fwd[i], np.float64) for fwd in trace]) for i in range(len(trace[0]))]
-
-
-def traced_reference(model, dtype):
-    """numpy GPT-2 (vecgpt.reference) that records the residual stream like `traced`."""
-    from vecgpt.reference import Reference, layer_norm, transformer_block
-
-    class TracedReference(Reference):
-        def __init__(self):
-            super().__init__(model, dtype)
-            self.trace: list = []
-
-        def logits(self, ids):  # vecgpt.reference.gpt2, keeping x after each layer
-            ids, p, hp, start = np.asarray(ids, np.int64), self.params, self.hparams, self.position
-            x = p["wte"]["weight"][ids] + p["wpe"]["weight"][start:start + len(ids)]
-            xs = [x]
-            for block, cache in zip(p["h"], self.caches):
-                x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], hp.n_head, hp.eps, cache)
-                xs.append(x)
-            self.trace.append(xs)
-            return layer_norm(x, **p["ln_f"], eps=hp.eps) @ p["wte"]["weight"].T
-
-    return TracedReference()
-
-
-def save_plot(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="store configs (TOML), one subject each")
-    p.add_argument("--model", default=None, help="model folder, shipped name, hub name such as gpt2, or "
-                   f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo")
-    p.add_argument("--store-root", default=None, help="put each path-based store under DIR/<config name> "
-                   "instead of the config's path (so runs do not clobber each other)")
-    p.add_argument("--replace", action="store_true", help="load the model over another one a store holds")
-    p.add_argument("--no-swap", action="store_true", help="only the configs' own encodings (no l2/ip comparison)")
-    p.add_argument("--seed", type=int, default=0, help="recorded in the provenance (greedy runs draw nothing)")
-    p.add_argument("--out", default=None, help=f"results folder (default results/{name}/<model>)")
-    p.add_argument("--quiet", action="store_true", help="no load progress bars")
-
-
 # ---------------------------------------------------------------- the experiment
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -353,18 +129,6 @@ def forced_run(reader, ids, ref_tokens, k):
         cands.append((np.asarray(c.ids), np.asarray(c.logits, np.float64)))
         feed = [token]
     return cands
-
-
-class NumpyReader:
-    """The traced numpy reference as a reader (read(ids, k) -> Candidates), for float32."""
-
-    def __init__(self, model, dtype):
-        self.ref = traced_reference(model, dtype)
-
-    def read(self, ids, k):
-        from vecgpt.sampling import top_k
-
-        return top_k(self.ref.logits(ids)[-1].astype(np.float64), k)
 
 
 def score(cands, residual, ref, k) -> dict:
@@ -420,19 +184,9 @@ def table_rows(summaries, n) -> list[dict]:
 
 
 def plot(summaries, path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for s in summaries:
-        e = np.asarray(s["residual_max_abs_by_layer"], float)
-        ax.plot(np.arange(len(e)), np.where(e > 0, e, np.nan), marker="o", ms=3, label=s["subject"])
-    ax.set_yscale("log")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("layer (0 = embedding)")
-    ax.set_ylabel("max |residual - float64 numpy|")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save_plot(fig, path)
+    curves = [(s["subject"], np.arange(len(s["residual_max_abs_by_layer"])), s["residual_max_abs_by_layer"])
+              for s in summaries]
+    return log_error_plot(curves, path, "layer (0 = embedding)", "max |residual - float64 numpy|", title)
 
 
 def run(args) -> int:

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.experiments.agreement import (NumpyReader, add_common_arguments, describe_variant, load_model, model_label,
-                                          model_slug, open_engine, pyplot, save_plot, variants)
+from vecgpt.experiments.plots import log_error_plot
+from vecgpt.experiments.subjects import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
+                                         open_engine, variants)
+from vecgpt.experiments.tracing import NumpyReader
 
 NAME = "numpy-comparison"
 HELP = "a ten-token prompt: the 40 scores through each store and numpy, then greedy tokens either way"
@@ -73,21 +75,12 @@ def ref_top(full, k):
 
 
 def plot(ref_cands, subjects, path: Path, title: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
     ref = dict((int(t), x) for t, x in ref_cands)
+    curves = []
     for label, cands in subjects.items():
         e = [abs(x - ref[int(t)]) if int(t) in ref else np.nan for t, x in cands]
-        e = np.asarray(e, float)
-        ax.plot(np.arange(1, len(e) + 1), np.where(e > 0, e, np.nan), marker="o", ms=3, label=label)
-    ax.set_yscale("log")
-    ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("rank of the candidate")
-    ax.set_ylabel("|score - numpy float64 score|")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    return save_plot(fig, path)
+        curves.append((label, np.arange(1, len(e) + 1), e))
+    return log_error_plot(curves, path, "rank of the candidate", "|score - numpy float64 score|", title)
 
 
 def run(args) -> int:

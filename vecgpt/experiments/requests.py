@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.experiments.agreement import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
-                                          open_engine, pyplot, variants)
+from vecgpt.experiments.plots import pyplot
+from vecgpt.experiments.subjects import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
+                                         open_engine, variants)
 
 NAME = "requests"
 HELP = "requests, subqueries and round trips per generated token by kind, with and without batching"

@@ -16,8 +16,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from vecgpt.experiments.agreement import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
-                                          pyplot, save_plot, variants)
+from vecgpt.experiments.plots import pyplot, save_plot
+from vecgpt.experiments.subjects import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
+                                         variants)
 
 NAME = "storage"
 HELP = "documents and bytes each store holds after a load, by kind, and the load time"

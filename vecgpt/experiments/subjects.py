@@ -1,0 +1,175 @@
+"""What the experiments compare: models by name, the store variants a list of configs gives, engines on them.
+
+Shared by every experiment module (agreement, numpy_comparison, storage, requests); defines no NAME,
+so `vecgpt experiment` does not list it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import inspect
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_CONFIGS = ["configs/memory.toml", "configs/faiss.toml", "configs/faiss-ip.toml"]
+RANDOM_SMALL = "random-small"  # alias: random weights at GPT-2 small shape (as benchmarks/per_token.py)
+GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
+
+
+def load_model(name: str | None, dtype=np.float32):
+    """A model by the names `vecgpt --model` takes, plus `random-small` (made once if absent)."""
+    from vecgpt import weights
+
+    if name == RANDOM_SMALL:
+        path = weights.default_models_dir() / "gpt2-small-random-s0"
+        if not (path / "model.safetensors").is_file():
+            print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
+            weights.make_model(path, weights.HParams(**GPT2_SMALL), seed=0)
+        name = str(path)
+    return weights.load(name, dtype=dtype)
+
+
+def model_slug(name: str | None) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.rstrip("/")).name if name else "shakespeare") or "model"
+
+
+def model_label(model, name: str | None) -> str:
+    hp = model.hparams
+    return (f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, "
+            f"{hp.n_vocab} tokens, fingerprint {model.fingerprint[:12]}")
+
+
+@dataclass
+class Variant:
+    """One store in one encoding: a config, perhaps with its metric swapped and its path moved."""
+
+    config_path: str
+    config: object  # vecgpt.config.Config
+    note: str = ""
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.config.backend} ({self.config.metric})"
+
+
+def _connect_options(backend: str) -> dict:
+    """connect()'s parameters and their defaults; {} where the backend's client is not installed."""
+    try:
+        params = inspect.signature(importlib.import_module(f"vecgpt.backends.{backend}").connect).parameters
+    except Exception:  # noqa: BLE001 - open_store will say what is missing
+        return {}
+    return {name: p.default for name, p in params.items()}
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")
+
+
+def place(config, name: str, root: str | None = None) -> bool:
+    """Give a config's store a place of its own: with root, the folder root/name (stores with a
+    `path`), the schema vecgpt_<name> (a `schema`) or the namespace prefix <prefix><name>- (a
+    `prefix`); without root, a sibling of its current place with name as suffix. False: neither."""
+    options, store = _connect_options(config.backend), dict(config.store)
+    if "path" in options:
+        current = store.get("path") or options["path"]
+        if root is None and not current:
+            from vecgpt.config import open_store
+
+            s = open_store(config)
+            current = str(getattr(s, "path", "") or "")
+            s.close()
+        if root is None and not current:
+            return False
+        store["path"] = str(Path(root) / name if root is not None else Path(current).expanduser().with_name(
+            Path(current).expanduser().name + f"-{name}"))
+    elif "schema" in options:
+        store["schema"] = f"vecgpt_{_safe(name)}" if root is not None else \
+            f"{store.get('schema') or options['schema']}_{_safe(name)}"
+    elif "prefix" in options:
+        store["prefix"] = f"{store.get('prefix') or options['prefix']}{_safe(name)}-"
+    else:
+        return False
+    config.store = store
+    return True
+
+
+def variants(config_paths, store_root: str | None = None, both_metrics: bool = True) -> list[Variant]:
+    """The configs as given, plus, where a store offers the other encoding and no config asks for it,
+    the same store in that encoding in a place of its own (see `place`). With store_root, every
+    store is placed by its config's name: store_root/<config name> for folder stores."""
+    from vecgpt.config import load_config, open_store
+
+    out: list[Variant] = []
+    for path in config_paths:
+        config = load_config(path)
+        if store_root:
+            place(config, Path(path).stem, store_root)
+        out.append(Variant(str(path), config))
+    if not both_metrics:
+        return out
+    have = {(v.config.backend, v.config.metric) for v in out}
+    for v in list(out):
+        other = "ip" if v.config.metric == "l2" else "l2"
+        if (v.config.backend, other) in have:
+            continue
+        try:
+            store = open_store(v.config)
+            offers = tuple(getattr(store, "metrics", ()))
+            store.close()
+        except Exception as e:  # noqa: BLE001 - an unreachable store is reported when it is used
+            print(f"{v.config_path}: cannot open to ask its encodings ({e})", file=sys.stderr)
+            continue
+        if other not in offers:
+            continue
+        config = copy.deepcopy(v.config)
+        config.metric = other
+        if not place(config, other):
+            print(f"{v.config_path}: {v.config.backend} also offers {other}; give a config with metric = "
+                  f"'{other}' and a store of its own to compare encodings", file=sys.stderr)
+            continue
+        out.append(Variant(v.config_path, config, note=f"metric swapped to {other}"))
+        have.add((config.backend, other))
+    order = {p: i for i, p in enumerate(config_paths)}
+    return sorted(out, key=lambda v: (order[v.config_path], v.config.metric != "l2"))
+
+
+def open_engine(variant: Variant, model, replace: bool = False, progress: bool = False):
+    """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
+    from vecgpt.config import open_store
+    from vecgpt.engine import Engine, push
+
+    store = open_store(variant.config)
+    t = time.perf_counter()
+    push(store, model, variant.config.metric, replace=replace, progress=progress)
+    variant.stats["push_s"] = time.perf_counter() - t
+    c = variant.config
+    engine = Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile)
+    engine.check(model)
+    return engine
+
+
+def describe_variant(v: Variant) -> dict:
+    c = v.config
+    return {"label": v.label, "config": v.config_path, "backend": c.backend, "metric": c.metric,
+            "store": c.store, "top_k": c.top_k, "prompt_block": c.prompt_block, "tile": c.tile, "note": v.note}
+
+
+def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="store configs (TOML), one subject each")
+    p.add_argument("--model", default=None, help="model folder, shipped name, hub name such as gpt2, or "
+                   f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo")
+    p.add_argument("--store-root", default=None, help="put each path-based store under DIR/<config name> "
+                   "instead of the config's path (so runs do not clobber each other)")
+    p.add_argument("--replace", action="store_true", help="load the model over another one a store holds")
+    p.add_argument("--no-swap", action="store_true", help="only the configs' own encodings (no l2/ip comparison)")
+    p.add_argument("--seed", type=int, default=0, help="recorded in the provenance (greedy runs draw nothing)")
+    p.add_argument("--out", default=None, help=f"results folder (default results/{name}/<model>)")
+    p.add_argument("--quiet", action="store_true", help="no load progress bars")
