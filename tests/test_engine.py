@@ -90,5 +90,6 @@ def test_round_trips_per_token(make_store, tiny_model):
     assert [t["round_trips"] for t in summary["per_token"][1:]] == [1 + 5 * L + 1] * 2
     # the prompt block: open, lookup, per layer c_attn, key write, key search, c_proj, c_fc, c_proj; token search
     assert summary["per_token"][0]["round_trips"] == 1 + 1 + 6 * L + 1
-    # the memory store answers a search_many call with one in-process search per head
-    assert summary["per_token"][1]["by_kind"]["key_search"] == L * tiny_model.hparams.n_head
+    # the memory store answers a layer's head searches (one search_many) with one scan
+    assert summary["per_token"][1]["by_kind"]["key_search"] == L
+    assert summary["per_token"][1]["subqueries_by_kind"]["key_search"] == L * tiny_model.hparams.n_head

@@ -206,13 +206,13 @@ class Text:
             self.pending.append((layer, start, k32))
             searches = self._key_searches(q, layer, start)
             found = self.meter.together(*searches)[0] if searches else [None] * hp.n_head
-            own = [(np.array([[start]]), (q[:, h] @ k32[0, h].astype(np.float64)).reshape(1, 1)) for h in range(hp.n_head)]
+            own = (np.array([[start]]), np.einsum("hd,hd->h", q[0], k32[0].astype(np.float64)).reshape(-1, 1, 1))
         else:  # a block: write its keys, then every query searches all keys up to the block's end
             self.meter.together(("key_write", lambda: self._write_keys([(layer, start, k32)])))
             found = self.meter.together(*self._key_searches(q, layer, start + m))[0]
-            own = [None] * hp.n_head
-        heads = [self._attend(q[:, h], found[h], own[h], layer, h, start) for h in range(hp.n_head)]
-        return self._linear(np.hstack(heads), f"h.{layer}.attn.c_proj")
+            own = None
+        heads = self._attend(q, found, own, layer, start)  # [H, m, hd]
+        return self._linear(heads.transpose(1, 0, 2).reshape(m, -1), f"h.{layer}.attn.c_proj")
 
     def _write_keys(self, entries):  # [(layer, start, k32 [m, H, hd])] in one upsert
         ids, vectors, attrs = [], [], {"layer": [], "head": [], "position": []}
@@ -246,25 +246,27 @@ class Text:
             return [(q32[:, h], hits[h]) for h in range(self.hp.n_head)]
         return [("key_search", run)]
 
-    def _attend(self, q, found, own, layer, head, start):  # q [m, hd] -> [m, hd], streamed a tile at a time
-        m, hd = q.shape
-        state = RunningSoftmax(m, hd)
-        columns = []
-        if found is not None:
-            q32, hits = found
-            order = np.argsort(hits.ids, axis=1)  # every query got the same keys, perhaps not in one order
-            pos = np.take_along_axis(hits.ids, order, 1) % self.hp.n_ctx  # [m, n] key positions
-            dists = np.take_along_axis(hits.dists, order, 1)
-            dots = encoding.decode_key_dists(dists, q32, self.key_norms[layer, head][pos], self.metric)
-            columns.append((pos, dots))
+    def _attend(self, q, found, own, layer, start):  # q [m, H, hd] -> [H, m, hd], all heads a tile at a time
+        m, n_head, hd = q.shape
+        state, columns = RunningSoftmax((n_head, m), hd), []
+        if found[0] is not None:
+            columns.append(self._key_scores(found, layer))
         if own is not None:
             columns.append(own)
         query_pos = np.arange(start, start + m)[:, None]
-        for pos, dots in columns:
+        for pos, dots in columns:  # pos [m, n] key positions, dots [H, m, n]
             for t in range(0, pos.shape[1], self.engine.tile):
-                p, s = pos[:, t:t + self.engine.tile], dots[:, t:t + self.engine.tile]  # [m, tile]
-                state.update(s / math.sqrt(hd), self.values[layer, p[0], head], mask=p <= query_pos)
+                p = pos[:, t:t + self.engine.tile]  # [m, tile]
+                values = self.values[layer, p[0]].transpose(1, 0, 2)  # [H, tile, hd]
+                state.update(dots[:, :, t:t + self.engine.tile] / math.sqrt(hd), values, mask=p <= query_pos)
         return state.finish()
+
+    def _key_scores(self, found, layer):  # per-head (q32, hits) -> positions [m, n], q.k [H, m, n]
+        order = [np.argsort(hits.ids, axis=1) for _, hits in found]  # each head: its keys in position order
+        pos = np.take_along_axis(found[0][1].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
+        dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), q32, self.key_norms[layer, h][pos],
+                                          self.metric) for h, ((q32, hits), o) in enumerate(zip(found, order))]
+        return pos, np.stack(dots)
 
     def _next_tokens(self, x, k):  # [1, d] -> the k best tokens
         q = encoding.encode_queries(layer_norm(x, **self.ln_f, eps=self.hp.eps), self.metric)

@@ -69,12 +69,15 @@ class Collection:
         self.dirty = True
 
     def slots(self, where: Where | None) -> np.ndarray | None:
+        return None if where is None else np.flatnonzero(self.mask(where))
+
+    def mask(self, where: Where | None) -> np.ndarray:
         if where is None:
-            return None
+            return np.ones(self.table.n, bool)
         unknown = where.attributes() - set(self.attrs)
         if unknown:
             raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; this collection has {sorted(self.attrs)}")
-        return np.flatnonzero(where.mask(self.attrs, self.table.n))
+        return where.mask(self.attrs, self.table.n)
 
 
 class LocalStore:
@@ -123,7 +126,22 @@ class LocalStore:
         return Hits(col.ids[found], dists)
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
+        """Filtered all-row searches of one collection (a layer's heads) share one scan; others go one by one."""
+        if len(searches) < 2 or len({s.collection for s in searches}) > 1 or any(s.k is not None for s in searches):
+            return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
+        col = self._col(searches[0].collection)
+        queries = [check_vectors(searches[0].collection, s.queries, col.table.dim) for s in searches]
+        masks = [col.mask(s.where) for s in searches]
+        record(1, sum(len(q) for q in queries))
+        dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(np.logical_or.reduce(masks)))
+        out, row = [], 0
+        for q, mask in zip(queries, masks):  # keep each search's own rows and its own matches
+            d, f = dists[row:row + len(q)], found[row:row + len(q)]
+            keep = mask[f]
+            n = int(keep[0].sum()) if len(q) else 0
+            out.append(Hits(col.ids[f[keep].reshape(len(q), n)], d[keep].reshape(len(q), n)))
+            row += len(q)
+        return out
 
     def fetch(self, name, ids) -> np.ndarray:
         col = self._col(name)
