@@ -218,8 +218,38 @@ class LanceStore:
         return Hits(ids.reshape(m, n), dists.reshape(m, n))
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        if len(searches) > 1 and len({s.collection for s in searches}) == 1 \
+                and all(s.k is None and s.where is not None for s in searches):
+            return self._search_union(searches)
         calls = [lambda s=s: self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         return parallel(calls) if self.concurrent else [c() for c in calls]
+
+    def _search_union(self, searches: Sequence[Search]) -> list[Hits]:
+        """Filtered all-row searches of one table (a layer's heads) as one query: every query
+        vector against the union of the filters, then each search keeps its own matches."""
+        table = self._table(searches[0].collection)
+        queries = [check_vectors(searches[0].collection, s.queries, table.dim) for s in searches]
+        union = " OR ".join(f"({sql(s.where, table.attrs)})" for s in searches)
+        columns = sorted(set().union(*(s.where.attributes() for s in searches)))
+        stacked = np.vstack(queries)
+        record(1, len(stacked))
+        with table.lock.read():
+            query = table.handle.search(list(stacked), vector_column_name="vector")
+            query = query.distance_type(DISTANCE[table.metric]).bypass_vector_index().where(union, prefilter=True)
+            result = query.select(["id", "_distance", *columns]).limit(max(table.row_count(), 1)).to_arrow()
+        order = np.argsort(result["query_index"].to_numpy(), kind="stable")
+        which = result["query_index"].to_numpy()[order]
+        ids, dists = result["id"].to_numpy()[order], result["_distance"].to_numpy().astype(np.float64)[order]
+        if table.metric == "ip":
+            dists -= 1.0  # LanceDB's dot distance is 1 - x.y
+        attrs = {c: result[c].to_numpy()[order] for c in columns}
+        out, first = [], 0
+        for s, q in zip(searches, queries):
+            keep = s.where.mask(attrs, len(ids)) & (which >= first) & (which < first + len(q))
+            n = int(keep.sum()) // max(len(q), 1)
+            out.append(Hits(ids[keep].reshape(len(q), n), dists[keep].reshape(len(q), n)))
+            first += len(q)
+        return out
 
     def fetch(self, name, ids) -> np.ndarray:
         table = self._table(name)
