@@ -22,6 +22,7 @@ parser.add_argument("--model", default=None, help="model folder (default: random
 parser.add_argument("-n", type=int, default=16, help="generated tokens timed per store")
 parser.add_argument("--prompt", default="The history of the vector database begins")
 parser.add_argument("--threads", type=int, default=2)
+parser.add_argument("--fresh", action="store_true", help="empty each store first, so the load time is a real load")
 parser.add_argument("--out", default="benchmarks/results/per_token.json")
 args = parser.parse_args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -69,6 +70,10 @@ def main():
     for path in args.configs:
         config = load_config(path)
         store = open_store(config)
+        if args.fresh:
+            for name in store.collections():
+                store.drop(name)
+            store.write_manifest(None)
         t = time.perf_counter()
         push(store, model, config.metric, replace=True, progress=True)
         load_s = time.perf_counter() - t
