@@ -34,6 +34,7 @@ from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.api import generate  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine, push  # noqa: E402
+from vecgpt.experiments.subjects import place  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
 
 GPT2_SMALL = weights.HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
@@ -69,6 +70,7 @@ def main():
     rows = [{"store": "numpy reference (float32)", "prompt_s": first, "per_token_s": ref_tok, "ratio": 1.0}]
     for path in args.configs:
         config = load_config(path)
+        place(config, "bench")  # a store of its own beside the config's, so the default stores keep their model
         store = open_store(config)
         if args.fresh:
             for name in store.collections():
