@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
 parser = argparse.ArgumentParser()
@@ -31,23 +30,15 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from vecgpt import tokenizer, weights  # noqa: E402
-from vecgpt.api import generate  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine, push  # noqa: E402
 from vecgpt.experiments.subjects import place  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
 
-GPT2_SMALL = weights.HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
 
 
 def model_dir() -> str:
-    if args.model:
-        return args.model
-    path = weights.default_models_dir() / "gpt2-small-random-s0"
-    if not (path / "model.safetensors").is_file():
-        print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
-        weights.make_model(path, GPT2_SMALL, seed=0)
-    return str(path)
+    return args.model or str(weights.random_gpt2_small())
 
 
 def per_token_seconds(reader, ids, n):

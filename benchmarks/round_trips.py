@@ -39,18 +39,11 @@ from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.base import get_store  # noqa: E402
 from vecgpt.engine import Engine, plan, push  # noqa: E402
 
-GPT2_SMALL = weights.HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
 PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
 
 
 def model_dir() -> str:
-    if args.model:
-        return args.model
-    path = weights.default_models_dir() / "gpt2-small-random-s0"
-    if not (path / "model.safetensors").is_file():
-        print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
-        weights.make_model(path, GPT2_SMALL, seed=0)
-    return str(path)
+    return args.model or str(weights.random_gpt2_small())
 
 
 def start_server(latency_ms: float):
@@ -125,7 +118,6 @@ def main():
         store = get_store("turbopuffer", base_url=url, prefix="bench-", replicas=args.replicas,
                           key_replicas=args.key_replicas, key_partition=args.key_partition, slot_rule=args.slot_rule,
                           max_retries=0)
-        t = time.perf_counter()
         _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", replace=True, progress=True))
         print(f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
               f"${tpb.dollars(load_used):.4f} in writes", file=sys.stderr)

@@ -49,5 +49,5 @@ def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_r
         f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
         f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
         f"{returned / 1e6:.2f} MB returned, {writes} key writes: ${token:.6f}",
-        f"  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
+        "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
     ])

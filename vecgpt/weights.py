@@ -224,5 +224,19 @@ def default_models_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vecgpt" / "models"
 
 
+GPT2_SMALL = HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
+
+
+def random_gpt2_small(seed: int = 0) -> Path:
+    """A checkpoint of random weights at GPT-2 small shape, written once to the cache (for benchmarks)."""
+    import sys
+
+    path = default_models_dir() / f"gpt2-small-random-s{seed}"
+    if not (path / "model.safetensors").is_file():
+        print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
+        make_model(path, GPT2_SMALL, seed=seed)
+    return path
+
+
 def describe(hp: HParams) -> str:
     return ", ".join(f"{k}={v}" for k, v in asdict(hp).items())

@@ -32,7 +32,7 @@ import warnings
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import lancedb
 import numpy as np

@@ -28,11 +28,7 @@ def load_model(name: str | None, dtype=np.float32):
     from vecgpt import weights
 
     if name == RANDOM_SMALL:
-        path = weights.default_models_dir() / "gpt2-small-random-s0"
-        if not (path / "model.safetensors").is_file():
-            print(f"writing a random GPT-2 small checkpoint to {path}", file=sys.stderr)
-            weights.make_model(path, weights.HParams(**GPT2_SMALL), seed=0)
-        name = str(path)
+        name = str(weights.random_gpt2_small())
     return weights.load(name, dtype=dtype)
 
 
