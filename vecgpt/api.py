@@ -108,18 +108,18 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
     """Store against numpy: the top-k scores after the prompt side by side, then greedy tokens of both."""
     config = config or Config()
     store_run = generate_text(prompt, n, config, model, stop=False)
-    ref = generate_reference(prompt, n, model or config.model, top_k=config.top_k, stop=False)
-    s, r = store_run["steps"][0]["candidates"], ref["steps"][0]["candidates"] if ref["steps"] else []
+    m = weights.load(model or config.model, dtype=np.float64)  # one load serves both numpy runs
+    ref = generate(Reference(m, np.float64), store_run["prompt_tokens"], n, top_k=config.top_k, stop=False)
+    full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]  # numpy's score for any store token
+    s, r = store_run["steps"][0]["candidates"], ref.steps[0]["candidates"] if ref.steps else []
     ref_logits = dict(map(tuple, r))
-    m = weights.load(model or config.model, dtype=np.float64)
-    full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]
     rows = [{"rank": i + 1, "token": tok, "store": logit, "numpy": float(full[tok]),
              "abs_error": abs(logit - float(full[tok])), "numpy_rank": _rank(tok, r)} for i, (tok, logit) in enumerate(s)]
-    first_diff = next((i for i, (a, b) in enumerate(zip(store_run["tokens"], ref["tokens"])) if a != b), None)
+    first_diff = next((i for i, (a, b) in enumerate(zip(store_run["tokens"], ref.tokens)) if a != b), None)
     return {"prompt_tokens": store_run["prompt_tokens"], "scores": rows,
             "max_abs_error": max((row["abs_error"] for row in rows), default=0.0),
             "same_top_set": {t for t, _ in s} == set(ref_logits),
-            "store_tokens": store_run["tokens"], "numpy_tokens": ref["tokens"],
+            "store_tokens": store_run["tokens"], "numpy_tokens": ref.tokens,
             "identical_steps": len(store_run["tokens"]) if first_diff is None else first_diff,
             "backend": config.backend, "metric": store_run["metric"], "model_fingerprint": store_run["model_fingerprint"]}
 

@@ -37,15 +37,18 @@ TYPES = {"backend": str, "metric": str, "model": (str, type(None)), "top_k": int
          "tile": int, "store": dict}
 
 
+def read_toml(path: str | Path, what: str = "config file", hint: str = "") -> dict:
+    """A TOML file as a dict; a missing or malformed file is a one-line VecgptError."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise VecgptError(f"{what} {path} does not exist{hint}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise VecgptError(f"{path}: not valid TOML ({e})") from None
+
+
 def load_config(path: str | Path | None = None, **overrides) -> Config:
-    values = {}
-    if path is not None:
-        try:
-            values = tomllib.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise VecgptError(f"config file {path} does not exist (see configs/ for examples)") from None
-        except tomllib.TOMLDecodeError as e:
-            raise VecgptError(f"{path}: not valid TOML ({e})") from None
+    values = read_toml(path, hint=" (see configs/ for examples)") if path is not None else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in fields(Config)}
     for key, value in values.items():

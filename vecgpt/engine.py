@@ -32,10 +32,6 @@ def matrices(hp: HParams) -> list[str]:
     return names + ["wte"]
 
 
-def ln_id(hp: HParams, layer: int, part: str) -> int:  # ln_f sits after the last layer
-    return 4 * layer + (LN_PARTS.index(part) if layer < hp.n_layer else ("weight", "bias").index(part))
-
-
 def store_fingerprint(model: Model, metric: str) -> str:
     return f"{model.fingerprint}-e{encoding.ENCODING_VERSION}-{metric}"
 

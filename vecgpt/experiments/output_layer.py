@@ -71,16 +71,10 @@ def add_arguments(parser) -> None:
 
 
 def load_grid(path) -> dict:
-    import tomllib
-
+    from vecgpt.config import read_toml
     from vecgpt.errors import VecgptError
 
-    try:
-        raw = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise VecgptError(f"grid {path} does not exist") from None
-    except tomllib.TOMLDecodeError as e:
-        raise VecgptError(f"{path}: not valid TOML ({e})") from None
+    raw = read_toml(path, "grid")
     cfg = {**DEFAULTS, **raw.get("experiment", {})}
     unknown = set(raw.get("experiment", {})) - set(DEFAULTS)
     if unknown:
