@@ -28,6 +28,7 @@ def write(server, name: str, body: dict) -> dict:
     ns = server.get_or_create(name)
     with ns.lock:
         upserted, deleted, written = _apply(ns, body)
+        ns.note_write(upserted, server.index_lag)
     return {"status": "OK", "message": f"{upserted + deleted} rows affected", "rows_affected": upserted + deleted,
             "rows_upserted": upserted, "rows_deleted": deleted,
             "billing": {"billable_logical_bytes_written": written},
