@@ -89,13 +89,14 @@ def test_text_keys_live_in_one_namespace_per_head_and_go_away(local, small_serve
     attrs = {"layer": np.zeros(n, int), "head": np.arange(n) % 3, "position": np.arange(n) // 3}
     store.upsert("text-0123abcd", np.arange(n), rng.standard_normal((n, 4)).astype(np.float32), attrs)
     spaces = store._owned("text-0123abcd")
-    assert len(spaces) == 3 * 2  # 3 heads x 2 copies
+    assert len(spaces) == 3 * 2 and set(spaces) <= set(small_server.server.namespaces)  # 3 heads x 2 copies
     hits = store.search("text-0123abcd", np.zeros((1, 4), np.float32), where=Where(eq={"layer": 0, "head": 1}, lt={"position": 5}))
     assert sorted(hits.ids[0].tolist()) == [1, 4, 7, 10, 13]
     assert store.count("text-0123abcd") == n
     assert [t["text"] for t in store.leftover_texts()] == ["text-0123abcd"]
     store.drop("text-0123abcd")
     assert store._owned("text-0123abcd") == [] and store.leftover_texts() == []
+    assert not [n for n in small_server.server.namespaces if n.startswith(store.prefix + "text-")]
 
 
 def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_server):
@@ -107,7 +108,11 @@ def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_ser
     x = rng.standard_normal((L * H, 4)).astype(np.float32)
     before = store.usage["write_requests"]
     store.upsert("text-0badcafe", ids, x, {"layer": layer, "head": head, "position": np.full(L * H, 7)})
-    assert store.usage["write_requests"] - before == H * 2  # each head's namespace and its copy, in parallel
+    # each head's namespace and its copy, in parallel, after one catalog write naming the new heads
+    assert store.usage["write_requests"] - before == H * 2 + 1
+    before = store.usage["write_requests"]
+    store.upsert("text-0badcafe", ids, x, {"layer": layer, "head": head, "position": np.full(L * H, 7)})
+    assert store.usage["write_requests"] - before == H * 2  # the heads are known: no catalog write
     spaces = store._owned("text-0badcafe")
     assert len(spaces) == H * 2 and all(store._rows(ns) == L for ns in spaces)  # a head's keys of every layer
     hits = store.search("text-0badcafe", x[[2 * H + 1]], k=1, where=Where(eq={"layer": 2, "head": 1}, lt={"position": 8}))
