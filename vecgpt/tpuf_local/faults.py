@@ -43,15 +43,17 @@ def with_faults(server, inner):
         server.stats[f"fault_{kind}"] += 1
         if kind in ("429", "500"):
             return await _answer(send, int(kind), "injected fault (tpuf-local --fail-rate)")
-        status = []
+        held = []
 
         async def hold(message):  # handle the request, keep its reply
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
+            held.append(message)
         await inner(scope, receive, hold)
-        if kind == "409" and status and status[0] < 300:
+        if kind == "drop":
+            return await _drop(send)
+        if held and held[0].get("status", 500) < 300:
             return await _answer(send, 409, "conflict: injected after the request was applied")
-        await _drop(send)
+        for message in held:  # it failed anyway: its own reply
+            await send(message)
     return app
 
 
