@@ -284,3 +284,30 @@ def test_waiting_for_the_index_is_bounded_and_reports_progress(small_server, loc
         assert store.wait_indexed("ix", timeout_s=0.2) >= 0
     finally:
         small_server.server.index_lag = 0.0
+
+
+def test_output_layer_ann_waits_for_the_index(small_server, monkeypatch, capsys):
+    """Unindexed rows are scanned exhaustively, which would make ANN look exact: the output-layer
+    experiment's build waits until metadata says the index is up to date, for at most index_timeout_s."""
+    from vecgpt.output_index import Unavailable, make
+
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "local")
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    W = rng.standard_normal((30, 8)).astype(np.float32)
+    index = make("turbopuffer", threads=1, base_url=small_server.url, prefix=f"o{uuid.uuid4().hex[:8]}-",
+                 index_timeout_s=0.2)
+    small_server.server.index_lag = 3600.0
+    try:
+        with pytest.raises(Unavailable, match="not indexed 'wte.ann'"):
+            index.build(W)
+    finally:
+        small_server.server.index_lag = 0.0
+        index.close()
+    assert "rows unindexed" in capsys.readouterr().err
+    index = make("turbopuffer", threads=1, base_url=small_server.url, prefix=f"o{uuid.uuid4().hex[:8]}-")
+    try:
+        index.build(W)
+        meta = index.store._raw("metadata", index.store.prefix + "wte.ann", "metadata")  # noqa: SLF001
+        assert meta["index"]["status"] == "up-to-date"
+    finally:
+        index.close()
