@@ -98,5 +98,6 @@ def clone(server, name: str, source: str, empty_only: bool) -> dict:
             dst.slot_of = dict(src.slot_of)
             dst.vectors, dst.norms = src.vectors[: src.n].copy(), src.norms[: src.n].copy()
         server.namespaces[name] = dst
+        server.born[name] = time.monotonic()
     return {"status": "OK", "message": "namespace copied", "rows_affected": dst.n,
             "billing": {"billable_logical_bytes_written": 0}}
