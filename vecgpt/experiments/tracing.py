@@ -1,27 +1,14 @@
-"""The residual stream, recorded: an engine Text's (`traced`) and the numpy reference's (`traced_reference`)."""
+"""The residual stream, recorded: an engine Session's (`traced`) and the numpy reference's (`traced_reference`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
-def traced(text) -> list:
-    """Make an engine Text record the residual stream: each forward appends [embedding, layer 1..L]."""
-    trace: list = []
-    embed, block = text._embed, text._block
-
-    def _embed(ids, start):
-        x = embed(ids, start)
-        trace.append([x])
-        return x
-
-    def _block(x, layer, start):
-        x = block(x, layer, start)
-        trace[-1].append(x)
-        return x
-
-    text._embed, text._block = _embed, _block
-    return trace
+def traced(session) -> list:
+    """Make an engine Session record the residual stream: each read appends [embedding, layer 1..L]."""
+    session.trace = []
+    return session.trace
 
 
 def stack_trace(trace) -> list[np.ndarray]:
@@ -31,24 +18,11 @@ def stack_trace(trace) -> list[np.ndarray]:
 
 def traced_reference(model, dtype):
     """numpy GPT-2 (vecgpt.reference) that records the residual stream like `traced`."""
-    from vecgpt.reference import Reference, layer_norm, transformer_block
+    from vecgpt.reference import Reference
 
-    class TracedReference(Reference):
-        def __init__(self):
-            super().__init__(model, dtype)
-            self.trace: list = []
-
-        def logits(self, ids):  # vecgpt.reference.gpt2, keeping x after each layer
-            ids, p, hp, start = np.asarray(ids, np.int64), self.params, self.hparams, self.position
-            x = p["wte"]["weight"][ids] + p["wpe"]["weight"][start:start + len(ids)]
-            xs = [x]
-            for block, cache in zip(p["h"], self.caches):
-                x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], hp.n_head, hp.eps, cache)
-                xs.append(x)
-            self.trace.append(xs)
-            return layer_norm(x, **p["ln_f"], eps=hp.eps) @ p["wte"]["weight"].T
-
-    return TracedReference()
+    ref = Reference(model, dtype)
+    ref.trace = []
+    return ref
 
 
 class NumpyReader:
