@@ -80,7 +80,7 @@ class Collection:
         return where.mask(self.attrs, self.table.n)
 
 
-class LocalStore:
+class InProcessStore:
     table_class: type[Table]
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "local"
