@@ -172,7 +172,7 @@ def available() -> list[str]:
     return sorted(set(in_tree()) | set(installed()))
 
 
-def _connect_of(backend: str):
+def connector(backend: str):
     if backend in in_tree():
         try:
             return importlib.import_module(f"vecgpt.backends.{backend}").connect
@@ -189,7 +189,7 @@ def get_store(backend: str, **options) -> Store:
     """Find the backend's connect() (in tree, else by entry point) and call it with the [store] options."""
     if backend not in available():
         raise VecgptError(f"unknown backend {backend!r}; known backends: {', '.join(available())}")
-    connect = _connect_of(backend)
+    connect = connector(backend)
     accepted = inspect.signature(connect).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown:

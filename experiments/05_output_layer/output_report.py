@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vecgpt.experiments.plots import pyplot, save_plot
+from common.plots import pyplot, save_plot
 
 COLUMNS = ["label", "cand", "recall@1", "recall@10", "recall@40", "top1_agreement", "identical", "ppl_full",
            "ppl_cand", "miss", "ppl_floor", "head_ms", "exact_ms", "speedup", "p10_x", "vs_store", "token_ms", "token_x", "build_s", "index_MB"]
@@ -22,7 +22,7 @@ def table_rows(rows):
 
 
 def report(result) -> str:
-    from vecgpt.experiments.common import markdown_table
+    from common.record import markdown_table
 
     prov = result["provenance"]
     lines = ["# Output layer as an ANN search", "",

@@ -1,6 +1,6 @@
 """What every output-layer index is: OutputIndex (build, set, search, exact_search), and its helpers.
 
-`search(h [m, d], k) -> (ids [m, k] int64, scores [m, k] float64)`: see vecgpt.output_index.
+`search(h [m, d], k) -> (ids [m, k] int64, scores [m, k] float64)`: see output_index (this folder).
 """
 
 from __future__ import annotations

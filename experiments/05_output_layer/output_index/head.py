@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecgpt.output_index.base import OutputIndex
+from output_index.base import OutputIndex
 from vecgpt.sampling import Candidates, ordered
 
 
