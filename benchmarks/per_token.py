@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 from common.subjects import place  # noqa: E402 (the experiments' helpers)
 
 
-
 def model_dir() -> str:
     return args.model or str(weights.random_gpt2_small())
 

@@ -154,8 +154,9 @@ def test_pgvector_exact_searches_never_use_the_ann_index(tmp_path):
     """The ANN index sits on its own table: the store's exact search on `wte` plans a sequential scan."""
     pytest.importorskip("psycopg")
     pytest.importorskip("pgvector")
-    import conftest
     from vecgpt.backends.base import get_store
+
+    import conftest
 
     try:
         options = conftest.store_options("pgvector", tmp_path)

@@ -13,15 +13,14 @@ free greedy run, and after it the errors still compare like with like. Per subje
 - max and mean absolute error of the subject's top-40 logits against float64 numpy (`logit_error`);
 - the residual stream's error after the embedding (layer 0) and after each layer (`residual_error`).
 
-What the experiments share (models, store variants, traces, plots) is in subjects.py, tracing.py and plots.py.
+What the experiments share (models, store variants, traces, plots) is in experiments/common/.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common/
@@ -30,8 +29,16 @@ import numpy as np  # noqa: E402
 
 from common import plots
 from common.plots import log_error_plot
-from common.subjects import (GPT2_SMALL, add_common_arguments, describe_variant, load_model,  # noqa: F401
-                                         model_label, model_slug, open_engine, variants)
+from common.subjects import (  # noqa: F401
+    GPT2_SMALL,
+    add_common_arguments,
+    describe_variant,
+    load_model,
+    model_label,
+    model_slug,
+    open_engine,
+    variants,
+)
 from common.tracing import NumpyReader, stack_trace, traced, traced_reference
 
 NAME = "agreement"
@@ -115,7 +122,7 @@ def reference_run(model64, ids, n, k):
 
     ref = traced_reference(model64, np.float64)
     rows, tokens, feed = [], [], list(ids)
-    for step in range(n):
+    for _ in range(n):
         row = ref.logits(feed)[-1]
         rows.append(row)
         tokens.append(int(top_k(row, k).ids[0]))
@@ -194,77 +201,91 @@ def plot(summaries, path: Path, title: str) -> Path:
 
 
 def run(args) -> int:
+    from common.record import new_run
+
+    plots.require()  # before the work: the results include a plot
+    model, model64 = load_model(args.model), load_model(args.model, np.float64)
+    prompts = checked_prompts(args, model.hparams)
+    vs = variants(args.configs, args.store_root, not args.no_swap)
+    out = new_run(NAME, args.out)
+    refs = [reference_run(model64, ids, args.n, args.top_k) for _, ids in prompts]
+    subjects = [("numpy (float32)", "-", numpy_subject(model, prompts, refs, args.top_k))]
+    for v in vs:
+        subjects.append((v.label, v.config.metric, store_subject(v, model, prompts, refs, args)))
+    write(out, args, model, vs, prompts, refs, subjects)
+    return 0
+
+
+def checked_prompts(args, hp) -> list[tuple[str, list[int]]]:
     from vecgpt import tokenizer
     from vecgpt.api import check_request
-    from common.record import markdown_table, provenance, new_run, write_json
     from vecgpt.errors import VecgptError
-    plots.require()  # before the work: the results include a plot
 
-    model = load_model(args.model)
-    model64 = load_model(args.model, np.float64)
-    hp, k, n = model.hparams, args.top_k, args.n
-    if n < 1:
-        raise VecgptError(f"-n must be at least 1, not {n}")
+    if args.n < 1:
+        raise VecgptError(f"-n must be at least 1, not {args.n}")
     prompts = [(p, tokenizer.encode(p)) for p in args.prompts]
     for p, ids in prompts:
         if not ids:
             raise VecgptError(f"prompt {p!r} has no tokens")
-        check_request(hp, ids, n, k)
-    vs = variants(args.configs, args.store_root, not args.no_swap)
-    out = new_run(NAME, args.out)
+        check_request(hp, ids, args.n, args.top_k)
+    return prompts
 
-    refs = []
-    for p, ids in prompts:
-        refs.append(reference_run(model64, ids, n, k))
-    subjects = []  # (label, metric, per-prompt scores)
-    numpy32 = []
-    for (p, ids), ref in zip(prompts, refs):
+
+def numpy_subject(model, prompts, refs, k) -> list[dict]:
+    """numpy in float32, teacher-forced along each reference run."""
+    scores = []
+    for (_, ids), ref in zip(prompts, refs):
         reader = NumpyReader(model, np.float32)
-        numpy32.append(score(forced_run(reader, ids, ref["tokens"], k), stack_trace(reader.ref.trace), ref, k))
-    subjects.append(("numpy (float32)", "-", numpy32))
-    for v in vs:
-        print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-        engine = open_engine(v, model, args.replace, progress=not args.quiet)
-        per_prompt = []
-        t = time.perf_counter()
-        for (p, ids), ref in zip(prompts, refs):
-            text = engine.open()
-            trace = traced(text)
-            try:
-                per_prompt.append(score(forced_run(text, ids, ref["tokens"], k), stack_trace(trace), ref, k))
-            finally:
-                text.close()
-        v.stats["run_s"] = time.perf_counter() - t
-        engine.store.close()
-        subjects.append((v.label, v.config.metric, per_prompt))
+        scores.append(score(forced_run(reader, ids, ref["tokens"], k), stack_trace(reader.ref.trace), ref, k))
+    return scores
 
-    summaries = [summarize_subject(label, metric, pp, hp.n_layer) for label, metric, pp in subjects]
-    rows = table_rows(summaries, n)
-    table = markdown_table(rows)
-    what = model_label(model, args.model)
+
+def store_subject(v, model, prompts, refs, args) -> list[dict]:
+    """One store variant, teacher-forced along each reference run, one decoding session per prompt."""
+    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+    engine = open_engine(v, model, args.replace, progress=not args.quiet)
+    scores, t = [], time.perf_counter()
+    for (_, ids), ref in zip(prompts, refs):
+        session = engine.open()
+        trace = traced(session)
+        try:
+            scores.append(score(forced_run(session, ids, ref["tokens"], args.top_k), stack_trace(trace), ref,
+                                args.top_k))
+        finally:
+            session.close()
+    v.stats["run_s"] = time.perf_counter() - t
+    engine.store.close()
+    return scores
+
+
+def write(out, args, model, vs, prompts, refs, subjects) -> None:
+    """agreement.json, .md and .png in out; the table on stdout."""
+    from vecgpt import tokenizer
+
+    from common.record import markdown_table, provenance, write_json
+
+    n, k = args.n, args.top_k
+    summaries = [summarize_subject(label, metric, pp, model.hparams.n_layer) for label, metric, pp in subjects]
+    rows, what = table_rows(summaries, n), model_label(model, args.model)
+    near_tie = (f"reference top-2 gap at the divergence < max({TIE_FACTOR} x the subject's typical logit error "
+                f"(median over the prompt's steps of the largest top-k error), {TIE_FLOOR})")
     data = {
         "experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
-        "settings": {"prompts": args.prompts, "n": n, "top_k": k, "near_tie": f"reference top-2 gap at the divergence < max({TIE_FACTOR} x "
-                     f"the subject's typical logit error (median over the prompt's steps of the largest top-k error), "
-                     f"{TIE_FLOOR})",
-                     "teacher_forced": True},
+        "settings": {"prompts": args.prompts, "n": n, "top_k": k, "near_tie": near_tie, "teacher_forced": True},
         "variants": [{**describe_variant(v), **v.stats} for v in vs],
         "prompts": [{"prompt": p, "ids": ids, "reference_tokens": r["tokens"],
                      "reference_text": tokenizer.decode(r["tokens"]),
                      "reference_top2_gap_by_step": [top2_gap(row) for row in r["logits"]]}
                     for (p, ids), r in zip(prompts, refs)],
-        "summary": summaries,
-        "per_prompt": {label: pp for label, _, pp in subjects},
-        "table": rows,
+        "summary": summaries, "per_prompt": {label: pp for label, _, pp in subjects}, "table": rows,
     }
     write_json(out / "agreement.json", data)
     header = (f"Agreement with numpy float64, {len(prompts)} prompts x {n} greedy steps (teacher-forced), "
               f"top-{k}; model {what}\n\n")
-    (out / "agreement.md").write_text(header + table + "\n")
+    (out / "agreement.md").write_text(header + markdown_table(rows) + "\n")
     plot(summaries, out / "agreement.png", f"residual stream error per layer\n{what}")
-    print(header + table)
+    print(header + markdown_table(rows))
     print(f"\nwrote {out}/agreement.json, agreement.md, agreement.png", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

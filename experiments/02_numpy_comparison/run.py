@@ -10,7 +10,6 @@ of the n steps identity holds.
 from __future__ import annotations
 
 import argparse
-
 import sys
 from pathlib import Path
 
@@ -20,8 +19,14 @@ import numpy as np  # noqa: E402
 
 from common import plots
 from common.plots import log_error_plot
-from common.subjects import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
-                                         open_engine, variants)
+from common.subjects import (
+    add_common_arguments,
+    describe_variant,
+    load_model,
+    model_label,
+    open_engine,
+    variants,
+)
 from common.tracing import NumpyReader
 
 NAME = "numpy-comparison"
@@ -91,43 +96,54 @@ def run(args) -> int:
     from vecgpt import tokenizer
     from vecgpt.api import check_request, generate
     from vecgpt.errors import VecgptError
-    from common.record import markdown_table, provenance, new_run, write_json
     from vecgpt.reference import Reference
+
+    from common.record import new_run
+
     plots.require()  # before the work: the results include a plot
-
     model, model64 = load_model(args.model), load_model(args.model, np.float64)
-    k, n = args.top_k, args.n
     ids = tokenizer.encode(args.prompt)
-    if not ids or n < 1:
+    if not ids or args.n < 1:
         raise VecgptError("the prompt needs tokens and -n must be at least 1")
-    check_request(model.hparams, ids, n, k)
+    check_request(model.hparams, ids, args.n, args.top_k)
     out = new_run(NAME, args.out)
-
     ref_full = Reference(model64, np.float64).logits(ids)[-1]
-    ref_cands = ref_top(ref_full, k)
-    ref_gen = generate(Reference(model64, np.float64), ids, n, top_k=k, stop=False)
-    subjects, summaries, gens = {}, [], {}
-    reader = NumpyReader(model, np.float32)
-    c32 = reader.read(ids, k)
-    subjects["numpy float32"] = list(zip(c32.ids.tolist(), c32.logits.tolist()))
-    gen32 = generate(NumpyReader(model, np.float32), ids, n, top_k=k, stop=False)
-    summaries.append(summary_row("numpy float32", "-", subjects["numpy float32"], ref_full, gen32.tokens, ref_gen.tokens))
+    ref_gen = generate(Reference(model64, np.float64), ids, args.n, top_k=args.top_k, stop=False)
+    c32 = NumpyReader(model, np.float32).read(ids, args.top_k)
+    gen32 = generate(NumpyReader(model, np.float32), ids, args.n, top_k=args.top_k, stop=False)
+    subjects = {"numpy float32": list(zip(c32.ids.tolist(), c32.logits.tolist()))}
+    summaries = [summary_row("numpy float32", "-", subjects["numpy float32"], ref_full, gen32.tokens, ref_gen.tokens)]
     vs = variants(args.configs, args.store_root, not args.no_swap)
     for v in vs:
-        print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-        engine = open_engine(v, model, args.replace, progress=not args.quiet)
-        text = engine.open()
-        try:
-            gen = generate(text, ids, n, top_k=k, stop=False)
-        finally:
-            text.close()
-            engine.store.close()
-        subjects[v.label] = [tuple(c) for c in gen.steps[0]["candidates"]]
-        gens[v.label] = gen.tokens
-        summaries.append(summary_row(v.label, v.config.metric, subjects[v.label], ref_full, gen.tokens, ref_gen.tokens))
+        subjects[v.label], tokens = store_run(v, model, ids, args)
+        summaries.append(summary_row(v.label, v.config.metric, subjects[v.label], ref_full, tokens, ref_gen.tokens))
+    write(out, args, model, vs, ids, (ref_top(ref_full, args.top_k), ref_gen), subjects, summaries)
+    return 0
 
-    scores = side_by_side(ref_cands, subjects)
-    what = model_label(model, args.model)
+
+def store_run(v, model, ids, args) -> tuple[list, list[int]]:
+    """A free greedy run through one store variant: the candidates after the prompt, and the tokens."""
+    from vecgpt.api import generate
+
+    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+    engine = open_engine(v, model, args.replace, progress=not args.quiet)
+    session = engine.open()
+    try:
+        gen = generate(session, ids, args.n, top_k=args.top_k, stop=False)
+    finally:
+        session.close()
+        engine.store.close()
+    return [tuple(c) for c in gen.steps[0]["candidates"]], gen.tokens
+
+
+def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
+    """numpy_comparison.json, .md and .png in out; the tables on stdout."""
+    from vecgpt import tokenizer
+
+    from common.record import markdown_table, provenance, write_json
+
+    (ref_cands, ref_gen), n, k = ref, args.n, args.top_k
+    scores, what = side_by_side(ref_cands, subjects), model_label(model, args.model)
     score_rows = [{"rank": r["rank"], "token": r["token"], "text": repr(tokenizer.decode([r["token"]])),
                    "numpy float64": f"{r['numpy float64']:.6f}",
                    **{label: ("-" if r[label] is None else f"{r[label]:.6f}") for label in subjects}} for r in scores]
@@ -148,7 +164,6 @@ def run(args) -> int:
     plot(ref_cands, subjects, out / "numpy_comparison.png", f"scores after the prompt vs numpy float64\n{what}")
     print(md)
     print(f"\nwrote {out}/numpy_comparison.json, numpy_comparison.md, numpy_comparison.png", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

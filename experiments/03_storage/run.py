@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from collections import defaultdict
-
-import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common/
 
 from common import plots
 from common.plots import pyplot, save_plot
-from common.subjects import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
-                                         variants)
+from common.subjects import add_common_arguments, describe_variant, load_model, model_label, variants
 
 NAME = "storage"
 HELP = "documents and bytes each store holds after a load, by kind, and the load time"
@@ -70,8 +68,8 @@ def disk_bytes(store) -> int | None:
 
 def fresh_load(store, model, metric: str, replace: bool, progress: bool) -> float:
     """Empty the store of its model and load `model`; seconds taken."""
-    from vecgpt.loading import push, store_fingerprint
     from vecgpt.errors import VecgptError
+    from vecgpt.loading import push, store_fingerprint
 
     held = store.read_manifest()
     if held and held.get("fingerprint") != store_fingerprint(model, metric) and not replace:
@@ -104,28 +102,41 @@ def plot(results, path: Path, title: str) -> Path:
 
 
 def run(args) -> int:
-    from vecgpt.config import open_store
-    from common.record import markdown_table, provenance, new_run, write_json
+    from common.record import new_run
+
     plots.require()  # before the work: the results include a plot
 
     model = load_model(args.model)
     out = new_run(NAME, args.out)
-    results = []
     vs = variants(args.configs, args.store_root, not args.no_swap)
-    for v in vs:
-        print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-        store = open_store(v.config)
-        try:
-            load_s = fresh_load(store, model, v.config.metric, args.replace, not args.quiet)
-            stats = store.stats()
-            disk = disk_bytes(store)
-        finally:
-            store.close()
-        kinds = by_kind(stats)
-        results.append({"subject": v.label, "config": v.config_path, "metric": v.config.metric, "load_s": load_s,
-                        "documents": sum(k["documents"] for k in kinds.values()),
-                        "bytes": sum(k["bytes"] for k in kinds.values()), "disk_bytes": disk,
-                        "by_kind": kinds, "collections": stats, "planned": planned(model, v.config.metric)})
+    results = [measure(v, model, args) for v in vs]
+    write(out, args, model, vs, results)
+    return 0
+
+
+def measure(v, model, args) -> dict:
+    """Load the model afresh into one store variant: time, documents and bytes by kind, disk use."""
+    from vecgpt.config import open_store
+
+    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+    store = open_store(v.config)
+    try:
+        load_s = fresh_load(store, model, v.config.metric, args.replace, not args.quiet)
+        stats = store.stats()
+        disk = disk_bytes(store)
+    finally:
+        store.close()
+    kinds = by_kind(stats)
+    return {"subject": v.label, "config": v.config_path, "metric": v.config.metric, "load_s": load_s,
+            "documents": sum(k["documents"] for k in kinds.values()),
+            "bytes": sum(k["bytes"] for k in kinds.values()), "disk_bytes": disk,
+            "by_kind": kinds, "collections": stats, "planned": planned(model, v.config.metric)}
+
+
+def write(out, args, model, vs, results) -> None:
+    """storage.json, .md and .png in out; the tables on stdout."""
+    from common.record import markdown_table, provenance, write_json
+
     rows = [{"subject": r["subject"], "documents": f"{r['documents']:,}", "MB held": f"{r['bytes'] / 1e6:,.1f}",
              "MB on disk": "-" if r["disk_bytes"] is None else f"{r['disk_bytes'] / 1e6:,.1f}",
              "planned documents / MB (float32)": f"{sum(k['documents'] for k in r['planned'].values()):,} / "
@@ -148,7 +159,6 @@ def run(args) -> int:
     plot(results, out / "storage.png", f"bytes held by kind\n{what}")
     print(md)
     print(f"\nwrote {out}/storage.json, storage.md, storage.png", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

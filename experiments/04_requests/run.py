@@ -13,7 +13,6 @@ The puffergpt write-up: 76 requests per generated token, 52 for the first, one a
 from __future__ import annotations
 
 import argparse
-
 import sys
 from pathlib import Path
 
@@ -23,8 +22,14 @@ import numpy as np  # noqa: E402
 
 from common import plots
 from common.plots import pyplot
-from common.subjects import (add_common_arguments, describe_variant, load_model, model_label, model_slug,
-                                         open_engine, variants)
+from common.subjects import (
+    add_common_arguments,
+    describe_variant,
+    load_model,
+    model_label,
+    open_engine,
+    variants,
+)
 
 NAME = "requests"
 HELP = "requests, subqueries and round trips per generated token by kind, with and without batching"
@@ -89,41 +94,53 @@ def plot(results, path: Path, title: str) -> Path:
 
 def run(args) -> int:
     from vecgpt import tokenizer
-    from vecgpt.api import check_request, generate
-    from vecgpt.engine import Engine
+    from vecgpt.api import check_request
     from vecgpt.errors import VecgptError
-    from common.record import markdown_table, provenance, new_run, write_json
-    plots.require()  # before the work: the results include a plot
 
+    from common.record import new_run
+
+    plots.require()  # before the work: the results include a plot
     model = load_model(args.model)
     ids = tokenizer.encode(args.prompt)
     if not ids or args.n < 2:
         raise VecgptError("the prompt needs tokens and -n must be at least 2 (a first token and one more)")
     check_request(model.hparams, ids, args.n, 40)
     out = new_run(NAME, args.out)
-    results = []
     vs = variants(args.configs, args.store_root, not args.no_swap)
-    for v in vs:
-        print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-        engine = open_engine(v, model, args.replace, progress=not args.quiet)
-        try:
-            for block in (True, False):
-                e = Engine(engine.store, top_k=engine.top_k, prompt_block=block, tile=engine.tile)
-                text = e.open()
-                try:
-                    gen = generate(text, ids, args.n, top_k=engine.top_k, stop=False)
-                finally:
-                    text.close()
-                results.append({"subject": v.label, "config": v.config_path, "metric": v.config.metric,
-                                "prompt_mode": "prompt as a block" if block else "prompt token by token",
-                                "tokens": gen.tokens, **per_token_counts(text.meter.summary())})
-        finally:
-            engine.store.close()
+    results = [r for v in vs for r in count(v, model, ids, args)]
+    write(out, args, model, vs, ids, results)
+    return 0
 
-    def f(x):
-        return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
-    rows = [{"subject": r["subject"], "prompt": r["prompt_mode"].replace("prompt ", ""),
+def count(v, model, ids, args) -> list[dict]:
+    """One store variant, the prompt as a block and token by token: requests and round trips per token."""
+    from vecgpt.api import generate
+    from vecgpt.engine import Engine
+
+    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+    engine, results = open_engine(v, model, args.replace, progress=not args.quiet), []
+    try:
+        for block in (True, False):
+            session = Engine(engine.store, top_k=engine.top_k, prompt_block=block, tile=engine.tile).open()
+            try:
+                gen = generate(session, ids, args.n, top_k=engine.top_k, stop=False)
+            finally:
+                session.close()
+            results.append({"subject": v.label, "config": v.config_path, "metric": v.config.metric,
+                            "prompt_mode": "prompt as a block" if block else "prompt token by token",
+                            "tokens": gen.tokens, **per_token_counts(session.meter.summary())})
+    finally:
+        engine.store.close()
+    return results
+
+
+def number(x) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def table_rows(results) -> list[dict]:
+    f = number
+    return [{"subject": r["subject"], "prompt": r["prompt_mode"].replace("prompt ", ""),
              "first token: requests / subqueries": f"{r['first_token']['requests']} / {r['first_token']['subqueries']}",
              "first token: round trips batched / sequential":
                  f"{r['first_token']['round_trips']} / {r['first_token']['round_trips_sequential']}",
@@ -132,12 +149,22 @@ def run(args) -> int:
              "per token: round trips batched / sequential":
                  f"{f(r['per_generated_token']['round_trips'])} / {f(r['per_generated_token']['round_trips_sequential'])}"}
             for r in results]
-    block_rows = [r for r in results if r["prompt_mode"] == "prompt as a block"]
-    kind_rows = [{"kind": kind, **{r["subject"]: "{} / {} / {}".format(
+
+
+def kind_table(results) -> list[dict]:
+    f, block_rows = number, [r for r in results if r["prompt_mode"] == "prompt as a block"]
+    return [{"kind": kind, **{r["subject"]: "{} / {} / {}".format(
         f(r["per_generated_token"]["requests_by_kind"].get(kind, 0)),
         f(r["per_generated_token"]["subqueries_by_kind"].get(kind, 0)),
         f(r["per_generated_token"]["round_trips_by_kind"].get(kind, 0))) for r in block_rows}}
         for kind in KINDS if any(kind in r["per_generated_token"]["requests_by_kind"] for r in block_rows)]
+
+
+def write(out, args, model, vs, ids, results) -> None:
+    """requests.json, .md and .png in out; the tables on stdout."""
+    from common.record import markdown_table, provenance, write_json
+
+    rows, kind_rows = table_rows(results), kind_table(results)
     what = model_label(model, args.model)
     data = {"experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
             "settings": {"prompt": args.prompt, "prompt_ids": ids, "n": args.n,
@@ -153,7 +180,6 @@ def run(args) -> int:
     plot(results, out / "requests.png", f"requests per token\n{what}")
     print(md)
     print(f"\nwrote {out}/requests.json, requests.md, requests.png", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

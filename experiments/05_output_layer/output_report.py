@@ -70,7 +70,7 @@ def plot(rows, path):
             ks = [r for r in rs if r["kind"] == kind]
             ax.scatter([r["speedup"] for r in ks], [r["recall@10"] for r in ks], label=kind, alpha=0.8)
         pts = [(r["speedup"], r["recall@10"]) for r in rs]
-        front = sorted((pts[i] for i in pareto(pts)))
+        front = sorted(pts[i] for i in pareto(pts))
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front")
         ax.scatter([p[0] for p in front], [p[1] for p in front], s=120, facecolors="none", edgecolors="k")
         ax.axvline(1, color="grey", lw=0.5)

@@ -122,8 +122,8 @@ def load_model(name: str):
 
 def run(args) -> int:
     from vecgpt.errors import VecgptError
+
     from common.record import new_run, provenance, write_json
-    from output_index import expand
 
     if args.merge:
         return merge(args.merge, new_run(NAME, args.out))
@@ -133,35 +133,44 @@ def run(args) -> int:
     cfg["corpus"] = check_corpus(args.corpus or cfg["corpus"])
     out = new_run(NAME, args.out)
     entries = [e for e in cfg["index"] if not args.kinds or e["kind"] in args.kinds]
-    rows, skipped, models = [], [], []
     result = {"provenance": provenance(cfg["seed"], grid=str(args.config), grid_values=dict(cfg)),
-              "models": models, "rows": rows, "skipped": skipped, "published": PUBLISHED}
+              "models": [], "rows": [], "skipped": [], "published": PUBLISHED}
     for name in args.model or cfg["models"]:
-        try:
-            model, desc = load_model(name)
-        except VecgptError as e:
-            print(f"model {name}: skipped ({e})", file=sys.stderr)
-            skipped.append({"model": name, "what": "model", "reason": str(e)})
-            continue
-        t = time.perf_counter()
-        data = prepare(model, cfg)
-        data["top1_frequent"] = float(np.isin(data["g_top"], data["frequent"]).mean())
-        models.append(model_info(name, desc, model, data, t))
-        print(f"model {name}: {len(data['W'])} x {data['W'].shape[1]} token vectors; exact numpy output layer "
-              f"{data['numpy_ms']:.2f} ms, body {data['body_ms']:.1f} ms", file=sys.stderr)
-        for entry in entries:
-            for build, searches in expand(entry):
-                if measure(entry["kind"], build, searches, name, model, data, cfg, rows, skipped):
-                    write_json(out / "results.json", result)  # partial results survive an interrupted grid
+        run_model(name, entries, cfg, result, out)
     write_json(out / "results.json", result)
     (out / "results.md").write_text(report(result))
     try:
-        plot(rows, out / "output_layer.png")
+        plot(result["rows"], out / "output_layer.png")
     except VecgptError as e:  # matplotlib missing: the tables still count
         print(f"no plot: {e}", file=sys.stderr)
     print(report(result))
     print(f"\nwrote {out}/results.json, results.md, output_layer.png", file=sys.stderr)
     return 0
+
+
+def run_model(name, entries, cfg, result, out) -> None:
+    """Every index setting of the grid on one model, into result (written after each setting)."""
+    from vecgpt.errors import VecgptError
+
+    from common.record import write_json
+    from output_index import expand
+
+    try:
+        model, desc = load_model(name)
+    except VecgptError as e:
+        print(f"model {name}: skipped ({e})", file=sys.stderr)
+        result["skipped"].append({"model": name, "what": "model", "reason": str(e)})
+        return
+    t = time.perf_counter()
+    data = prepare(model, cfg)
+    data["top1_frequent"] = float(np.isin(data["g_top"], data["frequent"]).mean())
+    result["models"].append(model_info(name, desc, model, data, t))
+    print(f"model {name}: {len(data['W'])} x {data['W'].shape[1]} token vectors; exact numpy output layer "
+          f"{data['numpy_ms']:.2f} ms, body {data['body_ms']:.1f} ms", file=sys.stderr)
+    for entry in entries:
+        for build, searches in expand(entry):
+            if measure(entry["kind"], build, searches, name, model, data, cfg, result["rows"], result["skipped"]):
+                write_json(out / "results.json", result)  # partial results survive an interrupted grid
 
 
 def model_info(name, desc, model, data, started) -> dict:

@@ -19,19 +19,19 @@ import contextvars
 import importlib
 import inspect
 import pkgutil
-from importlib import metadata
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
-from typing import Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from vecgpt.errors import VecgptError
-
 from vecgpt.encoding import Metric
+from vecgpt.errors import VecgptError
 
 GROUP = "vecgpt.stores"
 

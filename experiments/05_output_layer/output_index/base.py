@@ -11,6 +11,8 @@ import numpy as np
 
 from vecgpt import encoding
 
+EXTRAS = {"hnswlib": "ann", "faiss": "faiss", "lancedb": "lancedb", "psycopg": "pgvector", "turbopuffer": "turbopuffer"}
+
 
 class Unavailable(Exception):
     """This index kind cannot run here (a missing library or server); the message says why."""
@@ -36,11 +38,14 @@ class OutputIndex:
     def label(self) -> str:
         return self.kind + " " + " ".join(f"{k}={v}" for k, v in self.params.items() if k not in ("path", "dsn"))
 
-    def build(self, vectors: np.ndarray) -> "OutputIndex":
+    def build(self, vectors: np.ndarray) -> OutputIndex:
         vectors = np.ascontiguousarray(vectors, np.float32)
         self.n, self.dim = vectors.shape
         t = time.perf_counter()
-        self._build(vectors)
+        try:
+            self._build(vectors)
+        except ImportError as e:  # the kind is skipped, saying what to install
+            raise Unavailable(f"{self.kind} needs {e.name}: pip install 'vecgpt[{EXTRAS.get(e.name, e.name)}]'") from None
         self.build_seconds = time.perf_counter() - t
         return self
 

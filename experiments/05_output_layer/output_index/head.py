@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from output_index.base import OutputIndex
 from vecgpt.sampling import Candidates, ordered
+
+from output_index.base import OutputIndex
 
 
 class Head:

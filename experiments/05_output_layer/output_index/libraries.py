@@ -8,6 +8,7 @@ import tempfile
 import numpy as np
 
 from vecgpt import encoding
+
 from output_index.base import OutputIndex, Unavailable, as_queries, padded
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from vecgpt import encoding
+
 from output_index.base import OutputIndex, Unavailable, as_queries, no_hits, padded
 
 
