@@ -262,7 +262,7 @@ def write(out, args, model, vs, prompts, refs, subjects) -> None:
     """agreement.json, .md and .png in out; the table on stdout."""
     from vecgpt import tokenizer
 
-    from common.record import markdown_table, provenance, write_json
+    from common.record import markdown_table, provenance, publish
 
     n, k = args.n, args.top_k
     summaries = [summarize_subject(label, metric, pp, model.hparams.n_layer) for label, metric, pp in subjects]
@@ -279,13 +279,10 @@ def write(out, args, model, vs, prompts, refs, subjects) -> None:
                     for (p, ids), r in zip(prompts, refs)],
         "summary": summaries, "per_prompt": {label: pp for label, _, pp in subjects}, "table": rows,
     }
-    write_json(out / "agreement.json", data)
     header = (f"Agreement with numpy float64, {len(prompts)} prompts x {n} greedy steps (teacher-forced), "
               f"top-{k}; model {what}\n\n")
-    (out / "agreement.md").write_text(header + markdown_table(rows) + "\n")
-    plot(summaries, out / "agreement.png", f"residual stream error per layer\n{what}")
-    print(header + markdown_table(rows))
-    print(f"\nwrote {out}/agreement.json, agreement.md, agreement.png", file=sys.stderr)
+    publish(out, "agreement", data, header + markdown_table(rows),
+            lambda path: plot(summaries, path, f"residual stream error per layer\n{what}"))
 
 
 if __name__ == "__main__":

@@ -19,14 +19,7 @@ import numpy as np  # noqa: E402
 
 from common import plots
 from common.plots import log_error_plot
-from common.subjects import (
-    add_common_arguments,
-    describe_variant,
-    load_model,
-    model_label,
-    open_engine,
-    variants,
-)
+from common.subjects import add_common_arguments, describe_variant, load_model, model_label, open_engine, variants
 from common.tracing import NumpyReader
 
 NAME = "numpy-comparison"
@@ -140,7 +133,7 @@ def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
     """numpy_comparison.json, .md and .png in out; the tables on stdout."""
     from vecgpt import tokenizer
 
-    from common.record import markdown_table, provenance, write_json
+    from common.record import markdown_table, provenance, publish
 
     (ref_cands, ref_gen), n, k = ref, args.n, args.top_k
     scores, what = side_by_side(ref_cands, subjects), model_label(model, args.model)
@@ -156,14 +149,11 @@ def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
             "variants": [{**describe_variant(v), **v.stats} for v in vs],
             "numpy_float64": {"candidates": ref_cands, "tokens": ref_gen.tokens, "text": ref_gen.text},
             "scores": scores, "summary": summaries, "table": rows}
-    write_json(out / "numpy_comparison.json", data)
     header = f"Prompt {args.prompt!r} ({len(ids)} tokens); model {what}\n\n"
     md = (header + markdown_table(rows) + f"\n\nnumpy float64 greedy: {ref_gen.text!r}\n\nThe {k} scores after the "
           f"prompt, keyed by numpy float64's ranking ('-': outside that subject's top {k}):\n\n" + markdown_table(score_rows))
-    (out / "numpy_comparison.md").write_text(md + "\n")
-    plot(ref_cands, subjects, out / "numpy_comparison.png", f"scores after the prompt vs numpy float64\n{what}")
-    print(md)
-    print(f"\nwrote {out}/numpy_comparison.json, numpy_comparison.md, numpy_comparison.png", file=sys.stderr)
+    publish(out, "numpy_comparison", data, md,
+            lambda path: plot(ref_cands, subjects, path, f"scores after the prompt vs numpy float64\n{what}"))
 
 
 if __name__ == "__main__":

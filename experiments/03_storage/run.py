@@ -135,7 +135,7 @@ def measure(v, model, args) -> dict:
 
 def write(out, args, model, vs, results) -> None:
     """storage.json, .md and .png in out; the tables on stdout."""
-    from common.record import markdown_table, provenance, write_json
+    from common.record import markdown_table, provenance, publish
 
     rows = [{"subject": r["subject"], "documents": f"{r['documents']:,}", "MB held": f"{r['bytes'] / 1e6:,.1f}",
              "MB on disk": "-" if r["disk_bytes"] is None else f"{r['disk_bytes'] / 1e6:,.1f}",
@@ -151,14 +151,10 @@ def write(out, args, model, vs, results) -> None:
     data = {"experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
             "writeup_gpt2_small": WRITEUP, "variants": [describe_variant(v) for v in vs], "results": results,
             "table": rows, "by_kind_table": kind_rows}
-    write_json(out / "storage.json", data)
     md = (f"Storage after a fresh load; model {what}. The write-up (GPT-2 small): "
           f"{WRITEUP['documents']:,} documents, {WRITEUP['megabytes']} MB.\n\n" + markdown_table(rows)
           + "\n\nBy kind:\n\n" + (markdown_table(kind_rows) if kind_rows else "(nothing stored)"))
-    (out / "storage.md").write_text(md + "\n")
-    plot(results, out / "storage.png", f"bytes held by kind\n{what}")
-    print(md)
-    print(f"\nwrote {out}/storage.json, storage.md, storage.png", file=sys.stderr)
+    publish(out, "storage", data, md, lambda path: plot(results, path, f"bytes held by kind\n{what}"))
 
 
 if __name__ == "__main__":

@@ -22,14 +22,7 @@ import numpy as np  # noqa: E402
 
 from common import plots
 from common.plots import pyplot
-from common.subjects import (
-    add_common_arguments,
-    describe_variant,
-    load_model,
-    model_label,
-    open_engine,
-    variants,
-)
+from common.subjects import add_common_arguments, describe_variant, load_model, model_label, open_engine, variants
 
 NAME = "requests"
 HELP = "requests, subqueries and round trips per generated token by kind, with and without batching"
@@ -162,7 +155,7 @@ def kind_table(results) -> list[dict]:
 
 def write(out, args, model, vs, ids, results) -> None:
     """requests.json, .md and .png in out; the tables on stdout."""
-    from common.record import markdown_table, provenance, write_json
+    from common.record import markdown_table, provenance, publish
 
     rows, kind_rows = table_rows(results), kind_table(results)
     what = model_label(model, args.model)
@@ -171,15 +164,11 @@ def write(out, args, model, vs, ids, results) -> None:
                          "sequential": "one round trip per request (a client without the engine's batching)"},
             "writeup": WRITEUP, "variants": [describe_variant(v) for v in vs], "results": results,
             "table": rows, "by_kind_table": kind_rows}
-    write_json(out / "requests.json", data)
     md = (f"Prompt {args.prompt!r} ({len(ids)} tokens), {args.n} tokens generated; per token = mean over the "
           f"{args.n - 1} after the first; model {what}. The write-up: {WRITEUP['requests_per_token']} requests per "
           f"token, {WRITEUP['first_token']} for the first, one after another.\n\n" + markdown_table(rows)
           + "\n\nPer generated token by kind (requests / subqueries / round trips batched):\n\n" + markdown_table(kind_rows))
-    (out / "requests.md").write_text(md + "\n")
-    plot(results, out / "requests.png", f"requests per token\n{what}")
-    print(md)
-    print(f"\nwrote {out}/requests.json, requests.md, requests.png", file=sys.stderr)
+    publish(out, "requests", data, md, lambda path: plot(results, path, f"requests per token\n{what}"))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,15 @@ def new_run(name: str, out: str | None = None) -> Path:
     raise FileExistsError(f"results/{name}/{stamp}-*: no free run folder")
 
 
+def publish(out: Path, stem: str, data: dict, md: str, draw) -> None:
+    """stem.json, stem.md and stem.png (draw(path) makes it) in out; the tables on stdout."""
+    write_json(out / f"{stem}.json", data)
+    (out / f"{stem}.md").write_text(md + "\n")
+    draw(out / f"{stem}.png")
+    print(md)
+    print(f"\nwrote {out}/{stem}.json, {stem}.md, {stem}.png", file=sys.stderr)
+
+
 def write_json(path: Path, data: dict) -> Path:
     tmp = path.with_suffix(".part")
     tmp.write_text(json.dumps(data, indent=1, default=_plain))
