@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextvars
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -150,12 +151,13 @@ def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
-def in_tree() -> list[str]:
+@functools.cache
+def in_tree() -> tuple[str, ...]:
     """The modules of vecgpt/backends that define connect() at top level (read, not imported)."""
     import vecgpt.backends as pkg
 
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                  if not m.name.startswith("_") and _defines_connect(m.module_finder.path, m.name))
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                  if not m.name.startswith("_") and _defines_connect(m.module_finder.path, m.name)))
 
 
 def _defines_connect(folder: str, name: str) -> bool:
@@ -173,6 +175,7 @@ def available() -> list[str]:
 
 
 def connector(backend: str):
+    """The backend's connect(); a missing client library is one line saying what to install."""
     if backend in in_tree():
         try:
             return importlib.import_module(f"vecgpt.backends.{backend}").connect
