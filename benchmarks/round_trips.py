@@ -127,7 +127,7 @@ def main():
         decode = []
         for _ in range(args.n):
             text.meter.start_token()
-            cands, s, used = token_usage(store, lambda: text.read([int(cands.ids[0])]))
+            cands, s, used = token_usage(store, lambda c=cands: text.read([int(c.ids[0])]))
             decode.append((s, used))
         summary = text.meter.summary()
         text.close()

@@ -29,7 +29,7 @@ def linear(x, weight, bias):  # [m, in], [in, out], [out] -> [m, out]
     return x @ weight + bias
 
 
-def mlp(x, c_fc, c_proj):  # [m, d] -> [m, d]
+def feed_forward(x, c_fc, c_proj):  # [m, d] -> [m, d]; GPT-2's "mlp"
     return linear(gelu(linear(x, **c_fc)), **c_proj)
 
 
@@ -50,18 +50,24 @@ def mha(x, c_attn, c_proj, n_head, cache):  # [m, d] -> [m, d]; cache holds "k",
     return linear(np.hstack(heads), **c_proj)  # [m, d]
 
 
-def transformer_block(x, ln_1, attn, ln_2, mlp_, n_head, eps, cache):  # [m, d] -> [m, d]
+def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache):  # [m, d] -> [m, d]
     x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, cache=cache)
-    return x + mlp(layer_norm(x, **ln_2, eps=eps), **mlp_)
+    return x + feed_forward(layer_norm(x, **ln_2, eps=eps), **mlp)
+
+
+def hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None):  # [m] -> [m, d], the final ln_f(x)
+    x = wte["weight"][ids] + wpe["weight"][start:start + len(ids)]  # [m, d]
+    xs = [x]
+    for block, cache in zip(h, caches):
+        x = transformer_block(x, **block, n_head=n_head, eps=eps, cache=cache)
+        xs.append(x)
+    if trace is not None:  # the residual stream: the embedding, then after each layer
+        trace.append(xs)
+    return layer_norm(x, **ln_f, eps=eps)
 
 
 def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None):  # [m] -> [m, n_vocab]
-    x = wte["weight"][ids] + wpe["weight"][start:start + len(ids)]  # [m, d]
-    for block, cache in zip(h, caches):
-        x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], n_head, eps, cache)
-        if trace is not None:  # the residual stream after each layer
-            trace.append(x.copy())
-    return layer_norm(x, **ln_f, eps=eps) @ wte["weight"].T  # [m, n_vocab]
+    return hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace) @ wte["weight"].T
 
 
 class Reference:
@@ -70,7 +76,7 @@ class Reference:
     def __init__(self, model: Model, dtype=np.float32):
         self.hparams, self.dtype = model.hparams, np.dtype(dtype)
         self.params = _cast(model.params, self.dtype)
-        self.trace: list | None = None  # set to [] to collect the residual stream after each layer
+        self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
         self.reset()
 
     def reset(self) -> None:
@@ -86,10 +92,13 @@ class Reference:
         for cache in self.caches:
             cache["k"], cache["v"] = cache["k"][:n], cache["v"][:n]
 
-    def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
+    def hidden(self, ids) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x) of the m new positions
         ids = np.asarray(ids, dtype=np.int64)
-        return gpt2(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
-                    caches=self.caches, trace=self.trace)
+        return hidden(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
+                      caches=self.caches, trace=self.trace)
+
+    def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
+        return self.hidden(ids) @ self.params["wte"]["weight"].T
 
     def read(self, ids, k: int = 40) -> Candidates:
         """Feed tokens; the best k next tokens after the last one."""

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from vecgpt import encoding
-from vecgpt.output_index.base import OutputIndex, Unavailable, as_queries, no_hits, padded
+
+from output_index.base import OutputIndex, Unavailable, as_queries, no_hits, padded
 
 
 class Lance(OutputIndex):
