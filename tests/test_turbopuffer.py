@@ -291,7 +291,10 @@ def test_waiting_for_the_index_is_bounded_and_reports_progress(small_server, loc
 def test_output_layer_ann_waits_for_the_index(small_server, monkeypatch, capsys):
     """Unindexed rows are scanned exhaustively, which would make ANN look exact: the output-layer
     experiment's build waits until metadata says the index is up to date, for at most index_timeout_s."""
-    from vecgpt.output_index import Unavailable, make
+    from vecgpt.experiments_cli import experiments
+
+    experiments()  # puts experiments/05_output_layer on sys.path, for output_index
+    from output_index import Unavailable, make
 
     monkeypatch.setenv("TURBOPUFFER_API_KEY", "local")
     monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
