@@ -185,7 +185,7 @@ class Text:
         return x + self._linear(h, f"h.{layer}.mlp.c_proj")
 
     def _linear(self, x, name):  # [m, in] -> [m, out], one search returning every row
-        q = encoding.encode_queries(x, self.metric)
+        q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
         (hits,) = self.meter.together(("matrix", lambda: self.store.search(name, q)))
         y = np.empty((len(x), hits.ids.shape[1]))
         np.put_along_axis(y, hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric), axis=1)
@@ -234,12 +234,12 @@ class Text:
     def _key_searches(self, q, layer, end):  # every head's keys at positions < end, in one search_many
         if end == 0:
             return []
-        q32 = q.astype(np.float32)
+        sent = [encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)]
 
         def run():
-            hits = self.store.search_many([Search(self.name, q32[:, h], where=Where(
-                eq={"layer": layer, "head": h}, lt={"position": end})) for h in range(self.hp.n_head)])
-            return [(q32[:, h], hits[h]) for h in range(self.hp.n_head)]
+            hits = self.store.search_many([Search(self.name, qs, where=Where(
+                eq={"layer": layer, "head": h}, lt={"position": end})) for h, (qs, _) in enumerate(sent)])
+            return [(*sent[h], hits[h]) for h in range(self.hp.n_head)]
         return [("key_search", run)]
 
     def _attend(self, q, found, own, layer, start):  # q [m, H, hd] -> [H, m, hd], all heads a tile at a time
@@ -257,14 +257,14 @@ class Text:
                 state.update(dots[:, :, t:t + self.engine.tile] / math.sqrt(hd), values, mask=p <= query_pos)
         return state.finish()
 
-    def _key_scores(self, found, layer):  # per-head (q32, hits) -> positions [m, n], q.k [H, m, n]
-        order = [np.argsort(hits.ids, axis=1) for _, hits in found]  # each head: its keys in position order
-        pos = np.take_along_axis(found[0][1].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
-        dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), q32, self.key_norms[layer, h][pos],
-                                          self.metric) for h, ((q32, hits), o) in enumerate(zip(found, order))]
+    def _key_scores(self, found, layer):  # per-head (sent query, its scale, hits) -> positions [m, n], q.k [H, m, n]
+        order = [np.argsort(hits.ids, axis=1) for *_, hits in found]  # each head: its keys in position order
+        pos = np.take_along_axis(found[0][2].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
+        dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), qs, self.key_norms[layer, h][pos],
+                                          self.metric, s) for h, ((qs, s, hits), o) in enumerate(zip(found, order))]
         return pos, np.stack(dots)
 
     def _next_tokens(self, x, k):  # [1, d] -> the k best tokens
-        q = encoding.encode_queries(layer_norm(x, **self.ln_f, eps=self.hp.eps), self.metric)
+        q = encoding.encode_queries(layer_norm(x, **self.ln_f, eps=self.hp.eps), self.metric, self.engine.m2["wte"])
         *_, hits = self.meter.together(*self._flush(), ("token_search", lambda: self.store.search("wte", q, k=k)))
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
