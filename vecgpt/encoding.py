@@ -148,25 +148,26 @@ def distance_bound(q_norm, d_norm, n: int, metric: Metric, u: float):
     return gamma(n + 3, u) * (q_norm + d_norm) ** 2
 
 
-def search_bound(x: np.ndarray, m2: float, metric: Metric, u: float) -> np.ndarray:
+def search_bound(x: np.ndarray, m2: float, metric: Metric, u: float, stored: float = U32) -> np.ndarray:
     """Bound on |y' - y| for every output of one matrix search, per input row of x [m, in] (see above).
-    m2: the largest row norm squared (encode_rows' second value); u: the store's unit roundoff."""
+    m2: the largest row norm squared (encode_rows' second value); u: the store's unit roundoff;
+    stored: that of the vectors as sent and stored (float32; 0 for plain float64 maths on the weights)."""
     x = np.asarray(x, np.float64)
     m, n = np.sqrt(m2), doc_dim(x.shape[1], metric)
     q = encode_queries(x, metric, m2)
     q2, s = squared_norms(q), query_scale(q, metric)
-    rounding = U32 * m * np.sqrt(np.einsum("ij,ij->i", x, x))
-    decode = 0.0 if metric == "ip" else 2.0001 * U32 * m2 + 8 * U64 * (m2 + q2)  # pads, float64 arithmetic
+    rounding = stored * m * np.sqrt(np.einsum("ij,ij->i", x, x))
+    decode = 0.0 if metric == "ip" else 2.0001 * stored * m2 + 8 * U64 * (m2 + q2)  # pads, float64 arithmetic
     return (distance_bound(np.sqrt(q2), m, n, metric, u) + decode) / (2 * s if metric == "l2" else s) + rounding
 
 
 def key_bound(q: np.ndarray, key_norms2: np.ndarray, metric: Metric, u: float,
-              searched_norms2: np.ndarray | None = None) -> np.ndarray:
+              searched_norms2: np.ndarray | None = None, stored: float = U32) -> np.ndarray:
     """Bound on |q.k' - q.k| for queries q [m, hd] against keys of |k|^2 key_norms2 [n]: [m, n].
     The query is scaled toward the searched keys (searched_norms2, default all of them)."""
     qs, s = key_queries(q, key_norms2 if searched_norms2 is None else searched_norms2, metric)
     q_norm, qs2, k = np.linalg.norm(np.asarray(q, np.float64), axis=1), squared_norms(qs), np.sqrt(key_norms2)
-    rounding = 2 * U32 * q_norm[:, None] * k  # q and k rounded to float32
+    rounding = 2 * stored * q_norm[:, None] * k  # q and k rounded to float32
     dist = distance_bound(np.sqrt(qs2)[:, None], k[None], q.shape[1], metric, u)
     if metric == "ip":
         return dist / s[:, None] + rounding

@@ -39,8 +39,8 @@ def unit_roundoff(backend: str) -> float:
 class Perturbation:
     """Moves every multiply of the reference by its search's error bound, with random signs."""
 
-    def __init__(self, metric: str, u: float, seed: int, per_output: bool):
-        self.metric, self.u, self.per_output = metric, u, per_output
+    def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32):
+        self.metric, self.u, self.per_output, self.stored = metric, u, per_output, stored
         self.rng, self.m2 = np.random.default_rng(seed), {}
 
     def signs(self, shape):
@@ -51,13 +51,13 @@ class Perturbation:
         if key not in self.m2:  # the largest document norm, as encode_rows computes it
             b = np.broadcast_to(np.asarray(bias, np.float64), weight.shape[1:])
             self.m2[key] = float((np.einsum("ij,ij->j", weight, weight) + b * b).max())
-        bound = encoding.search_bound(x, self.m2[key], self.metric, self.u)  # [m]
+        bound = encoding.search_bound(x, self.m2[key], self.metric, self.u, self.stored)  # [m]
         return y + bound[:, None] * self.signs(y.shape)
 
     def scores(self, q, k, scores):  # a decode step's own key is not searched: it is computed in memory
         norms2 = np.einsum("ij,ij->i", k, k)
         searched = norms2[:-1] if len(q) == 1 and len(k) > 1 else norms2
-        return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched) * self.signs(scores.shape)
+        return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(scores.shape)
 
 
 def teacher_forced(reader, prompt: list[int], tokens: list[int], k: int) -> list[Candidates]:
@@ -93,6 +93,19 @@ def forced_comparison(reader, model64: Model, prompt: list[int], tokens: list[in
     broken = [f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)]
     return {"candidates": cands, "exact": exact, "tol": tol, "violations": broken,
             "max_error": np.array([max_error(c, row) for c, row in zip(cands, exact)])}
+
+
+def block_tolerance(model64: Model, ids: list[int], metric: str, u: float,
+                    stored: float = U32) -> tuple[np.ndarray, np.ndarray]:
+    """float64 numpy's logits [positions, vocab] for one block of ids, and the tolerance per position
+    (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way)."""
+    exact = Reference(model64, np.float64).logits(ids)
+    moved = []
+    for seed in range(PATTERNS):
+        ref = Reference(model64, np.float64)
+        ref.perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored)
+        moved.append(np.abs(ref.logits(ids) - exact).max(1))
+    return exact, SAFETY * np.max(moved, axis=0)
 
 
 def disagreements(c: Candidates, ref: np.ndarray, k: int, tol: float) -> list[str]:
