@@ -75,11 +75,12 @@ def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=
 
 
 def logit_tolerance(model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float,
-                    exact: np.ndarray | None = None) -> np.ndarray:
-    """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]"""
+                    exact: np.ndarray | None = None, stored: float = U32) -> np.ndarray:
+    """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
+    (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way)."""
     exact = forced_logits(model64, prompt, tokens) if exact is None else exact
-    moved = [np.abs(forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0)) - exact).max(1)
-             for seed in range(PATTERNS)]
+    moved = [np.abs(forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored))
+                    - exact).max(1) for seed in range(PATTERNS)]
     return SAFETY * np.max(moved, axis=0)
 
 
@@ -132,6 +133,13 @@ def greedy_margin(ref: np.ndarray) -> np.ndarray:
     """numpy's top-2 gap per step, [steps]: a greedy run is fixed where it exceeds 2 tol."""
     top = np.sort(np.partition(ref, -2, axis=-1)[..., -2:], axis=-1)
     return top[..., 1] - top[..., 0]
+
+
+def sure_greedy_steps(exact: np.ndarray, tol: np.ndarray) -> int:
+    """How many leading greedy tokens every run within tol shares with numpy: up to the first step
+    whose top-2 gap is 2 tol or less."""
+    fixed = greedy_margin(exact) > 2 * tol
+    return int(len(fixed) if fixed.all() else np.argmin(fixed))
 
 
 def sure_draw(ref: np.ndarray, u: float, temperature: float, k: int, tol: float) -> tuple[int | None, str]:
