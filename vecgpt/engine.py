@@ -91,7 +91,7 @@ class Session:
     # ------------------------------------------------------------ the forward pass, in reference.py's order
 
     def linear(self, x, name):  # [m, in] -> [m, out]: x @ weight + bias as one search returning every row
-        q = encoding.encode_queries(x, self.metric)
+        q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
         hits = self.store.search(name, q)
         y = np.empty((len(x), hits.ids.shape[1]))
         np.put_along_axis(y, hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric), axis=1)
@@ -147,20 +147,20 @@ class Session:
         return layer_norm(x, **self.ln_f, eps=self.hp.eps)
 
     def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
-        q = encoding.encode_queries(h, self.metric)
+        q = encoding.encode_queries(h, self.metric, self.engine.m2["wte"])
         *_, hits = self.store.together(*self.flush(), later.search("wte", q, k=k))
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
 
     # ------------------------------------------------------------ the keys in the store
 
     def key_scores(self, q, layer, end):  # q [m, H, hd] -> key positions [m, n] < end, q.k [H, m, n]
-        q32 = q.astype(np.float32)
-        found = self.store.search_many([Search(self.name, q32[:, h], where=Where(
-            eq={"layer": layer, "head": h}, lt={"position": end})) for h in range(self.hp.n_head)])
+        sent = [encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)]
+        found = self.store.search_many([Search(self.name, qs, where=Where(
+            eq={"layer": layer, "head": h}, lt={"position": end})) for h, (qs, _) in enumerate(sent)])
         order = [np.argsort(hits.ids, axis=1) for hits in found]  # each head: its keys in position order
         pos = np.take_along_axis(found[0].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
-        dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), q32[:, h], self.key_norms[layer, h][pos],
-                                          self.metric) for h, (hits, o) in enumerate(zip(found, order))]
+        dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), qs, self.key_norms[layer, h][pos],
+                                          self.metric, s) for h, ((qs, s), hits, o) in enumerate(zip(sent, found, order))]
         return pos, np.stack(dots)
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd])] -> one upsert's arguments
