@@ -138,7 +138,10 @@ def describe_dsn(dsn: str) -> str:
 
 def scrub(message: str, dsn: str) -> str:
     """A libpq message with the DSN's password, if any, blotted out."""
-    password = dsn_params(dsn, "the DSN").get("password")
+    try:
+        password = dsn_params(dsn, "the DSN").get("password")
+    except VecgptError:  # unreadable, so its password cannot be found: show nothing of the message
+        return "the connection string cannot be read"
     return message.replace(password, "***") if password else message
 
 
