@@ -18,9 +18,9 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from vecgpt import cli
 from vecgpt.backends.base import available
-from vecgpt.config import TYPES, Config
+from vecgpt.config import Config
 
 EXAMPLES = int(os.environ.get("VECGPT_FUZZ_EXAMPLES", "0"))
 REFUSED_ONLY = {"tpuf-local", "experiment"}  # servers and long jobs: argparse must refuse their argv
@@ -196,7 +196,9 @@ def resolve(word: str, world: dict, config_text: str) -> str:
         return str(root / f"fresh{n}" / rest)
     if name == "config":
         path = root / f"config{n}.toml"
-        path.write_text(config_text.replace("@", f"{root}/"), errors="surrogatepass")
+        text = re.sub(r"@(fresh|folder|file|binary|missing|model|garbage_model)",
+                      lambda m: resolve(m.group(0), world, ""), config_text)
+        path.write_text(text, errors="surrogatepass")
         return str(path)
     return str(world["model"] if name == "model" else root / name)
 
@@ -205,6 +207,7 @@ def resolve(word: str, world: dict, config_text: str) -> str:
 def offline(monkeypatch, world):
     """No network: hub offline with an empty cache, PostgreSQL at a closed port, no turbopuffer key."""
     root = world["root"]
+    monkeypatch.chdir(root)  # a relative path (make-model's out, a store) lands here, never in the checkout
     for name, value in {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"), "XDG_CACHE_HOME": str(root / "cache"),
                         "VECGPT_PG_DSN": "postgresql://fuzz@127.0.0.1:1/none?connect_timeout=2"}.items():
         monkeypatch.setenv(name, value)
@@ -252,7 +255,7 @@ def test_any_argv_exits_0_or_2_without_traceback(data, world, offline):
     clean = data.draw(st.booleans(), "clean argv")  # half the examples pass argparse and reach the code behind it
     argv, config_text = data.draw(argvs(clean), "argv"), data.draw(config_texts(data.draw(st.booleans())), "config")
     argv = [resolve(w, world, config_text) for w in argv]
-    code, out, err = run_main(argv)
+    code, _, err = run_main(argv)
     assert code in (0, 2), (argv, code, err[-2000:])
     assert "Traceback" not in err, (argv, err[-2000:])
     if code == 2 and JUNK not in argv:

@@ -32,8 +32,6 @@ class Generation:
 
 def check_request(hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: int,
                   temperature: float = 0.0, seed: int = 0) -> None:
-    if not prompt_tokens:
-        raise VecgptError("the prompt is empty; give at least one character of text")
     if n < 0:
         raise VecgptError(f"-n must be 0 or more, not {n}")
     if not 0 <= temperature < float("inf"):  # also refuses NaN

@@ -125,6 +125,8 @@ def cmd_make_model(args) -> int:
         raise VecgptError("--layers, --heads, --embd, --ctx, --vocab must be positive and --embd divisible by --heads")
     if args.seed < 0:
         raise VecgptError(f"--seed must be 0 or more, not {args.seed}")
+    if not args.out.strip():
+        raise VecgptError("give the folder to write the model to (\".\" for this one)")
     check_room(weights.parameter_count(hp) * 4, args.out)
     out = weights.make_model(args.out, hp, args.seed)
     print(f"{out}: random GPT-2 ({weights.describe(hp)}), seed {args.seed}")
