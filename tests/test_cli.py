@@ -1,6 +1,8 @@
 """The command line: results on stdout, one-line errors and a non-zero exit on bad input."""
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -106,3 +108,82 @@ def test_console_script_stdout_is_only_the_result(tiny_model_dir, tmp_path):
                           env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)  # progress bars went to stderr
+
+
+# Cases a new user hit; each once gave a traceback or silently did something else than asked.
+
+def test_config_path_that_is_a_folder(capsys, tmp_path):
+    assert_one_line_error(*run(capsys, "ls", "--config", str(tmp_path))[::2], "is a folder, not a TOML file")
+
+
+def test_ls_into_a_reader_that_closes_early_exits_quietly(tmp_path):
+    """`vecgpt ls | head`: the reader is gone before anything is written, so the write meets EPIPE."""
+    proc = subprocess.Popen([sys.executable, "-m", "vecgpt", "ls", "--backend", "memory"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and err == "", err
+
+
+def test_metric_ip_on_a_store_holding_l2_is_refused(capsys, store_args, tiny_model_dir):
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    for command in (["generate", "hi", "-n", "1"], ["compare", "hi", "-n", "1"]):
+        code, _, err = run(capsys, command[0], *store_args, "--model", str(tiny_model_dir), "--metric", "ip", *command[1:])
+        assert_one_line_error(code, err, "the store holds the l2 encoding, not ip")
+    assert_one_line_error(*run(capsys, "load", *store_args, "--model", str(tiny_model_dir), "--metric", "ip")[::2],
+                          "this model in the l2 encoding")
+    code, out, _ = run(capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "ip", "--replace",
+                       "hi", "-n", "1", "--json")
+    assert code == 0 and json.loads(out)["metric"] == "ip"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_temperature_must_be_a_non_negative_number(capsys, tiny_model_dir, value):
+    code, _, err = run(capsys, "generate", "--reference", "--model", str(tiny_model_dir), "--temperature", value, "hi")
+    assert_one_line_error(code, err, "--temperature must be 0 (greedy) or a positive number")
+
+
+def test_top_k_zero_is_refused_not_replaced(capsys, tiny_model_dir):
+    code, _, err = run(capsys, "generate", "--reference", "--model", str(tiny_model_dir), "--top-k", "0", "hi")
+    assert_one_line_error(code, err, "--top-k 0 must be between 1")
+
+
+def test_tpuf_gc_needs_a_turbopuffer_config(capsys, store_args):
+    assert_one_line_error(*run(capsys, "tpuf-gc", *store_args[2:])[::2], "tpuf-gc needs a turbopuffer config")
+
+
+def test_typo_of_a_shipped_model_is_not_sent_to_the_hub(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(capsys, "generate", "--reference", "--model", "shakespear", "hi")
+    assert_one_line_error(code, err, "did you mean 'shakespeare'? Shipped models: shakespeare")
+
+
+def test_unknown_model_lists_the_shipped_ones(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, err = run(capsys, "generate", "--reference", "--model", "someone/not-on-this-machine", "hi")
+    assert_one_line_error(code, err, "shipped models: shakespeare")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_make_model_files_follow_the_umask(capsys, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        assert run(capsys, "make-model", str(tmp_path / "m"), "--layers", "1", "--heads", "2", "--embd", "8",
+                   "--ctx", "4", "--vocab", "16")[0] == 0
+    finally:
+        os.umask(old)
+    for name in ("config.json", "model.safetensors"):
+        assert stat.S_IMODE((tmp_path / "m" / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_make_model_too_large_is_refused_before_allocating(capsys, tmp_path):
+    code, _, err = run(capsys, "make-model", str(tmp_path / "m"), "--layers", "10000000", "--embd", "768")
+    assert_one_line_error(code, err, "choose smaller")
+
+
+@pytest.mark.parametrize("option, needle", [("path = 5", "path = 5 has the wrong type"),
+                                            ("threads = -2", "threads must be 0 or more"),
+                                            ('path = "a\\u0000b"', "must not contain a NUL")])
+def test_store_option_of_the_wrong_type(capsys, tmp_path, option, needle):
+    config = write_config(tmp_path, f'backend = "faiss"\n[store]\n{option}\n')
+    assert_one_line_error(*run(capsys, "ls", "--config", str(config))[::2], needle)

@@ -30,9 +30,14 @@ class Generation:
         return tokenizer.decode([t for t in self.tokens if t != tokenizer.ENDOFTEXT])
 
 
-def check_request(hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: int) -> None:
+def check_request(hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: int,
+                  temperature: float = 0.0, seed: int = 0) -> None:
     if n < 0:
         raise VecgptError(f"-n must be 0 or more, not {n}")
+    if not 0 <= temperature < float("inf"):  # also refuses NaN
+        raise VecgptError(f"--temperature must be 0 (greedy) or a positive number, not {temperature}")
+    if seed < 0:
+        raise VecgptError(f"--seed must be 0 or more, not {seed}")
     if not 1 <= top_k <= hp.n_vocab:
         raise VecgptError(f"--top-k {top_k} must be between 1 and the vocabulary size {hp.n_vocab}")
     if len(prompt_tokens) + n > hp.n_ctx:
@@ -67,6 +72,10 @@ def open_engine(config: Config, model: weights.Model, replace: bool = False, pro
     held = store.read_manifest()
     if held is None or replace:
         push(store, model, config.metric, replace=replace, progress=progress)
+    elif held.get("metric") != config.metric:  # never run another encoding than the one asked for
+        store.close()
+        raise VecgptError(f"the store holds the {held.get('metric')} encoding, not {config.metric}; pass --replace "
+                          f"to load the {config.metric} encoding over it, or use another store path")
     engine = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile)
     engine.check(model)
     return engine
@@ -78,9 +87,9 @@ def generate_text(prompt: str, n: int = 8, config: Config | None = None, model: 
     """Generate through a store; the dict of `vecgpt generate --json`."""
     config = config or Config()
     m = weights.load(model or config.model)
-    k = top_k or config.top_k
+    k = config.top_k if top_k is None else top_k
     ids = tokenizer.encode(prompt)
-    check_request(m.hparams, ids, n, k)
+    check_request(m.hparams, ids, n, k, temperature, seed)
     config.top_k = max(config.top_k, k)
     engine = open_engine(config, m, replace=replace, progress=progress)
     text = engine.open()
@@ -98,7 +107,7 @@ def generate_reference(prompt: str, n: int = 8, model: str | None = None, temper
                        top_k: int = 40, seed: int = 0, stop: bool = True, dtype=np.float64) -> dict:
     m = weights.load(model, dtype=dtype)
     ids = tokenizer.encode(prompt)
-    check_request(m.hparams, ids, n, top_k)
+    check_request(m.hparams, ids, n, top_k, temperature, seed)
     gen = generate(Reference(m, dtype), ids, n, temperature, top_k, seed, stop)
     return {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text, "steps": gen.steps,
             "backend": f"numpy-{np.dtype(dtype).name}", "model_fingerprint": m.fingerprint}

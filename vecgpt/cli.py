@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 
 from vecgpt.errors import VecgptError
@@ -79,7 +80,7 @@ def cmd_generate(args) -> int:
 
     config = config_of(args)
     common = dict(n=args.n, model=args.model or config.model, temperature=args.temperature,
-                  top_k=args.top_k or config.top_k, seed=args.seed, stop=not args.no_stop)
+                  top_k=config.top_k if args.top_k is None else args.top_k, seed=args.seed, stop=not args.no_stop)
     if args.reference:
         out = api.generate_reference(args.prompt, **common)
     else:
@@ -122,9 +123,30 @@ def cmd_make_model(args) -> int:
     hp = weights.HParams(args.layers, args.heads, args.embd, args.ctx, args.vocab)
     if min(args.layers, args.heads, args.embd, args.ctx, args.vocab) < 1 or args.embd % args.heads:
         raise VecgptError("--layers, --heads, --embd, --ctx, --vocab must be positive and --embd divisible by --heads")
+    if args.seed < 0:
+        raise VecgptError(f"--seed must be 0 or more, not {args.seed}")
+    if not args.out.strip():
+        raise VecgptError("give the folder to write the model to (\".\" for this one)")
+    check_room(weights.parameter_count(hp) * 4, args.out)
     out = weights.make_model(args.out, hp, args.seed)
     print(f"{out}: random GPT-2 ({weights.describe(hp)}), seed {args.seed}")
     return 0
+
+
+def check_room(size: int, out: str) -> None:
+    """Refuse a checkpoint that cannot fit, before allocating it (held twice in memory while written)."""
+    import shutil
+    from pathlib import Path
+
+    from vecgpt.attention_cli import available_bytes
+
+    free_memory = available_bytes()
+    folder = next(p for p in [Path(out).absolute(), *Path(out).absolute().parents] if p.exists())
+    free_disk = shutil.disk_usage(folder).free
+    if (free_memory and 2 * size > free_memory) or size > free_disk:  # 0: memory unknown (not Linux)
+        raise VecgptError(f"a checkpoint of these sizes takes {size / 1e9:,.2f} GB; this machine has "
+                          f"{free_memory / 1e9:,.1f} GB of memory and {free_disk / 1e9:,.1f} GB of disk free "
+                          f"in {folder}: choose smaller --layers/--embd/--ctx/--vocab")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -184,13 +206,34 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return args.func(args) or 0
+        code = args.func(args) or 0
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's final flush
+        return code
     except VecgptError as e:
         print(f"vecgpt: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `vecgpt ls | head`: the reader has what it wanted
+        quiet_stdout()
+        return 0
+    except OSError as e:  # a path that is a folder, unreadable, on a full disk: the user's to fix
+        print(f"vecgpt: error: {os_error(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("vecgpt: interrupted", file=sys.stderr)
         return 130
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null so the buffered rest is dropped instead of raising again at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no real file (captured in tests)
+        pass
+
+
+def os_error(e: OSError) -> str:
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}"
 
 
 if __name__ == "__main__":

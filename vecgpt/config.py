@@ -43,6 +43,12 @@ def read_toml(path: str | Path, what: str = "config file", hint: str = "") -> di
         return tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise VecgptError(f"{what} {path} does not exist{hint}") from None
+    except IsADirectoryError:
+        raise VecgptError(f"{what} {path} is a folder, not a TOML file{hint}") from None
+    except OSError as e:
+        raise VecgptError(f"cannot read {what} {path} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise VecgptError(f"{path}: not valid TOML (not UTF-8 text)") from None
     except tomllib.TOMLDecodeError as e:
         raise VecgptError(f"{path}: not valid TOML ({e})") from None
 

@@ -47,9 +47,14 @@ def push(store: Store, model: Model, metric: str = "l2", replace: bool = False, 
     held = store.read_manifest()
     if held and held.get("fingerprint") == fp:
         return held
+    offers = getattr(store, "metrics", (metric,))
+    if metric not in offers:  # before anything is erased
+        raise VecgptError(f"this store cannot rank by {metric!r} (it offers {', '.join(offers)}); "
+                          f"use --metric {offers[0]}")
     if held and not replace:
-        raise VecgptError(f"the store holds another model ({held.get('fingerprint')}, from {held.get('source')}); "
-                          f"pass --replace to overwrite it, or use another store path")
+        what = (f"this model in the {held.get('metric')} encoding" if held.get("model_fingerprint") == model.fingerprint
+                else f"another model ({held.get('fingerprint')}, from {held.get('source')})")
+        raise VecgptError(f"the store holds {what}; pass --replace to overwrite it, or use another store path")
     store.write_manifest(None)  # from here until the end the store holds no complete model
     for name in store.collections():
         if not name.startswith(SESSION_PREFIX):

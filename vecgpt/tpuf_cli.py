@@ -27,7 +27,12 @@ def _age_minutes(stamp: str) -> float | None:
 def cmd_gc(args) -> int:
     from vecgpt.config import load_config, open_store
 
-    config = load_config(args.config, backend="turbopuffer")
+    if not 0 <= args.older_than < float("inf"):  # NaN too: it would keep everything
+        raise VecgptError(f"--older-than must be 0 or more minutes, not {args.older_than}")
+    config = load_config(args.config) if args.config else load_config(backend="turbopuffer")
+    if config.backend != "turbopuffer":
+        raise VecgptError(f"tpuf-gc needs a turbopuffer config (backend = \"turbopuffer\"); {args.config} says "
+                          f"backend = {config.backend!r} (see configs/turbopuffer.toml)")
     store = open_store(config)
     texts = store.leftover_texts()
     if not texts:

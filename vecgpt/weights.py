@@ -6,8 +6,10 @@ Parameters live in a nested dict built by splitting safetensors keys on ".":
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,6 +50,12 @@ class Model:
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.params)
+
+
+def parameter_count(hp: HParams) -> int:
+    """Numbers in a checkpoint (without building its shapes, which can be huge for a typo'd size)."""
+    d = hp.n_embd
+    return (hp.n_vocab + hp.n_ctx) * d + hp.n_layer * (12 * d * d + 13 * d) + 2 * d
 
 
 def expected_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
@@ -91,7 +99,14 @@ def resolve(model: str | None) -> Path:
         return SHIPPED / model
     if model.startswith(("/", ".", "~")) or Path(model).exists():
         raise VecgptError(f"{model}: no such model folder (a GPT-2 folder holds config.json and model.safetensors)")
+    close = difflib.get_close_matches(model, shipped_names(), n=1, cutoff=0.75) if "/" not in model else []
+    if close:  # a typo of a shipped name is not sent to the hub
+        raise VecgptError(f"no model {model!r}; did you mean {close[0]!r}? Shipped models: {', '.join(shipped_names())}")
     return download(model)
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.parent.name for p in SHIPPED.glob("*/config.json"))
 
 
 def download(name: str) -> Path:
@@ -99,10 +114,11 @@ def download(name: str) -> Path:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(name, allow_patterns=["config.json", "model.safetensors"]))
-    except Exception as e:  # offline, unknown repo, auth: all end the same way for the user
+    except Exception as e:  # offline, unknown repo, bad name, auth: all end the same way for the user
         raise VecgptError(
-            f"cannot fetch {name!r} from the Hugging Face hub ({type(e).__name__}); "
-            f"pass a local folder holding config.json and model.safetensors with --model PATH"
+            f"cannot fetch {name!r} from the Hugging Face hub ({type(e).__name__}); shipped models: "
+            f"{', '.join(shipped_names())}; or pass a local folder holding config.json and model.safetensors "
+            f"with --model PATH"
         ) from None
 
 
@@ -186,9 +202,16 @@ def save(out: str | Path, hp: HParams, params: dict, dtype=np.float32, extra_con
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.safetensors.part"
     save_file({k: np.ascontiguousarray(v, dtype=dtype) for k, v in flatten(params).items()}, str(tmp))
+    os.chmod(tmp, 0o666 & ~current_umask())  # safetensors creates its file readable by the owner only
     tmp.replace(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps({**hp.config_json(), **(extra_config or {})}, indent=2) + "\n")
     return out
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def make_params(hp: HParams, seed: int = 0) -> dict:
@@ -219,8 +242,6 @@ def make_model(out: str | Path, hp: HParams, seed: int = 0) -> Path:
 
 
 def default_models_dir() -> Path:
-    import os
-
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vecgpt" / "models"
 
 

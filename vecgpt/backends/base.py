@@ -20,7 +20,9 @@ import functools
 import importlib
 import inspect
 import pkgutil
-from collections import Counter
+import types
+import typing
+from collections import Counter, abc
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -198,4 +200,31 @@ def get_store(backend: str, **options) -> Store:
     if unknown:
         raise VecgptError(f"backend {backend!r} takes no option {unknown[0]!r} in [store]; "
                           f"it takes: {', '.join(accepted) or 'nothing'}")
+    hints = typing.get_type_hints(connect)
+    for name, value in options.items():
+        check_option(name, value, hints.get(name, object))
     return connect(**options)
+
+
+def check_option(name: str, value, expected) -> None:
+    """A [store] option of the type connect() declares; numbers (counts, sizes, seconds) not negative."""
+    if not conforms(value, expected):
+        wanted = " or ".join(getattr(t, "__name__", str(t)) for t in typing.get_args(expected) or [expected])
+        raise VecgptError(f"[store] {name} = {value!r} has the wrong type (expected {wanted.replace('NoneType', 'unset')})")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:  # NaN too
+        raise VecgptError(f"[store] {name} must be 0 or more, not {value}")
+    if isinstance(value, str) and "\x00" in value:
+        raise VecgptError(f"[store] {name} must not contain a NUL character")
+
+
+def conforms(value, expected) -> bool:
+    origin, args = typing.get_origin(expected), typing.get_args(expected)
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, t) for t in args)
+    if origin is not None and issubclass(origin, abc.Sequence):  # Sequence[str]: a TOML array of strings
+        return isinstance(value, (list, tuple)) and all(conforms(v, args[0]) for v in value)
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return expected is object or isinstance(value, expected)

@@ -122,11 +122,31 @@ def local_server(data_dir: str | Path | None = None, cleanup: str = "stop",
     return server.get_uri()
 
 
-def check_dsn_has_no_password(dsn: str) -> None:
+def dsn_params(dsn: str, where: str) -> dict:
     try:
-        params = psycopg.conninfo.conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as e:
-        raise VecgptError(f"[store] dsn is not a PostgreSQL connection string ({first_line(e)})") from None
+        return psycopg.conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as e:  # libpq may quote the string, password included: not shown
+        raise VecgptError(f"{where} is not a PostgreSQL connection string ({first_line(e).split(':')[0]})") from None
+
+
+def describe_dsn(dsn: str) -> str:
+    """host:port/dbname of a connection string: never its user or password, wherever they were written."""
+    params = dsn_params(dsn, "the DSN")
+    return f"{params.get('host') or params.get('hostaddr') or 'localhost'}:{params.get('port') or 5432}/" \
+           f"{params.get('dbname') or ''}"
+
+
+def scrub(message: str, dsn: str) -> str:
+    """A libpq message with the DSN's password, if any, blotted out."""
+    try:
+        password = dsn_params(dsn, "the DSN").get("password")
+    except VecgptError:  # unreadable, so its password cannot be found: show nothing of the message
+        return "the connection string cannot be read"
+    return message.replace(password, "***") if password else message
+
+
+def check_dsn_has_no_password(dsn: str) -> None:
+    params = dsn_params(dsn, "[store] dsn")
     if params.get("password"):
         raise VecgptError("[store] dsn must not hold a password: put it in PGPASSWORD or ~/.pgpass, "
                           f"or give the whole DSN in {ENV_DSN}")
@@ -142,6 +162,7 @@ def connect(dsn: str | None = None, schema: str = "vecgpt", data_dir: str | None
     env = os.environ.get(ENV_DSN)
     if env:
         dsn = env
+        dsn_params(dsn, ENV_DSN)
     elif dsn:
         check_dsn_has_no_password(dsn)
     else:
@@ -207,8 +228,7 @@ class PgStore:
         try:
             conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
         except psycopg.OperationalError as e:
-            message = first_line(e)
-            where = dsn if "@" not in dsn else dsn.split("@", 1)[1]  # never print credentials
+            message, where = scrub(first_line(e), dsn), describe_dsn(dsn)  # never print credentials
             if "refused" in message or "No such file" in message:
                 raise VecgptError(f"cannot reach PostgreSQL at {where}: connection refused; start the server, fix "
                                   f"{ENV_DSN} or [store] dsn, or unset both for a local throwaway server") from None

@@ -144,7 +144,9 @@ class Pgvector(OutputIndex):
             # SET LOCAL enable_indexscan = off of exact_search (a plan prepared for ANN queries kept the index)
             self.conn = psycopg.connect(dsn, autocommit=True, prepare_threshold=None)
         except psycopg.Error as e:
-            raise Unavailable(f"cannot connect to PostgreSQL ({str(e).strip()[:80]})") from None
+            from vecgpt.backends.pgvector import scrub
+
+            raise Unavailable(f"cannot connect to PostgreSQL ({scrub(str(e).strip(), dsn)[:80]})") from None
         self.conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         register_vector(self.conn)
         self.sql = sql
