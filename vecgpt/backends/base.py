@@ -132,6 +132,19 @@ def parallel(calls: Sequence, workers: int = 16) -> list:
         return [f.result() for f in futures]
 
 
+RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.25, 8.0  # the turbopuffer client's backoff, used by pgvector too
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before retry number attempt + 1 (0.25, 0.5, 1, ... up to 8)."""
+    return min(RETRY_DELAY_S * 2 ** attempt, MAX_RETRY_DELAY_S)
+
+
+def worst_case_s(timeout: float, max_retries: int) -> float:
+    """The longest a failing request takes to give up: every try waits up to `timeout`, with backoff between."""
+    return (max_retries + 1) * timeout + sum(retry_delay(n) for n in range(max_retries))
+
+
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
     vectors = np.asarray(vectors, np.float32)
     if vectors.ndim != 2 or vectors.shape[1] != dim:

@@ -498,7 +498,7 @@ def check_namespace(ns: str) -> None:
 
 def connect(base_url: str | None = None, region: str | None = None, prefix: str = "vecgpt-",
             layout: str = "namespace-per-matrix", replicas: int = 1, key_replicas: int = 2,
-            key_partition: str = "head", max_retries: int = 4, compression: bool = False, timeout: float = 60.0,
+            key_partition: str = "head", max_retries: int = 3, compression: bool = False, timeout: float = 5.0,
             max_top_k: int = MAX_TOP_K, slots: int = SLOTS, slot_rule: str = "subquery",
             write_batch_mb: float = 8.0) -> TurbopufferStore:
     import turbopuffer
@@ -510,6 +510,9 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
         raise VecgptError(f"slot_rule must be 'subquery' or 'request', not {slot_rule!r}")
     if replicas < 1 or key_replicas < 1 or not 1 <= max_top_k <= MAX_TOP_K or slots < KNN_SLOTS:
         raise VecgptError("replicas and key_replicas must be >= 1, max_top_k within 1..10000, slots >= 2")
+    if not timeout > 0 or max_retries < 0:
+        raise VecgptError(f"timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries}); a request gives up "
+                          f"after at most (max_retries + 1) * timeout plus backoff")
     key = os.environ.get("TURBOPUFFER_API_KEY")
     if not key:
         raise VecgptError("set TURBOPUFFER_API_KEY (any string for a local server: vecgpt tpuf-local)")
