@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,3 +146,146 @@ def test_a_load_killed_midway_serves_no_model_and_the_same_load_then_completes(b
     finally:
         store.close()
     assert_greedy_matches_numpy(load_config(path), tiny_model_dir)
+
+
+# 2. the store stops in the middle of a text -----------------------------------------------------------------
+STOP_OPTIONS = {"timeout": 1.0, "max_retries": 2}  # gives up within 3 * 1 + 0.75 s: keeps the test short
+
+
+@pytest.mark.parametrize("backend", ["pgvector", "turbopuffer"])
+def test_default_timeout_and_retries_give_up_within_30_seconds(backend):
+    needs(backend)
+    import importlib
+    import inspect
+
+    defaults = {k: p.default for k, p in inspect.signature(importlib.import_module(
+        f"vecgpt.backends.{backend}").connect).parameters.items() if k in ("timeout", "max_retries")}
+    assert worst_case_s(**defaults) < 30
+
+
+def generate_until_stopped(backend: str, tmp_path: Path, options: dict, model_dir: Path, stop) -> None:
+    """Load, start a long generation, stop the store once the text exists; the CLI must fail in one line, in time."""
+    observer = get_store(backend, **options)
+    api.open_engine(load_config(write_config(tmp_path / "s.toml", backend, options)), weights.load(str(model_dir)),
+                    progress=False)
+    proc = cli("generate", "--config", str(tmp_path / "s.toml"), "--model", str(model_dir), "-n", "200",
+               "--no-stop", PROMPT)
+    assert wait_for(lambda: proc.poll() is not None or any(n.startswith("text-") for n in observer.collections()),
+                    timeout=60, step=0.05)
+    time.sleep(0.3)  # some tokens into the text
+    assert proc.poll() is None, "the text ended before the store was stopped"
+    stop()
+    stopped = time.monotonic()
+    rc, _, err = finish(proc, timeout=60)
+    assert_one_line_error(rc, err)
+    assert time.monotonic() - stopped < worst_case_s(**STOP_OPTIONS) + 5  # 5 s: process start and exit
+    return err
+
+
+def test_postgresql_stopped_mid_text_is_a_one_line_error_in_bounded_time(tmp_path, long_model):
+    needs("pgvector")
+    import tempfile
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(tempfile.mkdtemp(prefix="vecgpt-fault-pg-"), cleanup_mode="delete")
+    options = {"dsn": server.get_uri(), "schema": "fault", **STOP_OPTIONS}
+    try:
+        err = generate_until_stopped("pgvector", tmp_path, options, long_model,
+                                     lambda: pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata,
+                                                             user=server.system_user))
+    finally:
+        server.cleanup()
+    assert "PostgreSQL" in err
+
+
+def test_local_turbopuffer_killed_mid_text_is_a_one_line_error_in_bounded_time(tmp_path, long_model, monkeypatch):
+    needs("turbopuffer")
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "local-test-key")
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    server = cli("tpuf-local", "--port", "0")
+    try:
+        url = server.stdout.readline().split(" on ")[1].split()[0]
+        err = generate_until_stopped("turbopuffer", tmp_path, {"base_url": url, "prefix": "fault-", **STOP_OPTIONS},
+                                     long_model, lambda: server.send_signal(signal.SIGKILL))
+    finally:
+        server.kill()
+        server.communicate()
+    assert "turbopuffer" in err
+
+
+# 3. two processes generate on one store at once ------------------------------------------------------------
+@pytest.mark.parametrize("backend", ["memory", "faiss", "pgvector", "turbopuffer"])
+def test_two_generations_at_once_each_get_the_tokens_they_get_alone(backend, tmp_path, tiny_model_dir):
+    path, options = store_config(backend, tmp_path)
+    if backend == "turbopuffer":  # the slot gate is per process: two processes can meet 429s, so retry
+        options.pop("max_retries")
+        write_config(path, backend, options)
+    api.open_engine(load_config(path), weights.load(str(tiny_model_dir)), progress=False)
+    argv = ("generate", "--config", str(path), "--model", str(tiny_model_dir), "-n", "8", "--no-stop", "--json")
+    prompts = ("Hello world", "What light")
+    runs = [cli(*argv, prompt) for prompt in prompts]
+    results = [finish(p, timeout=120) for p in runs]
+    for rc, _, err in results:
+        assert rc == 0, err
+    alone = [api.generate_text(prompt, n=8, config=load_config(path), model=str(tiny_model_dir), stop=False)["tokens"]
+             for prompt in prompts]
+    assert [json.loads(out)["tokens"] for _, out, _ in results] == alone
+
+
+# 4. a damaged store folder ------------------------------------------------------------------------------------
+def largest_file(folder: Path) -> Path:
+    return max((p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json"), key=lambda p: p.stat().st_size)
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def garble(path: Path) -> None:  # the first and last 64 bytes: headers, footers, lengths
+    data = bytearray(path.read_bytes())
+    data[:64] = data[-64:] = bytes(range(64, 128))[: min(64, len(data))]
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "truncate the largest file": lambda root: truncate(largest_file(root)),
+    "garble the largest file": lambda root: garble(largest_file(root)),
+    "delete the largest file": lambda root: largest_file(root).unlink(),
+    "garble the manifest": lambda root: garble(root / "manifest.json"),
+    "delete the token table": lambda root: shutil.rmtree(next(p for p in root.rglob("wte*") if p.is_dir())),
+}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory, tiny_model_dir):
+    """A store folder holding the tiny model, per backend, to copy and damage."""
+    folders = {}
+
+    def get_folder(backend: str) -> Path:
+        if backend not in folders:
+            folder = tmp_path_factory.mktemp(backend) / "store"
+            api.open_engine(load_config(write_config(folder.parent / "s.toml", backend, {"path": str(folder)})),
+                            weights.load(str(tiny_model_dir)), progress=False).store.close()
+            folders[backend] = folder
+        return folders[backend]
+    return get_folder
+
+
+@pytest.mark.parametrize("backend", ["memory", "faiss", "lancedb"])
+def test_a_damaged_store_folder_is_a_one_line_error(backend, tmp_path, loaded, tiny_model_dir, capsys):
+    from vecgpt.cli import main
+
+    needs(backend)
+    for what, damage in DAMAGE.items():
+        root = tmp_path / what.replace(" ", "-")
+        shutil.copytree(loaded(backend), root)
+        damage(root)
+        config = write_config(tmp_path / "s.toml", backend, {"path": str(root)})
+        capsys.readouterr()
+        rc = main(["generate", "--config", str(config), "--model", str(tiny_model_dir), "-n", "2", PROMPT])
+        err = capsys.readouterr().err
+        assert_one_line_error(rc, err)

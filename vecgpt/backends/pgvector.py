@@ -282,6 +282,7 @@ class PgStore:
         load transaction was open: that collection's rows are gone with it.
         """
         with self._lock:
+            lost = None
             for attempt in range(self.max_retries + 1):
                 try:
                     if self._pending is not None and self._pending != loading:
@@ -297,7 +298,7 @@ class PgStore:
                     if loading_lost:
                         raise VecgptError(f"lost the connection to PostgreSQL during a load ({first_line(e)}); "
                                           f"run `vecgpt load` again") from None
-                    lost = e
+                    lost = lost or e  # the first failure says what happened; later ones say "closed"
                 if attempt < self.max_retries and self._reconnect(attempt):
                     continue
             raise VecgptError(f"lost the connection to PostgreSQL ({first_line(lost)}) and could not reconnect in "
