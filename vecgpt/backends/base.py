@@ -100,6 +100,9 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: `load_lock()`, a context manager that keeps other processes' loads out of this store while
+    # one runs (see engine.push). Stores without it take no lock.
+
 
 _tally: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("vecgpt_tally", default=None)
 
@@ -143,6 +146,21 @@ def retry_delay(attempt: int) -> float:
 def worst_case_s(timeout: float, max_retries: int) -> float:
     """The longest a failing request takes to give up: every try waits up to `timeout`, with backoff between."""
     return (max_retries + 1) * timeout + sum(retry_delay(n) for n in range(max_retries))
+
+
+@contextmanager
+def folder_lock(folder):
+    """An exclusive lock on a store folder, held across processes (flock): one load at a time."""
+    import fcntl
+    from pathlib import Path
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / ".load.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:

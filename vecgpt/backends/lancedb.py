@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 from lancedb.index import Bitmap
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, parallel, record
+from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, folder_lock, parallel, record
 from vecgpt.errors import VecgptError
 
 DISTANCE = {"l2": "l2", "ip": "dot"}
@@ -358,6 +358,9 @@ class LanceStore:
         tmp = path.with_suffix(".part")
         tmp.write_text(json.dumps(manifest, indent=1))
         tmp.replace(path)
+
+    def load_lock(self):
+        return folder_lock(self.path)
 
     def close(self) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, record
+from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, folder_lock, record
 from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
@@ -198,6 +198,9 @@ class LocalStore:
         tmp = path.with_suffix(".part")
         tmp.write_text(json.dumps(manifest, indent=1))
         tmp.replace(path)
+
+    def load_lock(self):
+        return folder_lock(self.path)
 
     def flush(self) -> None:
         for name, col in self._cols.items():

@@ -36,6 +36,7 @@ import math
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -565,6 +566,17 @@ class PgStore:
                 self.conn.execute(sql.SQL("INSERT INTO {} VALUES ('manifest', %s) ON CONFLICT (key) DO UPDATE "
                                           "SET value = EXCLUDED.value").format(table), (Jsonb(manifest),))
         self._run(run)
+
+    @contextmanager
+    def load_lock(self):
+        """One load per schema at a time, across processes: a session-level advisory lock."""
+        key = sql.SQL("hashtext({}), 1").format(sql.Literal(self.schema))
+        self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_lock({})").format(key)))
+        try:
+            yield
+        finally:
+            if not self.conn.broken:  # a lost session has released it
+                self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_unlock({})").format(key)))
 
     def close(self) -> None:
         with self._lock:
