@@ -27,6 +27,7 @@ returned as float64 arrays. Auth: TURBOPUFFER_API_KEY only (never printed). Wher
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import os
@@ -496,6 +497,19 @@ def check_namespace(ns: str) -> None:
                           f"shorten the prefix")
 
 
+@functools.lru_cache(maxsize=1)
+def bounded_client_class():
+    import turbopuffer
+
+    class BoundedClient(turbopuffer.Turbopuffer):
+        """Retries wait by the backoff schedule only, never a server's Retry-After (the client honours up to 30
+        minutes), so a failing request gives up within base.worst_case_s(timeout, max_retries)."""
+
+        def _parse_retry_after_header(self, response_headers=None):
+            return None
+    return BoundedClient
+
+
 def connect(base_url: str | None = None, region: str | None = None, prefix: str = "vecgpt-",
             layout: str = "namespace-per-matrix", replicas: int = 1, key_replicas: int = 2,
             key_partition: str = "head", max_retries: int = 3, compression: bool = False, timeout: float = 5.0,
@@ -527,8 +541,8 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
         if os.environ.get("TURBOPUFFER_REGION"):  # the client would take it and refuse this base URL
             raise VecgptError(f"TURBOPUFFER_REGION is set but base_url {base_url} has no {{region}}; unset it")
     try:
-        client = turbopuffer.Turbopuffer(api_key=key, region=region, base_url=base_url, max_retries=max_retries,
-                                         compression=compression, timeout=timeout)
+        client = bounded_client_class()(api_key=key, region=region, base_url=base_url, max_retries=max_retries,
+                               compression=compression, timeout=timeout)
     except turbopuffer.TurbopufferError as e:
         raise VecgptError(f"turbopuffer client: {e}") from None
     url = str(client.base_url).rstrip("/")
