@@ -163,16 +163,24 @@ def test_default_timeout_and_retries_give_up_within_30_seconds(backend):
     assert worst_case_s(**defaults) < 30
 
 
+def wait_for_text(proc: subprocess.Popen, backend: str, options: dict) -> None:
+    """Until the generation has opened its text and gone some tokens into it."""
+    observer = get_store(backend, **options)
+    try:
+        assert wait_for(lambda: proc.poll() is not None or any(n.startswith("text-") for n in observer.collections()),
+                        timeout=60, step=0.05)
+    finally:
+        observer.close()
+    time.sleep(0.3)
+    assert proc.poll() is None, f"the text ended before the fault: {proc.communicate()[1]}"
+
+
 def generate_until_stopped(backend: str, tmp_path: Path, options: dict, model_dir: Path, stop) -> None:
     """Load, start a long generation, stop the store once the text exists; the CLI must fail in one line, in time."""
-    observer = get_store(backend, **options)
-    api.open_engine(load_config(write_config(tmp_path / "s.toml", backend, options)), weights.load(str(model_dir)),
-                    progress=False)
-    proc = cli("generate", "--config", str(tmp_path / "s.toml"), "--model", str(model_dir), "-n", "200",
-               "--no-stop", PROMPT)
-    assert wait_for(lambda: proc.poll() is not None or any(n.startswith("text-") for n in observer.collections()),
-                    timeout=60, step=0.05)
-    time.sleep(0.3)  # some tokens into the text
+    path = write_config(tmp_path / "s.toml", backend, options)
+    api.open_engine(load_config(path), weights.load(str(model_dir)), progress=False).store.close()
+    proc = cli("generate", "--config", str(path), "--model", str(model_dir), "-n", "200", "--no-stop", PROMPT)
+    wait_for_text(proc, backend, options)
     assert proc.poll() is None, "the text ended before the store was stopped"
     stop()
     stopped = time.monotonic()
@@ -182,7 +190,13 @@ def generate_until_stopped(backend: str, tmp_path: Path, options: dict, model_di
     return err
 
 
-def test_postgresql_stopped_mid_text_is_a_one_line_error_in_bounded_time(tmp_path, long_model):
+def pg_ctl(server, *argv: str) -> None:
+    import pgserver
+
+    pgserver.pg_ctl(["-w", "-m", "fast", *argv], pgdata=server.pgdata, user=server.system_user)
+
+
+def test_postgresql_restarted_mid_text_loses_no_token_and_stopped_fails_in_one_line(tmp_path, long_model):
     needs("pgvector")
     import tempfile
     import warnings
@@ -192,11 +206,21 @@ def test_postgresql_stopped_mid_text_is_a_one_line_error_in_bounded_time(tmp_pat
         import pgserver
 
         server = pgserver.get_server(tempfile.mkdtemp(prefix="vecgpt-fault-pg-"), cleanup_mode="delete")
-    options = {"dsn": server.get_uri(), "schema": "fault", **STOP_OPTIONS}
-    try:
-        err = generate_until_stopped("pgvector", tmp_path, options, long_model,
-                                     lambda: pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata,
-                                                             user=server.system_user))
+    options = {"dsn": server.get_uri(), "schema": "fault"}
+    try:  # restarted within the retries (6: up to 15.75 s of backoff): the text goes on where it was
+        path = write_config(tmp_path / "s.toml", "pgvector", {**options, "timeout": 1.0, "max_retries": 6})
+        api.open_engine(load_config(path), weights.load(str(long_model)), progress=False).store.close()
+        proc = cli("generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop", "--json",
+                   PROMPT)
+        wait_for_text(proc, "pgvector", options)
+        pg_ctl(server, "restart")
+        rc, out, err = finish(proc)
+        assert rc == 0, err
+        alone = api.generate_text(PROMPT, n=40, config=load_config(path), model=str(long_model), stop=False)
+        assert json.loads(out)["tokens"] == alone["tokens"]
+        # stopped for good: one line once the retries are spent
+        err = generate_until_stopped("pgvector", tmp_path, {**options, **STOP_OPTIONS}, long_model,
+                                     lambda: pg_ctl(server, "stop"))
     finally:
         server.cleanup()
     assert "PostgreSQL" in err
