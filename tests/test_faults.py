@@ -190,20 +190,22 @@ def generate_until_stopped(backend: str, tmp_path: Path, options: dict, model_di
     return err
 
 
-def pg_ctl(server, *argv: str) -> None:
+def pg_ctl(server, action: str, mode: str = "fast") -> None:
     import pgserver
 
-    pgserver.pg_ctl(["-w", "-m", "fast", *argv], pgdata=server.pgdata, user=server.system_user)
+    pgserver.pg_ctl(["-w", "-m", mode, action], pgdata=server.pgdata, user=server.system_user)
 
 
-def test_postgresql_restarted_mid_text_loses_no_token_and_stopped_fails_in_one_line(tmp_path, long_model):
+def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_in_one_line(tmp_path, long_model,
+                                                                                             monkeypatch):
     needs("pgvector")
     import tempfile
     import warnings
 
+    monkeypatch.delenv("VECGPT_PG_DSN", raising=False)  # it would win over the dedicated server's DSN
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver
+        pgserver = pytest.importorskip("pgserver")
 
         server = pgserver.get_server(tempfile.mkdtemp(prefix="vecgpt-fault-pg-"), cleanup_mode="delete")
     options = {"dsn": server.get_uri(), "schema": "fault"}
@@ -218,6 +220,13 @@ def test_postgresql_restarted_mid_text_loses_no_token_and_stopped_fails_in_one_l
         assert rc == 0, err
         alone = api.generate_text(PROMPT, n=40, config=load_config(path), model=str(long_model), stop=False)
         assert json.loads(out)["tokens"] == alone["tokens"]
+        # a crash (immediate stop) empties the text's UNLOGGED table: one line, never attention over missing keys
+        proc = cli("generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop", PROMPT)
+        wait_for_text(proc, "pgvector", options)
+        pg_ctl(server, "restart", "immediate")
+        rc, _, err = finish(proc)
+        assert_one_line_error(rc, err)
+        assert "lost keys" in err
         # stopped for good: one line once the retries are spent
         err = generate_until_stopped("pgvector", tmp_path, {**options, **STOP_OPTIONS}, long_model,
                                      lambda: pg_ctl(server, "stop"))

@@ -248,6 +248,9 @@ class Text:
         def run():
             hits = self.store.search_many([Search(self.name, q32[:, h], where=Where(
                 eq={"layer": layer, "head": h}, lt={"position": end})) for h in range(self.hp.n_head)])
+            if any(h.ids.shape[1] != end for h in hits):  # e.g. a server that crashed dropped its unlogged tables
+                raise VecgptError(f"the store lost keys of this text ({min(h.ids.shape[1] for h in hits)} of {end} "
+                                  f"positions found in layer {layer}); start the text again")
             return [(q32[:, h], hits[h]) for h in range(self.hp.n_head)]
         return [("key_search", run)]
 
