@@ -118,7 +118,7 @@ def kill_midway(load: tuple, store, tries: int = 3) -> int:
     """Start the load, SIGKILL it once it has written a collection; again if it finished first. The try that landed."""
     for attempt in range(1, tries + 1):
         proc = cli(*load)
-        wait_for(lambda: proc.poll() is not None or store.collections(), timeout=120, step=0.005)
+        wait_for(lambda p=proc: p.poll() is not None or store.collections(), timeout=120, step=0.005)
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode in (0, -signal.SIGKILL), err
@@ -261,7 +261,9 @@ def test_two_generations_at_once_each_get_the_tokens_they_get_alone(backend, tmp
         write_config(path, backend, options)
         api.open_engine(load_config(path), weights.load(str(tiny_model_dir)), progress=False)
     argv = ("generate", "--config", str(path), "--model", str(tiny_model_dir), "-n", "8", "--no-stop", "--json")
-    prompts = ("Hello world", "What light")
+    # prompt blocks of 20+ tokens: 20+ kNN subqueries per matrix search, more slots than a namespace has
+    prompts = ("But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.",
+               "Now is the winter of our discontent made glorious summer by this sun of York.")
     runs = [cli(*argv, prompt) for prompt in prompts]
     results = [finish(p, timeout=120) for p in runs]
     for rc, _, err in results:
