@@ -42,6 +42,7 @@ def main(argv=None) -> int:
     os.environ["NUMBA_NUM_THREADS"] = str(args.numba_threads)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import numpy as np
+
     from vecgpt import attention as att
 
     forms = [("full", None)] + [("streaming", t) for t in args.tiles]

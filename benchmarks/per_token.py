@@ -13,7 +13,9 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
+from pathlib import Path
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--configs", nargs="+", default=["configs/faiss.toml", "configs/memory.toml"])
@@ -32,9 +34,10 @@ import numpy as np  # noqa: E402
 from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine, push  # noqa: E402
-from vecgpt.experiments.subjects import place  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from common.subjects import place  # noqa: E402 (the experiments' helpers)
 
 
 def model_dir() -> str:

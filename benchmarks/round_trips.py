@@ -26,7 +26,6 @@ parser.add_argument("--latency-ms", type=float, default=25.0)
 parser.add_argument("--replicas", type=int, default=2)
 parser.add_argument("--key-replicas", type=int, default=2)
 parser.add_argument("--key-partition", default="head", help="'' keeps a text's keys in one namespace (and its copies)")
-parser.add_argument("--slot-rule", default="subquery", choices=["subquery", "request"])
 parser.add_argument("--layouts", action="store_true", help="also measure namespace per matrix vs per dimension")
 parser.add_argument("--model", default=None)
 parser.add_argument("--out", default="benchmarks/results/round_trips.json")
@@ -51,7 +50,7 @@ def start_server(latency_ms: float):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "vecgpt.tpuf_local", "--port", str(port), "--latency-ms",
-                             str(latency_ms), "--slot-rule", args.slot_rule], stdout=subprocess.DEVNULL)
+                             str(latency_ms)], stdout=subprocess.DEVNULL)
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -112,11 +111,10 @@ def main():
     model = weights.load(model_dir())
     proc, url = start_server(args.latency_ms)
     result = {"latency_ms": args.latency_ms, "replicas": args.replicas, "key_replicas": args.key_replicas,
-              "key_partition": args.key_partition,
-              "slot_rule": args.slot_rule, "model": model.source}
+              "key_partition": args.key_partition, "model": model.source}
     try:
         store = get_store("turbopuffer", base_url=url, prefix="bench-", replicas=args.replicas,
-                          key_replicas=args.key_replicas, key_partition=args.key_partition, slot_rule=args.slot_rule,
+                          key_replicas=args.key_replicas, key_partition=args.key_partition,
                           max_retries=0)
         _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", replace=True, progress=True))
         print(f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
@@ -129,7 +127,7 @@ def main():
         decode = []
         for _ in range(args.n):
             text.meter.start_token()
-            cands, s, used = token_usage(store, lambda: text.read([int(cands.ids[0])]))
+            cands, s, used = token_usage(store, lambda c=cands: text.read([int(c.ids[0])]))
             decode.append((s, used))
         summary = text.meter.summary()
         text.close()
@@ -171,8 +169,7 @@ def result_floor(toks, latency_ms):
 def report(r):
     p, t = r["prompt"], r["per_token"]
     print(f"\nturbopuffer over HTTP, local server at {r['latency_ms']:.0f} ms a request; GPT-2 small shape, random weights; "
-          f"replicas={r['replicas']} key_replicas={r['key_replicas']} key_partition={r['key_partition']!r} "
-          f"slot_rule={r['slot_rule']}")
+          f"replicas={r['replicas']} key_replicas={r['key_replicas']} key_partition={r['key_partition']!r}")
     print(f"  prompt of {r['prompt_tokens']} tokens: {p['round_trips']} round trips, {p['seconds']:.2f} s, "
           f"{p['requests']} requests ({p['subqueries']} subqueries), ${p['dollars']:.5f}")
     print(f"  per generated token: {t['round_trips']:.0f} round trips, {t['seconds']:.2f} s "

@@ -1,5 +1,7 @@
 """The turbopuffer backend's test server: vecgpt.tpuf_local on a free loopback port, started once per
-run on first use (in a background thread) and stopped at exit. Each test gets its own namespace prefix,
+run on first use (in a background thread) and stopped at exit. It accumulates distances in float32,
+one dimension after another (`--float32`): the service does not document its arithmetic, and the tests
+must hold under the worst plausible order, never only under float64-then-round. Each test gets its own namespace prefix,
 derived from its tmp_path, so two connections in one test see the same data."""
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ def server():
     if _running is None:
         from vecgpt.tpuf_local import Running
 
-        _running = Running()
+        _running = Running(float32=True)
         atexit.register(_running.stop)
     return _running
 

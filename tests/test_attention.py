@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st, HealthCheck
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vecgpt import attention as att
 from vecgpt import attention_cli

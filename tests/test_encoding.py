@@ -89,3 +89,38 @@ def test_float32_cancellation_is_bounded_as_documented():
     err = np.abs(encoding.decode_dists(d32, q, m2, "l2") - x.astype(np.float64) @ w).max()
     bound = 6e-8 * (m2 + encoding.squared_norms(q)[0])
     assert err <= bound and err > 0
+
+
+def sequential32(q, d):  # float32 distances summed in plain sequential order: the worst plausible store
+    terms = (np.asarray(q, np.float32)[:, None, :] - np.asarray(d, np.float32)[None]) ** 2
+    return np.cumsum(terms, -1, dtype=np.float32)[..., -1]
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.sampled_from([1e-3, 1.0, 1e3]))
+def test_scaled_queries_decode_within_the_derived_bound(problem, x_scale):
+    w, b, x = problem
+    x = (x * x_scale).astype(np.float32)
+    docs, m2 = encoding.encode_rows(w, b, "l2")
+    q = encoding.encode_queries(x, "l2", m2)
+    s = encoding.query_scale(q, "l2")
+    assert np.all(np.log2(s) == np.round(np.log2(s)))  # a power of two: q is x scaled exactly
+    np.testing.assert_array_equal(q[:, :-2] / s[:, None].astype(np.float32), x)
+    exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
+    bound = encoding.search_bound(x, m2, "l2", encoding.U32)[:, None]
+    assert np.all(np.abs(encoding.decode_dists(sequential32(q, docs), q, m2, "l2") - exact) <= bound)
+    assert np.all(np.abs(encoding.decode_dists(l2(q, docs), q, m2, "l2") - exact) <= encoding.search_bound(
+        x, m2, "l2", encoding.U64)[:, None])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 20), st.integers(0, 2**32 - 1), st.sampled_from([1e-2, 1.0, 1e2]))
+def test_scaled_key_queries_decode_within_the_derived_bound(hd, n, seed, q_scale):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((3, hd)) * q_scale).astype(np.float32)
+    k = rng.standard_normal((n, hd)).astype(np.float32)
+    norms2 = encoding.squared_norms(k)
+    qs, s = encoding.key_queries(q, norms2, "l2")
+    dots = encoding.decode_key_dists(sequential32(qs, k), qs, norms2, "l2", s)
+    exact = q.astype(np.float64) @ k.astype(np.float64).T
+    assert np.all(np.abs(dots - exact) <= encoding.key_bound(q, norms2, "l2", encoding.U32))

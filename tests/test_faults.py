@@ -22,7 +22,8 @@ from conftest import LIBRARIES, store_options, tiny_params
 from vecgpt import api, encoding, weights
 from vecgpt.backends.base import get_store, worst_case_s
 from vecgpt.config import load_config
-from vecgpt.engine import Engine, get, ln_table, matrices
+from vecgpt.engine import Engine
+from vecgpt.loading import get, ln_table, matrices
 from vecgpt.errors import VecgptError
 
 pytestmark = pytest.mark.fault

@@ -1,4 +1,4 @@
-"""Issue 7: the output layer as an ANN search (vecgpt/output_index/, vecgpt experiment output-layer)."""
+"""Issue 7: the output layer as an ANN search (experiments/05_output_layer/, vecgpt experiment output-layer)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ import pytest
 
 from vecgpt import tokenizer
 from vecgpt.api import generate
-from vecgpt.output_index import AnnReader, Head, Unavailable, expand, final_hidden, make
+from vecgpt.experiments_cli import experiments
 from vecgpt.reference import Reference
 from vecgpt.sampling import top_k
+
+output_layer = experiments()["output-layer"]  # puts experiments/05_output_layer on sys.path, for output_index
+from output_index import AnnReader, Head, Unavailable, expand, final_hidden, make  # noqa: E402
 
 needs_hnswlib = pytest.mark.skipif(importlib.util.find_spec("hnswlib") is None, reason="needs hnswlib")
 
@@ -127,12 +130,12 @@ kind = "turbopuffer"
 def test_experiment_runs_a_small_grid(tiny_model_dir, tmp_path):
     pytest.importorskip("faiss")
     pytest.importorskip("hnswlib")
-    from vecgpt.experiments import output_layer
-
-    grid = tmp_path / "grid.toml"
+    grid, corpus = tmp_path / "grid.toml", tmp_path / "corpus.txt"
     grid.write_text(GRID)
+    corpus.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n" * 40)
     out = tmp_path / "out"
-    assert output_layer.main(["--config", str(grid), "--model", str(tiny_model_dir), "--out", str(out)]) == 0
+    assert output_layer.main(["--config", str(grid), "--model", str(tiny_model_dir), "--corpus", str(corpus),
+                              "--out", str(out)]) == 0
     result = json.loads((out / "results.json").read_text())
     rows = result["rows"]
     assert [r["label"].split()[0] for r in rows] == ["hnswlib", "hnswlib", "faiss-ivf", "faiss-ivf"]
@@ -151,8 +154,9 @@ def test_pgvector_exact_searches_never_use_the_ann_index(tmp_path):
     """The ANN index sits on its own table: the store's exact search on `wte` plans a sequential scan."""
     pytest.importorskip("psycopg")
     pytest.importorskip("pgvector")
-    import conftest
     from vecgpt.backends.base import get_store
+
+    import conftest
 
     try:
         options = conftest.store_options("pgvector", tmp_path)

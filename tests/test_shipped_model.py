@@ -1,12 +1,13 @@
 """The Shakespeare model that ships with vecgpt: it loads, it is the file we trained, and every
-store decodes it exactly as numpy does."""
+store reads it as numpy does, within the derived tolerance (vecgpt.tolerance), teacher-forced on
+numpy's greedy tokens."""
 
 import hashlib
 
 import numpy as np
 import pytest
 
-from vecgpt import tokenizer, weights
+from vecgpt import tokenizer, tolerance, weights
 from vecgpt.api import generate
 from vecgpt.engine import Engine, push
 from vecgpt.reference import Reference
@@ -22,9 +23,13 @@ def shipped():
 
 
 @pytest.fixture(scope="module")
-def reference_tokens(shipped):
-    ref = weights.load(None, dtype=np.float64)
-    return {p: generate(Reference(ref, np.float64), tokenizer.encode(p), 32, stop=False).tokens for p in PROMPTS}
+def model64():
+    return weights.load(None, dtype=np.float64)
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(model64):
+    return {p: generate(Reference(model64, np.float64), tokenizer.encode(p), 32, stop=False).tokens for p in PROMPTS}
 
 
 def test_shipped_file_is_the_trained_one(shipped):
@@ -35,11 +40,14 @@ def test_shipped_file_is_the_trained_one(shipped):
     assert shipped.hparams == weights.HParams(n_layer=4, n_head=4, n_embd=128, n_ctx=256, n_vocab=50257)
 
 
-def test_greedy_through_every_store_equals_numpy(make_store, backend, shipped, reference_tokens):
+def test_every_store_reads_as_numpy(make_store, backend, shipped, model64, reference_tokens):
     store = make_store(backend)
     push(store, shipped, "l2", progress=False)
     engine = Engine(store)
     for prompt in PROMPTS:
         text = engine.open()
-        assert generate(text, tokenizer.encode(prompt), 32, stop=False).tokens == reference_tokens[prompt], prompt
+        r = tolerance.forced_comparison(text, model64, tokenizer.encode(prompt), reference_tokens[prompt], "l2",
+                                        tolerance.unit_roundoff(backend))
         text.close()
+        print(f"{backend} {prompt!r}: tol {r['tol'].min():.2e}..{r['tol'].max():.2e}, max error {r['max_error'].max():.2e}")
+        assert not r["violations"], (prompt, r["violations"][:5])

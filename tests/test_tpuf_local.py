@@ -136,3 +136,123 @@ def test_cli_registers_subcommands():
     args = root.parse_args(["tpuf-local", "--port", "1", "--latency-ms", "25"])
     assert args.latency_ms == 25 and callable(args.func)
     assert root.parse_args(["tpuf-gc", "--remove"]).remove
+
+
+def test_float32_mode_accumulates_dimension_by_dimension(client, server):
+    """`--float32`: each distance is a float32 sum taken in dimension order, the same on every CPU (every
+    step is one correctly rounded float32 operation); it differs from the float64-then-round default."""
+    ns = client.namespace("f32")
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((40, 300)) * 4).astype(np.float32)
+    ns.write(upsert_columns={"id": list(range(40)), "vector": x.tolist()}, distance_metric="euclidean_squared")
+    q = rng.standard_normal(300).astype(np.float32)
+    want = np.zeros(40, np.float32)
+    for j in range(300):
+        diff = x[:, j] - q[j]
+        want += diff * diff
+    server.server.float32 = True
+    try:
+        rows = ns.query(rank_by=("vector", "kNN", q.tolist()), top_k=50, filters=["id", "Gte", 0]).rows
+    finally:
+        server.server.float32 = False
+    got = np.array([r["$dist"] for r in sorted(rows, key=lambda r: r.id)], np.float32)
+    np.testing.assert_array_equal(got, want)
+    once = ((x.astype(np.float64) - q.astype(np.float64)) ** 2).sum(1).astype(np.float32)
+    assert (got != once).any()
+
+
+def test_write_returns_after_its_commit_latency(client, server):
+    import time
+
+    ns = client.namespace("slow-commit")
+    server.server.write_latency = 0.2
+    try:
+        start = time.perf_counter()
+        ns.write(upsert_rows=[{"id": 1, "vector": [1.0]}], distance_metric="euclidean_squared")
+        took = time.perf_counter() - start
+    finally:
+        server.server.write_latency = 0.0
+    assert took >= 0.2  # a lower bound: the reply waits for the commit
+    assert [r.id for r in ns.query(rank_by=("vector", "kNN", [0.0]), top_k=1, filters=["id", "Gte", 0]).rows] == [1]
+
+
+def test_listing_can_lag_or_be_forbidden(client, server):
+    client.namespace("list-old").write(upsert_rows=[{"id": 1}])
+    server.server.born["list-old"] -= 120  # made two minutes ago
+    server.server.list_lag = 60.0  # the listing shows the namespaces of a minute ago (the docs: not consistent)
+    try:
+        client.namespace("list-new").write(upsert_rows=[{"id": 1}])
+        client.namespace("list-old").delete_all()
+        assert [n.id for n in client.namespaces(prefix="list-")] == ["list-old"]  # gone, still listed; new, missing
+    finally:
+        server.server.list_lag = 0.0
+    server.server.list_forbidden = True
+    try:
+        with pytest.raises(turbopuffer.PermissionDeniedError):
+            list(client.namespaces(prefix="list-"))
+    finally:
+        server.server.list_forbidden = False
+    assert [n.id for n in client.namespaces(prefix="list-")] == ["list-new"]
+
+
+def test_index_lag_shows_in_metadata_and_query_performance(client, server):
+    ns = client.namespace("lagging")
+    server.server.index_lag = 60.0
+    try:
+        ns.write(upsert_rows=[{"id": i, "vector": [float(i)]} for i in range(5)], distance_metric="euclidean_squared")
+        index = ns.metadata().index
+        assert (index.status, index.unindexed_rows) == ("updating", 5)
+        res = ns.query(rank_by=("vector", "ANN", [0.0]), top_k=2)
+        assert res.performance.exhaustive_search_count == 5  # unindexed rows are scanned exhaustively
+        server.server.namespaces["lagging"].indexed_at = 0.0  # the index catches up
+        assert ns.metadata().index.status == "up-to-date"
+        assert ns.query(rank_by=("vector", "ANN", [0.0]), top_k=2).performance.exhaustive_search_count == 0
+    finally:
+        server.server.index_lag = 0.0
+
+
+def test_injected_faults_are_seeded_and_a_dropped_write_has_landed(client, server):
+    from vecgpt.tpuf_local.faults import Faults
+
+    ns = client.namespace("faulty")
+    ns.write(upsert_rows=[{"id": 0, "vector": [0.0]}], distance_metric="euclidean_squared")
+    errors = []
+    server.server.faults = Faults(0.5, seed=3)
+    try:
+        for _ in range(40):  # one at a time: the seeded draws come in a fixed order
+            try:
+                ns.metadata()
+                errors.append(None)
+            except turbopuffer.APIError as e:
+                errors.append(type(e).__name__)
+        server.server.faults = Faults(0.999, seed=0, kinds=("drop",))
+        with pytest.raises(turbopuffer.APIConnectionError):
+            ns.write(upsert_rows=[{"id": 7, "vector": [7.0]}])
+    finally:
+        server.server.faults = Faults()
+    assert {"RateLimitError", "InternalServerError", "APIConnectionError", None} == set(errors)
+    draws = Faults(0.5, seed=3)
+    kinds = {None: None, "429": "RateLimitError", "500": "InternalServerError", "drop": "APIConnectionError"}
+    assert errors == [kinds[draws.draw()] for _ in range(40)]
+    assert 7 in server.server.namespaces["faulty"].slot_of  # committed; only the reply was lost
+
+
+def test_cli_errors_are_one_line(server, capsys):
+    import socket
+
+    from vecgpt.cli import main
+
+    probe = socket.socket()
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("127.0.0.1", server.port))
+        pytest.skip("this system lets a second socket bind a listening port")
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    assert main(["tpuf-local", "--port", str(server.port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vecgpt: error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
+    assert main(["tpuf-local", "--fail-rate", "1.5"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

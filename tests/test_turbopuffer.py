@@ -23,7 +23,9 @@ rng = np.random.default_rng(3)
 
 @pytest.fixture(scope="module")
 def small_server():
-    running = Running(max_top_k=50)
+    # float32 accumulation, as the shared test server: a distance over d <= 8 positive terms is then within
+    # (d + 2) * 2^-24 < 1e-6 relative of the exact one (each difference, square and sum rounds once)
+    running = Running(max_top_k=50, float32=True)
     yield running
     running.stop()
 
@@ -89,13 +91,14 @@ def test_text_keys_live_in_one_namespace_per_head_and_go_away(local, small_serve
     attrs = {"layer": np.zeros(n, int), "head": np.arange(n) % 3, "position": np.arange(n) // 3}
     store.upsert("text-0123abcd", np.arange(n), rng.standard_normal((n, 4)).astype(np.float32), attrs)
     spaces = store._owned("text-0123abcd")
-    assert len(spaces) == 3 * 2  # 3 heads x 2 copies
+    assert len(spaces) == 3 * 2 and set(spaces) <= set(small_server.server.namespaces)  # 3 heads x 2 copies
     hits = store.search("text-0123abcd", np.zeros((1, 4), np.float32), where=Where(eq={"layer": 0, "head": 1}, lt={"position": 5}))
     assert sorted(hits.ids[0].tolist()) == [1, 4, 7, 10, 13]
     assert store.count("text-0123abcd") == n
     assert [t["text"] for t in store.leftover_texts()] == ["text-0123abcd"]
     store.drop("text-0123abcd")
     assert store._owned("text-0123abcd") == [] and store.leftover_texts() == []
+    assert not [n for n in small_server.server.namespaces if n.startswith(store.prefix + "text-")]
 
 
 def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_server):
@@ -107,7 +110,11 @@ def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_ser
     x = rng.standard_normal((L * H, 4)).astype(np.float32)
     before = store.usage["write_requests"]
     store.upsert("text-0badcafe", ids, x, {"layer": layer, "head": head, "position": np.full(L * H, 7)})
-    assert store.usage["write_requests"] - before == H * 2  # each head's namespace and its copy, in parallel
+    # each head's namespace and its copy, in parallel, after one catalog write naming the new heads
+    assert store.usage["write_requests"] - before == H * 2 + 1
+    before = store.usage["write_requests"]
+    store.upsert("text-0badcafe", ids, x, {"layer": layer, "head": head, "position": np.full(L * H, 7)})
+    assert store.usage["write_requests"] - before == H * 2  # the heads are known: no catalog write
     spaces = store._owned("text-0badcafe")
     assert len(spaces) == H * 2 and all(store._rows(ns) == L for ns in spaces)  # a head's keys of every layer
     hits = store.search("text-0badcafe", x[[2 * H + 1]], k=1, where=Where(eq={"layer": 2, "head": 1}, lt={"position": 8}))
@@ -197,3 +204,115 @@ def test_live_service_round_trip():
         store.write_manifest(None)
         for ns in (store.catalog_ns,):
             store._delete_namespace(ns)
+
+
+def _text_keys(store, name, n=24, heads=3):
+    store.create(name, 4, "l2", ("layer", "head", "position"))
+    attrs = {"layer": np.zeros(n, int), "head": np.arange(n) % heads, "position": np.arange(n) // heads}
+    store.upsert(name, np.arange(n), rng.standard_normal((n, 4)).astype(np.float32), attrs)
+
+
+@pytest.mark.parametrize("listing", ["forbidden", "stale"])
+def test_namespaces_are_named_by_the_catalog_not_a_listing(small_server, local, tmp_path, capsys, listing):
+    """Listing may answer 403 (a key without list permission) or lag (the docs: not consistent): search,
+    count, fetch, drop and tpuf-gc name every namespace from the catalog, and leave none behind."""
+    from vecgpt import tpuf_cli
+
+    server = small_server.server
+    store = local(small_server.url, replicas=2)
+    setattr(server, *(("list_forbidden", True) if listing == "forbidden" else ("list_lag", 3600.0)))
+    try:
+        store.create("m", 4, "l2", ("row",))
+        store.upsert("m", np.arange(5), np.eye(5, 4, dtype=np.float32), {"row": np.arange(5)})
+        _text_keys(store, "text-00aa")
+        _text_keys(store, "text-00bb")
+        hits = store.search("text-00aa", np.zeros((1, 4), np.float32), where=Where(eq={"layer": 0}))
+        assert sorted(hits.ids[0].tolist()) == list(range(24))  # every head's namespace, none listed
+        assert store.count("text-00aa") == 24 and store.fetch("text-00aa", [5]).shape == (1, 4)
+        store.drop("text-00aa")
+        config = tmp_path / "tp.toml"
+        config.write_text(f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\n'
+                          f'prefix = "{store.prefix}"\nmax_top_k = 50\nmax_retries = 0\n')
+
+        class Args:
+            remove, older_than, config_ = True, 0.0, None
+        Args.config = str(config)
+        assert tpuf_cli.cmd_gc(Args) == 0
+        assert "removed 1 of 1" in capsys.readouterr().out
+        store.drop("m")
+    finally:
+        server.list_forbidden, server.list_lag = False, 0.0
+    assert sorted(n for n in server.namespaces if n.startswith(store.prefix)) == [store.catalog_ns]
+
+
+def test_a_create_that_meets_409_is_done_and_other_409s_are_errors(small_server, local):
+    from vecgpt.tpuf_local.faults import Faults
+
+    store = local(small_server.url)  # max_retries=0: the 409 reaches the adapter
+    small_server.server.faults = Faults(0.999, seed=0, kinds=("409",))  # applied, then answered Conflict
+    try:
+        store.create("c", 3, "l2", ("row",))
+        with pytest.raises(VecgptError, match="409"):
+            store.upsert("c", np.arange(2), np.ones((2, 3), np.float32), {"row": np.arange(2)})
+    finally:
+        small_server.server.faults = Faults()
+    again = tpb.connect(base_url=small_server.url, prefix=store.prefix, max_retries=0, max_top_k=50)
+    assert again.collections() == ["c"]  # the create had landed
+    again.close()
+
+
+def test_cached_id_span_is_dropped_when_the_collection_grows(small_server, local):
+    store = local(small_server.url)
+    x = rng.standard_normal((120, 4)).astype(np.float32)
+    store.create("g", 4, "l2", ("row",))
+    store.upsert("g", np.arange(60), x[:60], {"row": np.arange(60)})
+    assert store.search("g", x[:1]).ids.shape == (1, 60)  # more than 50 rows: split by the cached id span
+    store.upsert("g", np.arange(60, 120), x[60:], {"row": np.arange(60, 120)})
+    hits = store.search("g", x[:1])
+    assert sorted(hits.ids[0].tolist()) == list(range(120))
+
+
+def test_waiting_for_the_index_is_bounded_and_reports_progress(small_server, local):
+    store = local(small_server.url)
+    store.create("ix", 2, "l2", ("row",))
+    small_server.server.index_lag = 3600.0
+    try:
+        store.upsert("ix", np.arange(3), np.ones((3, 2), np.float32), {"row": np.arange(3)})
+        heard = []
+        with pytest.raises(VecgptError, match="not indexed 'ix'.*3 rows"):
+            store.wait_indexed("ix", timeout_s=0.2, progress=heard.append)
+        assert heard and "3 rows unindexed" in heard[0]
+        small_server.server.namespaces[store.prefix + "ix"].indexed_at = 0.0  # the index catches up
+        assert store.wait_indexed("ix", timeout_s=0.2) >= 0
+    finally:
+        small_server.server.index_lag = 0.0
+
+
+def test_output_layer_ann_waits_for_the_index(small_server, monkeypatch, capsys):
+    """Unindexed rows are scanned exhaustively, which would make ANN look exact: the output-layer
+    experiment's build waits until metadata says the index is up to date, for at most index_timeout_s."""
+    from vecgpt.experiments_cli import experiments
+
+    experiments()  # puts experiments/05_output_layer on sys.path, for output_index
+    from output_index import Unavailable, make
+
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "local")
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    W = rng.standard_normal((30, 8)).astype(np.float32)
+    index = make("turbopuffer", threads=1, base_url=small_server.url, prefix=f"o{uuid.uuid4().hex[:8]}-",
+                 index_timeout_s=0.2)
+    small_server.server.index_lag = 3600.0
+    try:
+        with pytest.raises(Unavailable, match="not indexed 'wte.ann'"):
+            index.build(W)
+    finally:
+        small_server.server.index_lag = 0.0
+        index.close()
+    assert "rows unindexed" in capsys.readouterr().err
+    index = make("turbopuffer", threads=1, base_url=small_server.url, prefix=f"o{uuid.uuid4().hex[:8]}-")
+    try:
+        index.build(W)
+        meta = index.store._raw("metadata", index.store.prefix + "wte.ann", "metadata")  # noqa: SLF001
+        assert meta["index"]["status"] == "up-to-date"
+    finally:
+        index.close()

@@ -151,7 +151,7 @@ def main():
     for pr in prompts:
         ids = m.generate(enc.encode_ordinary(pr), 40)
         out(f"--- prompt {pr!r}\n{enc.decode(ids)}")
-    out("\n=== sampled, temperature 0.8, top-k 40, 40 tokens, seed %d ===" % args.seed)
+    out(f"\n=== sampled, temperature 0.8, top-k 40, 40 tokens, seed {args.seed} ===")
     rng = np.random.default_rng(args.seed)
     for pr in prompts:
         ids = m.generate(enc.encode_ordinary(pr), 40, temperature=0.8, top_k=40, rng=rng)

@@ -21,18 +21,14 @@ import tracemalloc
 
 import numpy as np
 
+from vecgpt.reference import softmax  # noqa: F401 (the plain form the streaming one must match: att.softmax)
+
 DEFAULT_TILE = 8
 
 
 def _check_tile(tile: int) -> None:
     if int(tile) != tile or tile < 1:
         raise ValueError(f"tile must be a positive integer, got {tile!r}")
-
-
-def softmax(scores: np.ndarray) -> np.ndarray:
-    """Plain softmax along the last axis (the reference the streaming form must match)."""
-    e = np.exp(scores - scores.max(axis=-1, keepdims=True))  # [..., n]
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 # ----------------------------------------------------------------------------- streaming core

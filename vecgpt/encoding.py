@@ -13,18 +13,40 @@ exact maximum-inner-product search, and a search returning all rows is the whole
 Inner-product stores ("ip"): documents (w_j, b_j), queries (x, 1), and the store's distance is
 the negated inner product, so y_j = -dist_j (adapters turn their native form into that).
 
-Where float32 cancellation bites: a store that computes distances in float32 returns dist with
-an absolute error of about 6e-8 * (M^2 + |q|^2), whatever y is. Recovering y subtracts two
-numbers of that size, so outputs much smaller than M^2 + |q|^2 lose most of their digits. M is
-therefore the smallest length that leaves every pad real, the largest row norm
-(M^2 = max_j |w_j|^2 + b_j^2): one row gets pad 0 and M^2 adds as little as possible. |q|^2 is
-the input's own size and cannot be avoided; the inner-product form has no such term, which is why
-it is more precise on float32 stores. Distances stay in the store's precision (float64 where it
-gives it) and every subtraction here happens in float64. Pads are rounded to float32 when
-stored, so a document's length differs from M by about 6e-8 * p_j^2, far below the above.
+Query scaling. A store that computes distances in float32 returns dist with an error that scales
+with the sizes summed, about eps * (M^2 + |q|^2), whatever y is; recovering y = (M^2 + |q|^2 -
+dist) / 2 subtracts numbers of that size. M is the smallest length that leaves every pad real, the
+largest row norm (M^2 = max_j |w_j|^2 + b_j^2), so M^2 adds as little as possible. The query is
+then scaled, whole (bias coordinate included), by s = M/|q| rounded to a power of two:
+q_s = s (x, 1, 0). Multiplying a float32 by a power of two is exact, so q_s is the same vector,
+only of length near M, and
+    y_j = (M^2 + |q_s|^2 - dist_j) / (2 s),   s read back from the sent query's bias coordinate,
+whose error is about eps (M + |q_s|)^2 / (2 s) ~ 2 eps M |q| instead of eps (M^2 + |q|^2) / 2:
+much smaller when M and |q| differ by a lot (see benchmarks/query_scaling.py). Inner-product
+documents are left unscaled (s = 1): a float32 inner product's error is already relative to
+|q| M, and scaling by a power of two changes nothing there.
 
-Attention keys have no M known in advance: the engine keeps |k|^2 for each stored key and uses
-q.k = (|q|^2 + |k|^2 - dist) / 2.
+Attention keys have no M known in advance: the engine keeps |k|^2 for each stored key, scales each
+head's query toward the largest stored key (s = K/|q|, a power of two) and decodes
+q.k = (|q_s|^2 + |k|^2 - dist) / (2 s).
+
+The per-search error bound (`search_bound`, `key_bound`), for outputs compared with float64 maths
+on the float32 weights. A store summing n = dim terms in precision u (u = 2^-24 for float32,
+2^-53 for float64) in ANY order, the plain sequential order being the worst, returns
+    |dist' - dist| <= gamma_{n+3} * S,   gamma_k = k u / (1 - k u),
+with S the sum of the absolute terms: S = |q_s - d|^2 <= (|q_s| + |d|)^2 for the direct form
+sum (q_i - d_i)^2 (+3: the difference, the square and the float32 result), and the same bound for
+the expanded form |q|^2 + |d|^2 - 2 q.d of FAISS/BLAS. The summation-order factor is the n in
+gamma_n: a sequential sum of n terms has depth n - 1, pairwise sums log2 n, but rounding errors of
+independent sign usually give about sqrt(n) u S; the bound takes the worst. Adding the float32
+rounding of each pad (|d_j|^2 = M^2 (1 +- 2u32)), of the query (|w_j . dx| <= u32 M |x|) and of
+the float64 decode (a few u64 (M^2 + |q_s|^2)):
+    |y'_j - y_j| <= [gamma_{n+3} (M + |q_s|)^2 + 2.0001 u32 M^2 + 8 u64 (M^2 + |q_s|^2)] / (2 s)
+                    + u32 M |x|
+for l2, and gamma_{n+1} M |q| + u32 M |x| for ip (|sum q_i d_i| terms bounded by Cauchy-Schwarz).
+For keys, with K_j = |k_j| (keys are stored in float32, so add u32 |q| K_j for the key rounding):
+    |q.k' - q.k| <= [gamma_{n+3} (|q_s| + K_j)^2 + 8 u64 (|q_s|^2 + K_j^2)] / (2 s) + 2 u32 |q| K_j.
+vecgpt.tolerance propagates these bounds through the layers to a logit tolerance.
 """
 
 from __future__ import annotations
@@ -37,40 +59,71 @@ ENCODING_VERSION = 1
 Metric = Literal["l2", "ip"]
 
 
+U32, U64 = 2.0**-24, 2.0**-53  # unit roundoffs
+
+
 def encode_rows(weight: np.ndarray, bias: np.ndarray | None, metric: Metric) -> tuple[np.ndarray, float]:
     """Documents for a [in, out] weight and its bias: ([out, in+2] or [out, in+1] float32, M^2)."""
     w = np.asarray(weight, np.float32).T.astype(np.float64)  # [out, in]
     b = np.zeros(len(w)) if bias is None else np.asarray(bias, np.float32).astype(np.float64)  # [out]
-    if metric == "ip":
-        return np.hstack([w, b[:, None]]).astype(np.float32), 0.0
     norms2 = np.einsum("ij,ij->i", w, w) + b * b  # [out]
     m2 = float(norms2.max())
+    if metric == "ip":
+        return np.hstack([w, b[:, None]]).astype(np.float32), m2
     pad = np.sqrt(np.maximum(m2 - norms2, 0.0))  # [out]
     return np.hstack([w, b[:, None], pad[:, None]]).astype(np.float32), m2
 
 
-def encode_queries(x: np.ndarray, metric: Metric) -> np.ndarray:
-    """Queries for inputs x [m, in]: (x, 1, 0) for l2, (x, 1) for ip, as float32."""
+def power_of_two(target: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """2^round(log2(target / norm)), and 1 where either is 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.round(np.log2(np.asarray(target, np.float64) / np.asarray(norm, np.float64)))
+    return np.where(np.isfinite(e), np.exp2(np.clip(np.nan_to_num(e), -60, 60)), 1.0)
+
+
+def encode_queries(x: np.ndarray, metric: Metric, m2: float | None = None) -> np.ndarray:
+    """Queries for inputs x [m, in] as float32: s (x, 1, 0) for l2, (x, 1) for ip.
+    s = sqrt(m2)/|q| rounded to a power of two (1 without m2); decoding reads s back."""
     x = np.asarray(x, np.float32)
     cols = [x, np.ones((len(x), 1), np.float32)] + ([np.zeros((len(x), 1), np.float32)] if metric == "l2" else [])
-    return np.hstack(cols)
+    q = np.hstack(cols)
+    if metric == "ip" or m2 is None:
+        return q
+    s = power_of_two(np.sqrt(m2), np.sqrt(squared_norms(q)))  # [m]
+    return q * s[:, None].astype(np.float32)  # exact: a power of two
+
+
+def query_scale(queries: np.ndarray, metric: Metric) -> np.ndarray:
+    """The s each query was sent with: its bias coordinate. [m]"""
+    return np.asarray(queries, np.float64)[:, -2 if metric == "l2" else -1]
 
 
 def decode_dists(dists: np.ndarray, queries: np.ndarray, m2: float, metric: Metric) -> np.ndarray:
     """Matrix outputs y = w.x + b from distances [m, n] to the queries [m, dim] that produced them."""
-    dists = np.asarray(dists, np.float64)
+    dists, s = np.asarray(dists, np.float64), query_scale(queries, metric)[:, None]
     if metric == "ip":
-        return -dists
-    q2 = squared_norms(queries)  # [m]
-    return (m2 + q2[:, None] - dists) / 2
+        return -dists / s
+    return (m2 + squared_norms(queries)[:, None] - dists) / (2 * s)
 
 
-def decode_key_dists(dists: np.ndarray, queries: np.ndarray, key_norms2: np.ndarray, metric: Metric) -> np.ndarray:
-    """q.k from distances [m, n] between queries [m, hd] and keys whose |k|^2 is key_norms2 [m, n] or [n]."""
-    dists = np.asarray(dists, np.float64)
+def key_queries(q: np.ndarray, key_norms2: np.ndarray, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
+    """Attention queries [m, hd] as sent to keys of |k|^2 key_norms2 [n]: (float32 s q, s [m]).
+    l2 scales toward the largest key; ip sends q as it is (s = 1)."""
+    q32 = np.asarray(q, np.float32)
+    if metric == "ip" or len(key_norms2) == 0:
+        return q32, np.ones(len(q32))
+    s = power_of_two(np.sqrt(np.max(key_norms2)), np.sqrt(squared_norms(q32)))
+    return q32 * s[:, None].astype(np.float32), s
+
+
+def decode_key_dists(dists: np.ndarray, queries: np.ndarray, key_norms2: np.ndarray, metric: Metric,
+                     scale: np.ndarray | float = 1.0) -> np.ndarray:
+    """q.k from distances [m, n] between sent queries [m, hd] (s q, s = scale [m]) and keys whose |k|^2
+    is key_norms2 [m, n] or [n]."""
+    dists, s = np.asarray(dists, np.float64), np.reshape(np.asarray(scale, np.float64), (-1, 1))
     if metric == "ip":
-        return -dists
-    return (squared_norms(queries)[:, None] + key_norms2 - dists) / 2
+        return -dists / s
+    return (squared_norms(queries)[:, None] + key_norms2 - dists) / (2 * s)
 
 
 def squared_norms(v: np.ndarray) -> np.ndarray:
@@ -81,3 +134,41 @@ def squared_norms(v: np.ndarray) -> np.ndarray:
 
 def doc_dim(n_in: int, metric: Metric) -> int:
     return n_in + (2 if metric == "l2" else 1)
+
+
+def gamma(n: int, u: float) -> float:
+    """Higham's gamma_n = n u / (1 - n u): the relative bound of a sum of n terms in any order."""
+    return n * u / (1 - n * u)
+
+
+def distance_bound(q_norm, d_norm, n: int, metric: Metric, u: float):
+    """Bound on a store's |dist' - dist| between vectors of these norms in dimension n, precision u."""
+    if metric == "ip":
+        return gamma(n + 1, u) * q_norm * d_norm
+    return gamma(n + 3, u) * (q_norm + d_norm) ** 2
+
+
+def search_bound(x: np.ndarray, m2: float, metric: Metric, u: float, stored: float = U32) -> np.ndarray:
+    """Bound on |y' - y| for every output of one matrix search, per input row of x [m, in] (see above).
+    m2: the largest row norm squared (encode_rows' second value); u: the store's unit roundoff;
+    stored: that of the vectors as sent and stored (float32; 0 for plain float64 maths on the weights)."""
+    x = np.asarray(x, np.float64)
+    m, n = np.sqrt(m2), doc_dim(x.shape[1], metric)
+    q = encode_queries(x, metric, m2)
+    q2, s = squared_norms(q), query_scale(q, metric)
+    rounding = stored * m * np.sqrt(np.einsum("ij,ij->i", x, x))
+    decode = 0.0 if metric == "ip" else 2.0001 * stored * m2 + 8 * U64 * (m2 + q2)  # pads, float64 arithmetic
+    return (distance_bound(np.sqrt(q2), m, n, metric, u) + decode) / (2 * s if metric == "l2" else s) + rounding
+
+
+def key_bound(q: np.ndarray, key_norms2: np.ndarray, metric: Metric, u: float,
+              searched_norms2: np.ndarray | None = None, stored: float = U32) -> np.ndarray:
+    """Bound on |q.k' - q.k| for queries q [m, hd] against keys of |k|^2 key_norms2 [n]: [m, n].
+    The query is scaled toward the searched keys (searched_norms2, default all of them)."""
+    qs, s = key_queries(q, key_norms2 if searched_norms2 is None else searched_norms2, metric)
+    q_norm, qs2, k = np.linalg.norm(np.asarray(q, np.float64), axis=1), squared_norms(qs), np.sqrt(key_norms2)
+    rounding = 2 * stored * q_norm[:, None] * k  # q and k rounded to float32
+    dist = distance_bound(np.sqrt(qs2)[:, None], k[None], q.shape[1], metric, u)
+    if metric == "ip":
+        return dist / s[:, None] + rounding
+    return (dist + 8 * U64 * (qs2[:, None] + key_norms2)) / (2 * s[:, None]) + rounding

@@ -1,20 +1,61 @@
-"""`vecgpt experiment <name>`: one subcommand per module in vecgpt/experiments that defines NAME."""
+"""`vecgpt experiment <name>`: one subcommand per experiments/NN_name/run.py (the repository's, not the package's)."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
 
-import vecgpt.experiments as pkg
+from vecgpt.errors import VecgptError
+
+MISSING = ("the experiments live in the vecgpt repository, not in the installed package: run vecgpt from a "
+           "clone of the repository, or set VECGPT_EXPERIMENTS to its experiments/ folder")
+
+
+def folder() -> Path | None:
+    """experiments/ beside the package (a clone of the repository), or VECGPT_EXPERIMENTS."""
+    given = os.environ.get("VECGPT_EXPERIMENTS")
+    path = Path(given) if given else Path(__file__).resolve().parents[1] / "experiments"
+    return path if (path / "common").is_dir() else None
+
+
+def load(run_py: Path):
+    """Import one experiment's run.py, with its folder and experiments/ on sys.path (for its modules, common/)."""
+    for path in (str(run_py.parent), str(run_py.parents[1])):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    name = f"experiment_{run_py.parent.name}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, run_py)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def experiments() -> dict:
+    """Every experiment by its NAME: the modules experiments/NN_*/run.py."""
+    root = folder()
+    modules = [load(path) for path in sorted(root.glob("[0-9][0-9]_*/run.py"))] if root else []
+    return {module.NAME: module for module in modules}
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("experiment", help="run an experiment; writes JSON, a table and a plot")
+    found = experiments()
+    if not found:
+        parser.add_argument("args", nargs=argparse.REMAINDER)
+        parser.set_defaults(func=missing)
+        return
     inner = parser.add_subparsers(dest="experiment", required=True)
-    for info in pkgutil.iter_modules(pkg.__path__):
-        module = importlib.import_module(f"vecgpt.experiments.{info.name}")
-        if not hasattr(module, "NAME"):  # shared helpers: common, subjects, tracing, plots, output_*
-            continue
-        p = inner.add_parser(module.NAME, help=module.HELP)
+    for name, module in found.items():
+        p = inner.add_parser(name, help=module.HELP)
         module.add_arguments(p)
         p.set_defaults(func=module.run)
+
+
+def missing(args) -> int:
+    raise VecgptError(MISSING)

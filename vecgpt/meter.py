@@ -1,13 +1,49 @@
-"""Counting what the engine asks of a store: requests by kind, subqueries, sequential round trips."""
+"""Counting what the engine asks of a store: requests by kind, subqueries, sequential round trips.
+
+`Metered` wraps a store: every call through it is counted, and is one round trip unless sent
+`together` with others (a wrapper cannot see which calls the engine could send at once; the engine
+says so). `later.search(...)` names a call without making it, for `together`.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
+from typing import NamedTuple
 
 from vecgpt.backends.base import parallel, tally
 
 KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search")
+SESSION_PREFIX = "text-"  # a decoding session's keys: text-<id>, tagged layer/head/position
+METERED = ("create", "upsert", "search", "search_many", "fetch")
+
+
+class Call(NamedTuple):
+    method: str
+    args: tuple
+    kwargs: dict
+
+    @property
+    def kind(self) -> str:
+        """What the engine asks for, told by the collection it asks."""
+        first = self.args[0]
+        name = first if isinstance(first, str) else first[0].collection  # search_many: a list of Search
+        if name.startswith(SESSION_PREFIX):
+            return {"create": "open", "upsert": "key_write"}.get(self.method, "key_search")
+        if name == "ln":
+            return "open"
+        if name in ("wte", "wpe"):
+            return "lookup" if self.method == "fetch" else "token_search"
+        return "matrix"
+
+
+class _Later:
+    def __getattr__(self, method: str):
+        return lambda *args, **kwargs: Call(method, args, kwargs)
+
+
+later = _Later()
 
 
 class Meter:
@@ -22,10 +58,10 @@ class Meter:
         self.current = {"requests": Counter(), "subqueries": Counter(), "rounds": Counter(), "seconds": Counter()}
         self.tokens.append(self.current)
 
-    def together(self, *calls) -> list:
+    def round(self, calls: list[tuple[str, object]]) -> list:
         """Run (kind, fn) pairs as one round trip, concurrently where the store allows; their results."""
         start = time.perf_counter()
-        wrapped = [lambda kind=kind, fn=fn: self._counted(kind, fn) for kind, fn in calls]
+        wrapped = [partial(self._counted, kind, fn) for kind, fn in calls]
         results = parallel(wrapped) if self.concurrent else [w() for w in wrapped]
         self.current["rounds"][calls[-1][0]] += 1  # a round is filed under its last (main) kind
         self.current["seconds"][calls[-1][0]] += time.perf_counter() - start
@@ -40,6 +76,22 @@ class Meter:
 
     def summary(self) -> dict:
         return {**summarize(self.tokens), "per_token": [summarize([t]) for t in self.tokens]}
+
+
+class Metered:
+    """A store whose create/upsert/search/search_many/fetch are counted by `meter`; the rest pass through."""
+
+    def __init__(self, store, meter: Meter | None = None):
+        self.inner, self.meter = store, meter or Meter(store)
+
+    def together(self, *calls: Call) -> list:
+        """Send the calls as one round trip; their results in order."""
+        return self.meter.round([(c.kind, partial(getattr(self.inner, c.method), *c.args, **c.kwargs)) for c in calls])
+
+    def __getattr__(self, name: str):
+        if name in METERED:
+            return lambda *args, **kwargs: self.together(Call(name, args, kwargs))[0]
+        return getattr(self.inner, name)
 
 
 def summarize(tokens: list[dict]) -> dict:

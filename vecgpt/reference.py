@@ -25,43 +25,53 @@ def layer_norm(x, weight, bias, eps):  # [m, d] -> [m, d]
     return weight * (x - mean) / np.sqrt(var + eps) + bias
 
 
-def linear(x, weight, bias):  # [m, in], [in, out], [out] -> [m, out]
-    return x @ weight + bias
+def linear(x, weight, bias, perturb=None):  # [m, in], [in, out], [out] -> [m, out]
+    y = x @ weight + bias
+    return y if perturb is None else perturb.linear(x, weight, bias, y)
 
 
-def mlp(x, c_fc, c_proj):  # [m, d] -> [m, d]
-    return linear(gelu(linear(x, **c_fc)), **c_proj)
+def feed_forward(x, c_fc, c_proj, perturb=None):  # [m, d] -> [m, d]; GPT-2's "mlp"
+    return linear(gelu(linear(x, **c_fc, perturb=perturb)), **c_proj, perturb=perturb)
 
 
-def attention(q, k, v, mask):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
-    return softmax(q @ k.T / math.sqrt(q.shape[-1]) + mask) @ v
+def attention(q, k, v, mask, perturb=None):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
+    scores = q @ k.T if perturb is None else perturb.scores(q, k, q @ k.T)
+    return softmax(scores / math.sqrt(q.shape[-1]) + mask) @ v
 
 
 def causal_mask(m, n, dtype):  # query i of the last m sits at position n - m + i
     return np.triu(np.full((m, n), -np.inf, dtype), k=n - m + 1)
 
 
-def mha(x, c_attn, c_proj, n_head, cache):  # [m, d] -> [m, d]; cache holds "k", "v" [n, d]
-    q, k, v = np.split(linear(x, **c_attn), 3, axis=-1)  # [m, d] each
+def mha(x, c_attn, c_proj, n_head, cache, perturb=None):  # [m, d] -> [m, d]; cache holds "k", "v" [n, d]
+    q, k, v = np.split(linear(x, **c_attn, perturb=perturb), 3, axis=-1)  # [m, d] each
     cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
-    heads = [attention(qh, kh, vh, mask) for qh, kh, vh in
+    heads = [attention(qh, kh, vh, mask, perturb) for qh, kh, vh in
              zip(*(np.split(a, n_head, axis=-1) for a in (q, cache["k"], cache["v"])))]  # n_head x [m, hd]
-    return linear(np.hstack(heads), **c_proj)  # [m, d]
+    return linear(np.hstack(heads), **c_proj, perturb=perturb)  # [m, d]
 
 
-def transformer_block(x, ln_1, attn, ln_2, mlp_, n_head, eps, cache):  # [m, d] -> [m, d]
-    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, cache=cache)
-    return x + mlp(layer_norm(x, **ln_2, eps=eps), **mlp_)
+def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache, perturb=None):  # [m, d] -> [m, d]
+    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, cache=cache, perturb=perturb)
+    return x + feed_forward(layer_norm(x, **ln_2, eps=eps), **mlp, perturb=perturb)
 
 
-def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None):  # [m] -> [m, n_vocab]
+def hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, perturb=None):  # [m] -> [m, d], ln_f(x)
     x = wte["weight"][ids] + wpe["weight"][start:start + len(ids)]  # [m, d]
+    xs = [x]
     for block, cache in zip(h, caches):
-        x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], n_head, eps, cache)
-        if trace is not None:  # the residual stream after each layer
-            trace.append(x.copy())
-    return layer_norm(x, **ln_f, eps=eps) @ wte["weight"].T  # [m, n_vocab]
+        x = transformer_block(x, **block, n_head=n_head, eps=eps, cache=cache, perturb=perturb)
+        xs.append(x)
+    if trace is not None:  # the residual stream: the embedding, then after each layer
+        trace.append(xs)
+    return layer_norm(x, **ln_f, eps=eps)
+
+
+def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, perturb=None):  # [m] -> [m, n_vocab]
+    """perturb (optional) sees every multiply's output: .linear(x, weight, bias, y), .scores(q, k, q @ k.T)."""
+    x = hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace, perturb)
+    return linear(x, wte["weight"].T, 0, perturb)
 
 
 class Reference:
@@ -70,7 +80,8 @@ class Reference:
     def __init__(self, model: Model, dtype=np.float32):
         self.hparams, self.dtype = model.hparams, np.dtype(dtype)
         self.params = _cast(model.params, self.dtype)
-        self.trace: list | None = None  # set to [] to collect the residual stream after each layer
+        self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
+        self.perturb = None  # see gpt2; vecgpt.tolerance moves each multiply's output by its error bound
         self.reset()
 
     def reset(self) -> None:
@@ -86,10 +97,13 @@ class Reference:
         for cache in self.caches:
             cache["k"], cache["v"] = cache["k"][:n], cache["v"][:n]
 
-    def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
+    def hidden(self, ids) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x) of the m new positions
         ids = np.asarray(ids, dtype=np.int64)
-        return gpt2(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
-                    caches=self.caches, trace=self.trace)
+        return hidden(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
+                      caches=self.caches, trace=self.trace, perturb=self.perturb)
+
+    def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
+        return linear(self.hidden(ids), self.params["wte"]["weight"].T, 0, self.perturb)
 
     def read(self, ids, k: int = 40) -> Candidates:
         """Feed tokens; the best k next tokens after the last one."""

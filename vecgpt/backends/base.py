@@ -1,5 +1,12 @@
 """The store protocol every backend implements, and the registry that finds backends by name.
 
+A backend is a module of vecgpt/backends with a top-level `connect(**options) -> Store` (its file is
+its registration; `_`-modules are helpers), or a `connect` that another package declares in the entry
+point group `vecgpt.stores`, e.g. in its pyproject.toml:
+
+    [project.entry-points."vecgpt.stores"]
+    mystore = "mypackage.store:connect"
+
 A collection is a named set of float32 vectors of one dimension, each with an integer id and
 integer attributes. Ids are row indices chosen by the caller, so results scatter straight into
 numpy. Distances are squared L2 ("l2") or the negated inner product ("ip"), lower is better.
@@ -7,22 +14,27 @@ numpy. Distances are squared L2 ("l2") or the negated inner product ("ip"), lowe
 
 from __future__ import annotations
 
+import ast
 import contextvars
+import functools
 import importlib
 import inspect
 import pkgutil
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, NamedTuple, Protocol, Sequence, runtime_checkable
+from importlib import metadata
+from pathlib import Path
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from vecgpt.encoding import Metric
 from vecgpt.errors import VecgptError
 
-Metric = Literal["l2", "ip"]
-NOT_BACKENDS = {"base", "local"}
+GROUP = "vecgpt.stores"
 
 
 @dataclass(frozen=True)
@@ -170,23 +182,51 @@ def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
-def available() -> list[str]:
+@functools.cache
+def in_tree() -> tuple[str, ...]:
+    """The modules of vecgpt/backends that define connect() at top level (read, not imported)."""
     import vecgpt.backends as pkg
 
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name not in NOT_BACKENDS)
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
+                  if not m.name.startswith("_") and _defines_connect(m.module_finder.path, m.name)))
+
+
+def _defines_connect(folder: str, name: str) -> bool:
+    tree = ast.parse((Path(folder) / f"{name}.py").read_text(encoding="utf-8"))
+    return any(isinstance(node, ast.FunctionDef) and node.name == "connect" for node in tree.body)
+
+
+def installed() -> dict[str, metadata.EntryPoint]:
+    """Stores other packages declare in the entry point group vecgpt.stores, by name."""
+    return {ep.name: ep for ep in metadata.entry_points(group=GROUP)}
+
+
+def available() -> list[str]:
+    return sorted(set(in_tree()) | set(installed()))
+
+
+def connector(backend: str):
+    """The backend's connect(); a missing client library is one line saying what to install."""
+    if backend in in_tree():
+        try:
+            return importlib.import_module(f"vecgpt.backends.{backend}").connect
+        except ImportError as e:
+            raise VecgptError(f"backend {backend!r} needs {e.name}: pip install 'vecgpt[{backend}]'") from None
+    ep = installed()[backend]
+    try:
+        return ep.load()
+    except ImportError as e:
+        raise VecgptError(f"backend {backend!r} (entry point {ep.value}) needs {e.name}; pip install it") from None
 
 
 def get_store(backend: str, **options) -> Store:
-    """Import vecgpt.backends.<backend> and call its connect(**options)."""
+    """Find the backend's connect() (in tree, else by entry point) and call it with the [store] options."""
     if backend not in available():
         raise VecgptError(f"unknown backend {backend!r}; known backends: {', '.join(available())}")
-    try:
-        module = importlib.import_module(f"vecgpt.backends.{backend}")
-    except ImportError as e:
-        raise VecgptError(f"backend {backend!r} needs {e.name}: pip install 'vecgpt[{backend}]'") from None
-    accepted = inspect.signature(module.connect).parameters
+    connect = connector(backend)
+    accepted = inspect.signature(connect).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise VecgptError(f"backend {backend!r} takes no option {unknown[0]!r} in [store]; "
                           f"it takes: {', '.join(accepted) or 'nothing'}")
-    return module.connect(**options)
+    return connect(**options)

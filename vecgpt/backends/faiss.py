@@ -12,7 +12,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from vecgpt.backends.local import LocalStore, Table
+from vecgpt.backends._in_process import InProcessStore, Table
 
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
 
@@ -79,7 +79,7 @@ class FaissTable(Table):
         return cls(dim, metric, faiss.read_index(str(folder / "index.faiss")))
 
 
-class FaissStore(LocalStore):
+class FaissStore(InProcessStore):
     table_class = FaissTable
     backend = "faiss"
 

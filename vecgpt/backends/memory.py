@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends.local import LocalStore, Table
+from vecgpt.backends._in_process import InProcessStore, Table
 
 
 class NumpyTable(Table):
@@ -57,7 +57,7 @@ class NumpyTable(Table):
         return cls(dim, metric, np.load(folder / "vectors.npy"))
 
 
-class MemoryStore(LocalStore):
+class MemoryStore(InProcessStore):
     table_class = NumpyTable
     backend = "memory"
 

@@ -8,16 +8,20 @@ Layout (namespace per matrix; measured against namespace per vector length in do
 - a text's keys (`text-<hex>`, attributes layer/head/position) are partitioned by head:
   `<prefix>text-<hex>--p<head>` (and `--r<i>` copies, `key_replicas`), so the 12 head searches of a
   layer go to 12 namespaces and never queue behind one another.
-- `<prefix>_catalog` holds one row per collection (dim, metric, attributes, layout);
-  `<prefix>_manifest` one row with the manifest as a JSON string.
+- `<prefix>_catalog` holds one row per collection (dim, metric, attributes, layout, and for a partitioned
+  collection the parts written so far); `<prefix>_manifest` one row with the manifest as a JSON string.
+  Every namespace name comes from the catalog, never from a listing: listing needs a key with list
+  permission (else 403) and is not documented as consistent. A new part is entered in the catalog
+  before its first write, so drop (and `vecgpt tpuf-gc` in another process) finds every namespace.
 
 Search: `rank_by=["vector","kNN",q]` with a filter (kNN requires one: the `Where`, or `id >= 0` to
 match every row), `top_k` = k or 10,000 for "every row". A result holding exactly 10,000 rows may be
 cut short: that subquery is split by id-range filters and sent again. m query vectors are m subqueries,
 sent as multi_query requests of at most 8 (16 concurrency slots per namespace, a kNN subquery takes 2,
-counted per subquery: the conservative reading), all at once across replicas and partitions. A
-process-wide gate keeps at most 16 slots in flight per namespace, so the adapter does not provoke 429s;
-the client retries 429/5xx with backoff anyway (`max_retries`).
+and every subquery counts), all at once across replicas and partitions. A process-wide gate keeps at
+most 16 slots in flight per namespace, so the adapter does not provoke 429s; the client retries
+408/409/429/5xx and dropped connections with backoff anyway (`max_retries`). A create (a catalog row,
+an idempotent upsert) that still meets 409 after its retries is taken as done: an earlier attempt landed.
 
 Only "l2" (squared L2): turbopuffer has no inner-product metric. Distances come back as float32 and are
 returned as float64 arrays. Auth: TURBOPUFFER_API_KEY only (never printed). Where: `base_url` or
@@ -33,6 +37,7 @@ import math
 import os
 import re
 import threading
+import time
 from collections import Counter, defaultdict
 from typing import Sequence
 
@@ -110,17 +115,17 @@ class TurbopufferStore:
 
     def __init__(self, client, url: str, prefix: str = "vecgpt-", replicas: int = 1, key_replicas: int = 2,
                  key_partition: str | None = "head", max_top_k: int = MAX_TOP_K, slots: int = SLOTS,
-                 slot_rule: str = "subquery", write_batch_mb: float = 8.0):
+                 write_batch_mb: float = 8.0):
         self.client, self.url, self.prefix = client, url, prefix
         self.replicas, self.key_replicas, self.key_partition = replicas, key_replicas, key_partition
-        self.max_top_k, self.slots, self.slot_rule = max_top_k, slots, slot_rule
+        self.max_top_k, self.slots = max_top_k, slots
         self.write_batch_bytes = int(write_batch_mb * 1e6)
-        self.per_request = min(MAX_SUBQUERIES, slots // KNN_SLOTS) if slot_rule == "subquery" else MAX_SUBQUERIES
+        self.per_request = min(MAX_SUBQUERIES, slots // KNN_SLOTS)
         self.gate = gate_for(url, slots)
         self._handles: dict[str, object] = {}
         self._specs: dict[str, dict] = {}
         self._spans: dict[str, tuple[int, int]] = {}
-        self._lock = threading.Lock()
+        self._lock, self._parts_lock = threading.Lock(), threading.Lock()
         self.usage: Counter = Counter()
         self.catalog_ns, self.manifest_ns = prefix + "_catalog", prefix + "_manifest"
         for ns in (self.catalog_ns, self.manifest_ns):
@@ -136,12 +141,16 @@ class TurbopufferStore:
             handle = self._handles[name] = self.client.namespace(name)
         return handle
 
-    def _call(self, what: str, namespace: str, fn, missing=VecgptError):
+    def _call(self, what: str, namespace: str, fn, missing=VecgptError, conflict_ok=False):
         """Run one request; turbopuffer's errors become one-line VecgptErrors (the key is never shown)."""
         import turbopuffer as tp
 
         try:
             return fn()
+        except tp.ConflictError:
+            if conflict_ok:  # a retried idempotent create: an earlier attempt landed
+                return None
+            raise VecgptError(f"turbopuffer answered 409 (conflict) on {what} ({namespace!r}) after retries") from None
         except tp.AuthenticationError:
             raise VecgptError(f"turbopuffer at {self.url} rejected the API key (401); "
                               f"check TURBOPUFFER_API_KEY") from None
@@ -162,14 +171,14 @@ class TurbopufferStore:
             raise VecgptError(f"cannot reach turbopuffer at {self.url} ({type(e).__name__}); "
                               f"check base_url/region and the network") from None
 
-    def _raw(self, what: str, namespace: str, method: str, missing=VecgptError, **kw):
+    def _raw(self, what: str, namespace: str, method: str, missing=VecgptError, conflict_ok=False, **kw):
         resp = self._call(what, namespace, lambda: getattr(self._ns(namespace).with_raw_response, method)(**kw),
-                          missing)
+                          missing, conflict_ok)
         return None if resp is None else _loads(resp.read())
 
-    def _write(self, namespace: str, what: str = "write", **body) -> dict:
+    def _write(self, namespace: str, what: str = "write", conflict_ok=False, **body) -> dict:
         record()
-        out = self._raw(what, namespace, "write", **body)
+        out = self._raw(what, namespace, "write", conflict_ok=conflict_ok, **body)
         self._bill(written=(out or {}).get("billing", {}).get("billable_logical_bytes_written", 0), write=True)
         return out
 
@@ -216,12 +225,34 @@ class TurbopufferStore:
     def _replicas(self, base: str, n: int) -> list[str]:
         return [base] + [f"{base}--r{i}" for i in range(1, n)]
 
-    def _owned(self, name: str) -> list[str]:
-        """Every namespace that holds part of a collection (one listing request)."""
-        base = self._base(name)
+    def _groups(self, name: str, spec: dict) -> list[list[str]]:
+        """The namespaces of a collection, from its catalog entry: per part, the part and its copies."""
+        parts = spec.get("parts") if spec["partition"] else [None]
+        if parts is None:  # a catalog row written before parts were recorded
+            parts = self._listed_parts(name)
+        return [self._replicas(self._base(name, p), spec["replicas"]) for p in parts]
+
+    def _listed_parts(self, name: str) -> list[int]:
+        base = self._base(name) + "--p"
         record()
-        names = self._call("listing namespaces", base, lambda: [n.id for n in self.client.namespaces(prefix=base)])
-        return [n for n in names if n == base or n.startswith(base + "--")]
+        names = self._call("listing namespaces (a catalog entry without parts)", base,
+                           lambda: [n.id for n in self.client.namespaces(prefix=base)])
+        return sorted({int(m.group(1)) for n in names for m in [re.match(re.escape(base) + r"(\d+)", n)] if m})
+
+    def _owned(self, name: str) -> list[str]:
+        """Every namespace that holds part of a collection, as the catalog names them."""
+        spec = self._spec(name, required=False)
+        return [] if spec is None else [ns for group in self._groups(name, spec) for ns in group]
+
+    def _enter_parts(self, name: str, spec: dict, parts) -> None:
+        """Record new parts in the catalog before anything is written to them (so nothing can leak)."""
+        with self._parts_lock:
+            spec = self._specs.get(name, spec)
+            new = sorted(set(parts) - set(spec.get("parts") or []))
+            if not new:
+                return
+            entry = {**spec, "parts": sorted(set(spec.get("parts") or []) | set(new))}
+            self._write_spec(name, entry, "recording a collection's parts")
 
     # collections --------------------------------------------------------------------------
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
@@ -235,13 +266,18 @@ class TurbopufferStore:
                 "replicas": self.key_replicas if partition else self.replicas}
         for ns in self._replicas(self._base(name, 0 if partition else None), spec["replicas"]):
             check_namespace(ns)
+        if partition:
+            spec["parts"] = []
         held = self._specs.get(name) or (None if name.startswith("text-") else self._spec(name, required=False))
         if held is not None:
             if (held["dim"], held["metric"]) != (dim, metric):
                 raise VecgptError(f"collection {name!r} exists with dim {held['dim']} and metric {held['metric']}")
             return
-        self._write(self.catalog_ns, "creating a collection",
-                    upsert_rows=[{"id": name, "spec": json.dumps(spec)}],
+        self._write_spec(name, spec, "creating a collection")
+
+    def _write_spec(self, name: str, spec: dict, what: str) -> None:
+        """Upsert a catalog row (idempotent: a 409 after retries means an earlier attempt landed)."""
+        self._write(self.catalog_ns, what, conflict_ok=True, upsert_rows=[{"id": name, "spec": json.dumps(spec)}],
                     schema={"spec": {"type": "string", "filterable": False}})
         with self._lock:
             self._specs[name] = spec
@@ -260,6 +296,8 @@ class TurbopufferStore:
         if spec["partition"]:
             part = columns[spec["partition"]]
             groups = [(int(p), np.flatnonzero(part == p)) for p in np.unique(part)]
+            self._enter_parts(name, spec, [p for p, _ in groups])
+            spec = self._specs[name]
         per_row = 4 * spec["dim"] * 4 // 3 + 24 + 16 * len(columns)
         batch = max(1, self.write_batch_bytes // per_row)
         calls = []
@@ -269,17 +307,28 @@ class TurbopufferStore:
                 body = {"id": ids[sel].tolist(), "vector": b64(vectors[sel]),
                         **{a: c[sel].tolist() for a, c in columns.items()}}
                 for ns in self._replicas(self._base(name, part), spec["replicas"]):
+                    self._grown(ns, int(ids[sel].max()) if len(sel) else -1)
                     calls.append(lambda ns=ns, body=body: self._write(ns, "upsert", upsert_columns=body,
                                                                        distance_metric="euclidean_squared"))
         parallel(calls, workers=min(len(calls), 32))  # one wave for a key write; a few MB at a time on load
 
+    def _grown(self, ns: str, top: int) -> None:
+        """Forget a cached id span that an upsert reaching past it makes too short."""
+        with self._lock:
+            if ns in self._spans and top >= self._spans[ns][1]:
+                del self._spans[ns]
+
     def drop(self, name) -> None:
-        spaces = self._owned(name)
-        parallel([lambda ns=ns: self._delete_namespace(ns) for ns in spaces])
-        if self._spec(name, required=False) is not None or name in self._specs:
+        """Delete the collection's namespaces (named by the catalog), then its catalog row."""
+        spec = self._spec(name, required=False)
+        if spec is not None:
+            spaces = [ns for group in self._groups(name, spec) for ns in group]
+            parallel([lambda ns=ns: self._delete_namespace(ns) for ns in spaces])
             self._write(self.catalog_ns, "dropping a collection", deletes=[name])
         with self._lock:
             self._specs.pop(name, None)
+            for ns in [n for n in self._spans if n == self._base(name) or n.startswith(self._base(name) + "--")]:
+                del self._spans[ns]
 
     def _delete_namespace(self, ns: str) -> None:
         record()
@@ -290,16 +339,33 @@ class TurbopufferStore:
 
     def count(self, name) -> int:
         spec = self._spec(name)
-        if spec["partition"]:
-            bases = [n for n in self._owned(name) if "--r" not in n[len(self._base(name)):]]
-        else:
-            bases = [self._base(name)]
+        bases = [group[0] for group in self._groups(name, spec)]
         return sum(parallel([lambda ns=ns: self._rows(ns) for ns in bases]))
 
     def _rows(self, ns: str) -> int:
         record()
         meta = self._raw("metadata", ns, "metadata", missing=None)
         return 0 if meta is None else int(meta.get("approx_row_count", 0))
+
+    def wait_indexed(self, name: str, timeout_s: float = 600.0, progress=None) -> float:
+        """Wait until every namespace of a collection reports its index up to date (metadata), so that an
+        ANN query measures the index, not an exhaustive scan of unindexed rows; the seconds waited.
+        `progress(message)` hears about each wait; past `timeout_s` it is an error."""
+        spaces, start, pause = self._owned(name), time.monotonic(), 0.05
+        while True:
+            metas = parallel([lambda ns=ns: self._raw("metadata", ns, "metadata") for ns in spaces])
+            behind = [m["index"] for m in metas if m.get("index", {}).get("status", "up-to-date") != "up-to-date"]
+            waited = time.monotonic() - start
+            if not behind:
+                return waited
+            rows = sum(int(i.get("unindexed_rows", 0)) for i in behind)
+            if waited > timeout_s:
+                raise VecgptError(f"turbopuffer has not indexed {name!r} after {timeout_s:.0f} s ({rows:,} rows "
+                                  f"unindexed); try again later or raise the timeout")
+            if progress is not None:
+                progress(f"waiting for turbopuffer to index {name!r}: {rows:,} rows unindexed ({waited:.1f} s)")
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
 
     def stats(self) -> dict:
         specs = self._catalog()
@@ -344,8 +410,7 @@ class TurbopufferStore:
             return [(self._replicas(self._base(name), spec["replicas"]), to_filter(where))]
         if where is not None and part in where.eq:
             return [(self._replicas(self._base(name, int(where.eq[part])), spec["replicas"]), to_filter(where, part))]
-        bases = [n for n in self._owned(name) if "--r" not in n[len(self._base(name)):]]
-        return [(self._replicas(b, spec["replicas"]), to_filter(where)) for b in bases]
+        return [(group, to_filter(where)) for group in self._groups(name, spec)]
 
     def _run(self, tasks: list[Task], queries: list[np.ndarray]) -> None:
         groups = defaultdict(list)
@@ -360,7 +425,7 @@ class TurbopufferStore:
         parallel(calls, workers=max(16, min(len(calls), 128)))
 
     def _send(self, replicas: list[str], chunk: list[Task], queries: list[np.ndarray]) -> None:
-        need = KNN_SLOTS * len(chunk) if self.slot_rule == "subquery" else KNN_SLOTS
+        need = KNN_SLOTS * len(chunk)
         subs = [{"rank_by": ["vector", "kNN", queries[t.si][t.qi].tolist()], "top_k": t.limit, "filters": t.filter}
                 for t in chunk]
         ns = self.gate.acquire(replicas, need)
@@ -391,11 +456,12 @@ class TurbopufferStore:
 
     def _span(self, ns: str) -> tuple[int, int]:
         """[0, largest id + 1) of a namespace (one request, then cached)."""
-        if ns not in self._spans:
+        span = self._spans.get(ns)
+        if span is None:
             out = self._query(ns, {"rank_by": ["id", "desc"], "top_k": 1, "filters": MATCH_ALL}, "id range")
             rows = out.get("rows", [])
-            self._spans[ns] = (0, int(rows[0]["id"]) + 1 if rows else 1)
-        return self._spans[ns]
+            span = self._spans[ns] = (0, int(rows[0]["id"]) + 1 if rows else 1)
+        return span
 
     def _assemble(self, si: int, q: np.ndarray, k: int | None, tasks: list[Task]) -> Hits:
         m = len(q)
@@ -416,10 +482,7 @@ class TurbopufferStore:
         spec = self._spec(name)
         ids = np.asarray(ids, np.int64)
         wanted = np.unique(ids)
-        if spec["partition"]:
-            spaces = [[n] for n in self._owned(name) if "--r" not in n[len(self._base(name)):]]
-        else:
-            spaces = [self._replicas(self._base(name), spec["replicas"])]
+        spaces = self._groups(name, spec) if not spec["partition"] else [[g[0]] for g in self._groups(name, spec)]
         found: dict[int, np.ndarray] = {}
 
         def get(replicas, chunk):
@@ -458,24 +521,19 @@ class TurbopufferStore:
 
     # housekeeping ---------------------------------------------------------------------------
     def leftover_texts(self) -> list[dict]:
-        """Text namespaces under this prefix (each run's keys; a crashed run leaves them behind)."""
-        base = self.prefix + "text-"
-        record()
-        names = self._call("listing namespaces", base, lambda: [n.id for n in self.client.namespaces(prefix=base)])
-        texts = defaultdict(list)
-        for n in names:
-            texts[n[len(self.prefix):].split("--")[0]].append(n)
+        """The texts in the catalog (each run's keys; a crashed run leaves them behind), with the size and
+        last write of the namespaces the catalog names for them (no listing)."""
         out = []
-        for text, spaces in sorted(texts.items()):
-            metas = parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
-            metas = [m for m in metas if m]
-            out.append({"text": text, "namespaces": len(spaces),
+        for text, spec in sorted(self._catalog().items()):
+            if not text.startswith("text-"):
+                continue
+            spaces = [ns for group in self._groups(text, spec) for ns in group]
+            metas = [m for m in parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None)
+                                          for ns in spaces]) if m]
+            out.append({"text": text, "namespaces": len(metas),
                         "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
                         "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
                         "updated_at": max((m.get("updated_at", "") for m in metas), default="")})
-        for text in self._catalog():
-            if text.startswith("text-") and text not in texts:
-                out.append({"text": text, "namespaces": 0, "documents": 0, "bytes": 0, "updated_at": ""})
         return out
 
     def close(self) -> None:
@@ -513,15 +571,12 @@ def bounded_client_class():
 def connect(base_url: str | None = None, region: str | None = None, prefix: str = "vecgpt-",
             layout: str = "namespace-per-matrix", replicas: int = 1, key_replicas: int = 2,
             key_partition: str = "head", max_retries: int = 3, compression: bool = False, timeout: float = 5.0,
-            max_top_k: int = MAX_TOP_K, slots: int = SLOTS, slot_rule: str = "subquery",
-            write_batch_mb: float = 8.0) -> TurbopufferStore:
+            max_top_k: int = MAX_TOP_K, slots: int = SLOTS, write_batch_mb: float = 8.0) -> TurbopufferStore:
     import turbopuffer
 
     if layout not in LAYOUTS:
         raise VecgptError(f"layout {layout!r} is not offered; use {LAYOUTS[0]!r} "
                           f"(namespace per vector length was measured and dropped: see docs/turbopuffer.md)")
-    if slot_rule not in ("subquery", "request"):
-        raise VecgptError(f"slot_rule must be 'subquery' or 'request', not {slot_rule!r}")
     if replicas < 1 or key_replicas < 1 or not 1 <= max_top_k <= MAX_TOP_K or slots < KNN_SLOTS:
         raise VecgptError("replicas and key_replicas must be >= 1, max_top_k within 1..10000, slots >= 2")
     if not timeout > 0 or max_retries < 0:
@@ -547,4 +602,4 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
         raise VecgptError(f"turbopuffer client: {e}") from None
     url = str(client.base_url).rstrip("/")
     return TurbopufferStore(client, url, prefix, replicas, key_replicas, key_partition or None, max_top_k, slots,
-                            slot_rule, write_batch_mb)
+                            write_batch_mb)

@@ -1,11 +1,17 @@
 """python -m vecgpt.tpuf_local [--port 8765] [--latency-ms 25] ..."""
 
 import argparse
+import sys
 
+from vecgpt.errors import VecgptError
 from vecgpt.tpuf_local import __doc__ as DOC
 from vecgpt.tpuf_local import add_arguments, run_args
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m vecgpt.tpuf_local", description=DOC.split("\n")[0])
     add_arguments(parser)
-    raise SystemExit(run_args(parser.parse_args()))
+    try:
+        raise SystemExit(run_args(parser.parse_args()))
+    except VecgptError as e:
+        print(f"vecgpt: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

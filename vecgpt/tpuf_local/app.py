@@ -1,5 +1,6 @@
 """The HTTP side (starlette, imported when the app is built): routes, gzip and JSON bodies, bearer auth,
-the simulated network latency, error replies, and GET|DELETE /_local/stats."""
+the simulated network and commit latencies, error replies, and GET|DELETE /_local/stats. Injected faults
+wrap the app (`faults`)."""
 
 from __future__ import annotations
 
@@ -83,7 +84,13 @@ class Handlers:
 
         name = request.path_params["ns"]
         body = await body_of(request)
+        await self.commit()
         return await run_in_threadpool(self.server.write, name, body)
+
+    async def commit(self) -> None:
+        """A write returns once committed (the service: up to ~200 ms); it becomes visible as it returns."""
+        if self.server.write_latency:
+            await asyncio.sleep(self.server.write_latency)
 
     async def query(self, request):
         from starlette.concurrency import run_in_threadpool
@@ -91,7 +98,7 @@ class Handlers:
         server, name = self.server, request.path_params["ns"]
         body = await body_of(request)
         server.get(name)
-        need, subqueries = slots_needed(body, server.slot_rule)
+        need, subqueries = slots_needed(body)
         server.stats["subqueries"] += subqueries
         await server.acquire(name, need)
         try:
@@ -100,6 +107,8 @@ class Handlers:
             await server.release(name, need)
 
     async def delete(self, request):
+        self.server.get(request.path_params["ns"])
+        await self.commit()
         return self.server.delete(request.path_params["ns"])
 
     async def metadata(self, request):
@@ -140,6 +149,8 @@ def app(server):
     from starlette.applications import Starlette
     from starlette.routing import Route
 
+    from vecgpt.tpuf_local.faults import with_faults
+
     h = Handlers(server)
     routes = [
         Route("/v2/namespaces/{ns}", h.wrap("write", h.write), methods=["POST"]),
@@ -153,4 +164,4 @@ def app(server):
         Route("/_local/stats", h.stats, methods=["GET"]),
         Route("/_local/stats", h.reset_stats, methods=["DELETE"]),
     ]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method})
+    return with_faults(server, Starlette(routes=routes, exception_handlers={404: not_found, 405: bad_method}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from datetime import datetime, timezone
 
 import numpy as np
@@ -44,6 +45,7 @@ class Namespace:
         self.attr_bytes = 0
         self.created_at = self.updated_at = now()
         self.version = 0
+        self.unindexed, self.indexed_at = 0, 0.0  # rows written since the index last caught up, and when it will
         self.lock = threading.RLock()
         self._columns: dict = {}
 
@@ -179,6 +181,21 @@ class Namespace:
         self.version += 1
         self._columns = {}
         self.updated_at = now()
+
+    def note_write(self, rows: int, lag_s: float) -> None:
+        """Rows just written wait `lag_s` (from this write) for the index; a later write restarts the wait."""
+        if lag_s and rows:
+            self.index_status()
+            self.unindexed += rows
+            self.indexed_at = time.monotonic() + lag_s
+
+    def index_status(self) -> dict:
+        """metadata's `index`: "updating" with the unindexed rows until the lag has passed."""
+        if self.unindexed and time.monotonic() < self.indexed_at:
+            return {"status": "updating", "unindexed_rows": self.unindexed,
+                    "unindexed_bytes": self.unindexed * (8 + 4 * (self.dim or 0))}
+        self.unindexed = 0
+        return {"status": "up-to-date"}
 
     # reads --------------------------------------------------------------------------------
     def column(self, name: str):

@@ -25,8 +25,9 @@ def query_slots(q: dict) -> int:
     return 1
 
 
-def slots_needed(body: dict, slot_rule: str) -> tuple[int, int]:
-    """(slots, subqueries) for a query body; a malformed multi_query is refused here, before it waits."""
+def slots_needed(body: dict) -> tuple[int, int]:
+    """(slots, subqueries) for a query body, every subquery counted (the service's query page: each
+    subquery counts against the limit); a malformed multi_query is refused here, before it waits."""
     if "queries" not in body:
         return query_slots(body), 1
     qs = body["queries"]
@@ -38,21 +39,22 @@ def slots_needed(body: dict, slot_rule: str) -> tuple[int, int]:
     if extra:
         raise ApiError(400, f"queries cannot be combined with top-level {sorted(extra)[0]!r}")
     per = [query_slots(q) if isinstance(q, dict) else 1 for q in qs]
-    return (sum(per) if slot_rule == "subquery" else max(per)), len(qs)
+    return sum(per), len(qs)
 
 
-def query(ns: Namespace, body: dict, max_top_k: int) -> dict:
+def query(ns: Namespace, body: dict, max_top_k: int, float32: bool = False) -> dict:
     start = time.perf_counter()
     with ns.lock:  # one snapshot for every subquery
         snap = ns.snapshot()
         qs = body["queries"] if "queries" in body else [body]
-        results = [one(ns, q, snap, body, max_top_k) for q in qs]
+        results = [one(ns, q, snap, body, max_top_k, float32) for q in qs]
+        unindexed = ns.index_status().get("unindexed_rows", 0)
     n = snap[0]
     returned = sum(r.pop("_bytes") for r in results)
     out = {"billing": {"billable_logical_bytes_queried": ns.logical_bytes() * len(results),
                        "billable_logical_bytes_returned": returned},
            "performance": {"approx_namespace_size": n, "cache_hit_ratio": 1.0, "cache_temperature": "hot",
-                           "exhaustive_search_count": n, "query_execution_ms": round(1000 * (time.perf_counter() - start), 3),
+                           "exhaustive_search_count": min(unindexed, n), "query_execution_ms": round(1000 * (time.perf_counter() - start), 3),
                            "server_total_ms": round(1000 * (time.perf_counter() - start), 3)}}
     if "queries" in body:
         out["results"] = results
@@ -61,7 +63,7 @@ def query(ns: Namespace, body: dict, max_top_k: int) -> dict:
     return out
 
 
-def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int) -> dict:
+def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int, float32: bool = False) -> dict:
     """One (sub)query against a snapshot (n, vectors, norms, ids): {"rows": [...], "_bytes": returned}."""
     if not isinstance(q, dict):
         raise ApiError(400, "each query must be an object")
@@ -78,7 +80,7 @@ def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int) -> dict
     if not isinstance(rank, list) or len(rank) < 2:
         raise ApiError(400, "rank_by is required (e.g. [\"vector\", \"kNN\", [..]] or [\"id\", \"asc\"])")
     if len(rank) == 3 and rank[1] in ("kNN", "ANN"):
-        chosen, dists = _by_vector(ns, rank, filters, chosen, snap, limit, offset)
+        chosen, dists = _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32)
     elif len(rank) == 2 and rank[1] in ("asc", "desc"):
         chosen = _by_attribute(ns, rank, chosen, limit, offset)
     else:
@@ -100,7 +102,7 @@ def _limit(q: dict, max_top_k: int) -> int:
     return limit
 
 
-def _by_vector(ns, rank, filters, chosen, snap, limit, offset):
+def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
     """(rows, float32 distances) of the nearest `limit` after `offset` among `chosen`: an exact scan."""
     n, vectors, norms, _ = snap
     if rank[0] != "vector":
@@ -121,7 +123,7 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset):
         data, nrm = vectors[chosen[0]:chosen[-1] + 1], norms[chosen[0]:chosen[-1] + 1]
     else:
         data, nrm = vectors[chosen], norms[chosen]
-    d = _distances(ns.metric, data, nrm, qv)
+    d = (_distances32 if float32 else _distances)(ns.metric, data, nrm, qv)
     want = min(limit + offset, len(d))
     if want < len(d):
         part = np.argpartition(d, want - 1)[:want] if want else np.zeros(0, np.int64)
@@ -140,6 +142,26 @@ def _distances(metric, data, nrm, qv) -> np.ndarray:
     else:
         d = np.maximum(nrm + qv @ qv - 2.0 * dots, 0.0)
     return d.astype(np.float32)
+
+
+def _distances32(metric, data, nrm, qv) -> np.ndarray:
+    """The distance accumulated in float32, one dimension after another (plain sequential order, the
+    worst of the plausible orders): `tpuf-local --float32`. Each step is one correctly rounded float32
+    operation, so the result is the same on every CPU."""
+    cols, q = np.ascontiguousarray(data.T, np.float32), qv.astype(np.float32)  # [dim, rows]
+    acc = np.zeros(cols.shape[1], np.float32)
+    if metric == "cosine_distance":
+        dd, qq = np.zeros_like(acc), np.float32(0)
+        for col, x in zip(cols, q):
+            acc += col * x
+            dd += col * col
+            qq += x * x
+        denom = np.sqrt(dd * qq)
+        return np.float32(1) - np.divide(acc, denom, out=np.zeros_like(acc), where=denom > 0)
+    for col, x in zip(cols, q):
+        diff = col - x
+        acc += diff * diff
+    return acc
 
 
 def _by_attribute(ns, rank, chosen, limit, offset):

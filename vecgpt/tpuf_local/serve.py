@@ -8,7 +8,9 @@ import socket
 import threading
 import time
 
+from vecgpt.errors import VecgptError
 from vecgpt.tpuf_local.app import app
+from vecgpt.tpuf_local.faults import FAULTS, KINDS
 from vecgpt.tpuf_local.limits import MAX_TOP_K
 from vecgpt.tpuf_local.server import Server
 
@@ -19,7 +21,12 @@ def listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        sock.close()
+        raise VecgptError(f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}); "
+                          f"is another server using it? pick another with --port") from None
     return sock
 
 
@@ -55,23 +62,50 @@ class Running:
 
 def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
     """Run in the foreground until interrupted."""
+    server = Server(**kw)
     sock = listen(host, port)
-    print(f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} (latency {kw.get('latency_ms', 0)} ms); "
+    shown = ", ".join(f"{k} {v}" for k, v in kw.items() if v and k not in ("api_key", "fail_kinds", "max_top_k"))
+    print(f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} ({shown or 'defaults'}); "
           f"set base_url to it and TURBOPUFFER_API_KEY to anything", flush=True)
-    uvicorn_server(Server(**kw)).run(sockets=[sock])
+    uvicorn_server(server).run(sockets=[sock])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every request (simulated network)")
+    p.add_argument("--write-latency-ms", type=float, default=0.0,
+                   help="a write (or delete) returns only after this commit delay; the service: up to ~200 ms")
+    p.add_argument("--float32", action="store_true",
+                   help="accumulate distances in float32, dimension by dimension (default: float64, rounded once)")
     p.add_argument("--api-key", default=None, help="accept only this bearer token (default: any)")
     p.add_argument("--max-top-k", type=int, default=MAX_TOP_K, help="rows per query (the service allows 10,000)")
-    p.add_argument("--slot-rule", choices=["subquery", "request"], default="subquery",
-                   help="count every multi_query subquery against the 16 slots (default) or the request once")
+    p.add_argument("--list-lag-s", type=float, default=0.0,
+                   help="namespace listing lags this far behind creates and deletes (the docs: not consistent)")
+    p.add_argument("--list-forbidden", action="store_true",
+                   help="answer namespace listing with 403 (a key without list permission)")
+    p.add_argument("--index-lag-ms", type=float, default=0.0,
+                   help="writes stay unindexed this long: metadata says \"updating\" with the unindexed rows")
+    p.add_argument("--fail-rate", type=float, default=0.0, metavar="P",
+                   help="this fraction of requests fails (429, 500, or the reply is lost: dropped connection)")
+    p.add_argument("--fail-seed", type=int, default=0, help="seed of the injected faults")
+    p.add_argument("--fail-kinds", default=",".join(FAULTS),
+                   help=f"comma-separated, of {', '.join(KINDS)} (409: applied, then answered Conflict)")
+
+
+def server_options(args) -> dict:
+    """Server(**options) from the parsed command line; bad values are one-line errors."""
+    kinds = tuple(k.strip() for k in args.fail_kinds.split(",") if k.strip())
+    if not 0 <= args.fail_rate < 1 or set(kinds) - set(KINDS) or not kinds:
+        raise VecgptError(f"--fail-rate must be in [0, 1) and --fail-kinds a list of {', '.join(KINDS)}")
+    if min(args.latency_ms, args.write_latency_ms, args.list_lag_s, args.index_lag_ms) < 0 or args.max_top_k < 1:
+        raise VecgptError("latencies and lags must be >= 0 and --max-top-k >= 1")
+    return {"latency_ms": args.latency_ms, "write_latency_ms": args.write_latency_ms, "float32": args.float32,
+            "api_key": args.api_key, "max_top_k": args.max_top_k, "list_lag_s": args.list_lag_s,
+            "list_forbidden": args.list_forbidden, "index_lag_ms": args.index_lag_ms,
+            "fail_rate": args.fail_rate, "fail_seed": args.fail_seed, "fail_kinds": kinds}
 
 
 def run_args(args) -> int:
-    serve(args.port, args.host, latency_ms=args.latency_ms, api_key=args.api_key, max_top_k=args.max_top_k,
-          slot_rule=args.slot_rule)
+    serve(args.port, args.host, **server_options(args))
     return 0

@@ -28,6 +28,7 @@ def write(server, name: str, body: dict) -> dict:
     ns = server.get_or_create(name)
     with ns.lock:
         upserted, deleted, written = _apply(ns, body)
+        ns.note_write(upserted, server.index_lag)
     return {"status": "OK", "message": f"{upserted + deleted} rows affected", "rows_affected": upserted + deleted,
             "rows_upserted": upserted, "rows_deleted": deleted,
             "billing": {"billable_logical_bytes_written": written},
@@ -97,5 +98,6 @@ def clone(server, name: str, source: str, empty_only: bool) -> dict:
             dst.slot_of = dict(src.slot_of)
             dst.vectors, dst.norms = src.vectors[: src.n].copy(), src.norms[: src.n].copy()
         server.namespaces[name] = dst
+        server.born[name] = time.monotonic()
     return {"status": "OK", "message": "namespace copied", "rows_affected": dst.n,
             "billing": {"billable_logical_bytes_written": 0}}

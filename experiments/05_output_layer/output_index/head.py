@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecgpt.output_index.base import OutputIndex
 from vecgpt.sampling import Candidates, ordered
+
+from output_index.base import OutputIndex
 
 
 class Head:
@@ -34,15 +35,7 @@ class Head:
 
 def final_hidden(ref, ids) -> np.ndarray:
     """Feed tokens to a `vecgpt.reference.Reference`; ln_f of the new positions [m, d], before the output product."""
-    from vecgpt.reference import layer_norm, transformer_block
-
-    p, hp = ref.params, ref.hparams
-    ids = np.asarray(ids, np.int64)
-    start = ref.position
-    x = p["wte"]["weight"][ids] + p["wpe"]["weight"][start:start + len(ids)]
-    for block, cache in zip(p["h"], ref.caches):
-        x = transformer_block(x, block["ln_1"], block["attn"], block["ln_2"], block["mlp"], hp.n_head, hp.eps, cache)
-    return layer_norm(x, **p["ln_f"], eps=hp.eps)
+    return ref.hidden(ids)
 
 
 class AnnReader:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vecgpt.experiments.plots import pyplot, save_plot
+from common.plots import pyplot, save_plot
 
 COLUMNS = ["label", "cand", "recall@1", "recall@10", "recall@40", "top1_agreement", "identical", "ppl_full",
            "ppl_cand", "miss", "ppl_floor", "head_ms", "exact_ms", "speedup", "p10_x", "vs_store", "token_ms", "token_x", "build_s", "index_MB"]
@@ -22,7 +22,7 @@ def table_rows(rows):
 
 
 def report(result) -> str:
-    from vecgpt.experiments.common import markdown_table
+    from common.record import markdown_table
 
     prov = result["provenance"]
     lines = ["# Output layer as an ANN search", "",
@@ -70,7 +70,7 @@ def plot(rows, path):
             ks = [r for r in rs if r["kind"] == kind]
             ax.scatter([r["speedup"] for r in ks], [r["recall@10"] for r in ks], label=kind, alpha=0.8)
         pts = [(r["speedup"], r["recall@10"]) for r in rs]
-        front = sorted((pts[i] for i in pareto(pts)))
+        front = sorted(pts[i] for i in pareto(pts))
         ax.plot([p[0] for p in front], [p[1] for p in front], "k--", lw=1, label="Pareto front")
         ax.scatter([p[0] for p in front], [p[1] for p in front], s=120, facecolors="none", edgecolors="k")
         ax.axvline(1, color="grey", lw=0.5)

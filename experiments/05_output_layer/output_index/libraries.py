@@ -8,7 +8,8 @@ import tempfile
 import numpy as np
 
 from vecgpt import encoding
-from vecgpt.output_index.base import OutputIndex, Unavailable, as_queries, padded
+
+from output_index.base import OutputIndex, Unavailable, as_queries, padded
 
 
 class Hnswlib(OutputIndex):

@@ -1,6 +1,6 @@
 """What every output-layer index is: OutputIndex (build, set, search, exact_search), and its helpers.
 
-`search(h [m, d], k) -> (ids [m, k] int64, scores [m, k] float64)`: see vecgpt.output_index.
+`search(h [m, d], k) -> (ids [m, k] int64, scores [m, k] float64)`: see output_index (this folder).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ import time
 import numpy as np
 
 from vecgpt import encoding
+
+EXTRAS = {"hnswlib": "ann", "faiss": "faiss", "lancedb": "lancedb", "psycopg": "pgvector", "turbopuffer": "turbopuffer"}
 
 
 class Unavailable(Exception):
@@ -36,11 +38,14 @@ class OutputIndex:
     def label(self) -> str:
         return self.kind + " " + " ".join(f"{k}={v}" for k, v in self.params.items() if k not in ("path", "dsn"))
 
-    def build(self, vectors: np.ndarray) -> "OutputIndex":
+    def build(self, vectors: np.ndarray) -> OutputIndex:
         vectors = np.ascontiguousarray(vectors, np.float32)
         self.n, self.dim = vectors.shape
         t = time.perf_counter()
-        self._build(vectors)
+        try:
+            self._build(vectors)
+        except ImportError as e:  # the kind is skipped, saying what to install
+            raise Unavailable(f"{self.kind} needs {e.name}: pip install 'vecgpt[{EXTRAS.get(e.name, e.name)}]'") from None
         self.build_seconds = time.perf_counter() - t
         return self
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class Table:
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
     def save(self, folder: Path) -> None: ...
     @classmethod
-    def load(cls, folder: Path, dim: int, metric: Metric) -> "Table": ...
+    def load(cls, folder: Path, dim: int, metric: Metric) -> Table: ...
 
 
 class Collection:
@@ -82,7 +82,7 @@ class Collection:
         return where.mask(self.attrs, self.table.n)
 
 
-class LocalStore:
+class InProcessStore:
     table_class: type[Table]
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "local"

@@ -1,11 +1,15 @@
-"""What every experiment shares: provenance, the results folder, tables."""
+"""What every run records: provenance (code, libraries, machine, command line, time), a new run folder, tables."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
+import time
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
@@ -35,11 +39,13 @@ def versions() -> dict[str, str]:
 
 
 def provenance(seed: int | None = None, model=None, **extra) -> dict:
-    """Where a result came from: code, libraries, machine, threads, seed and model."""
+    """Where a result came from: code, libraries, machine, threads, command line, time, seed and model."""
     import vecgpt
 
     return {
         "vecgpt": vecgpt.__version__, "commit": commit(), "versions": versions(),
+        "command": shlex.join(sys.argv), "cwd": os.getcwd(),
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"system": platform.platform(), "cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version()},
         "threads": {v: os.environ.get(v) for v in THREAD_VARS},
@@ -50,10 +56,29 @@ def provenance(seed: int | None = None, model=None, **extra) -> dict:
     }
 
 
-def results_dir(name: str, out: str | None = None) -> Path:
-    path = Path(out or Path("results") / name)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def new_run(name: str, out: str | None = None) -> Path:
+    """The folder a run writes to: `out` as given, else a new ./results/<name>/<timestamp>."""
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        return Path(out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1, 1000):
+        path = Path("results") / name / (stamp if n == 1 else f"{stamp}-{n}")  # two runs in one second
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"results/{name}/{stamp}-*: no free run folder")
+
+
+def publish(out: Path, stem: str, data: dict, md: str, draw) -> None:
+    """stem.json, stem.md and stem.png (draw(path) makes it) in out; the tables on stdout."""
+    write_json(out / f"{stem}.json", data)
+    (out / f"{stem}.md").write_text(md + "\n")
+    draw(out / f"{stem}.png")
+    print(md)
+    print(f"\nwrote {out}/{stem}.json, {stem}.md, {stem}.png", file=sys.stderr)
 
 
 def write_json(path: Path, data: dict) -> Path:

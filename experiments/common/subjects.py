@@ -1,14 +1,9 @@
-"""What the experiments compare: models by name, the store variants a list of configs gives, engines on them.
-
-Shared by every experiment module (agreement, numpy_comparison, storage, requests); defines no NAME,
-so `vecgpt experiment` does not list it.
-"""
+"""What the experiments compare: models by name, the store variants a list of configs gives, engines on them."""
 
 from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import inspect
 import re
 import sys
@@ -18,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_CONFIGS = ["configs/memory.toml", "configs/faiss.toml", "configs/faiss-ip.toml"]
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
+DEFAULT_CONFIGS = [str(CONFIGS / name) for name in ("memory.toml", "faiss.toml", "faiss-ip.toml")]
 RANDOM_SMALL = "random-small"  # alias: random weights at GPT-2 small shape (as benchmarks/per_token.py)
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
 
@@ -58,8 +54,10 @@ class Variant:
 
 def _connect_options(backend: str) -> dict:
     """connect()'s parameters and their defaults; {} where the backend's client is not installed."""
+    from vecgpt.backends.base import connector
+
     try:
-        params = inspect.signature(importlib.import_module(f"vecgpt.backends.{backend}").connect).parameters
+        params = inspect.signature(connector(backend)).parameters
     except Exception:  # noqa: BLE001 - open_store will say what is missing
         return {}
     return {name: p.default for name, p in params.items()}
@@ -140,7 +138,8 @@ def variants(config_paths, store_root: str | None = None, both_metrics: bool = T
 def open_engine(variant: Variant, model, replace: bool = False, progress: bool = False):
     """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
     from vecgpt.config import open_store
-    from vecgpt.engine import Engine, push
+    from vecgpt.engine import Engine
+    from vecgpt.loading import push
 
     store = open_store(variant.config)
     t = time.perf_counter()
@@ -159,7 +158,8 @@ def describe_variant(v: Variant) -> dict:
 
 
 def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="store configs (TOML), one subject each")
+    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
+                   help="store configs (TOML), one subject each (default: configs/memory, faiss, faiss-ip)")
     p.add_argument("--model", default=None, help="model folder, shipped name, hub name such as gpt2, or "
                    f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo")
     p.add_argument("--store-root", default=None, help="put each path-based store under DIR/<config name> "
@@ -167,5 +167,5 @@ def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
     p.add_argument("--replace", action="store_true", help="load the model over another one a store holds")
     p.add_argument("--no-swap", action="store_true", help="only the configs' own encodings (no l2/ip comparison)")
     p.add_argument("--seed", type=int, default=0, help="recorded in the provenance (greedy runs draw nothing)")
-    p.add_argument("--out", default=None, help=f"results folder (default results/{name}/<model>)")
+    p.add_argument("--out", default=None, help=f"results folder (default: a new ./results/{name}/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no load progress bars")

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from vecgpt import encoding
-from vecgpt.output_index.base import OutputIndex, Unavailable, as_queries, no_hits, padded
+
+from output_index.base import OutputIndex, Unavailable, as_queries, no_hits, padded
 
 
 class Lance(OutputIndex):
@@ -228,10 +230,13 @@ class Turbopuffer(OutputIndex):
     kNN search (`exact_search`) go through that store; the ANN query is sent on its client. The local
     server (`vecgpt tpuf-local`) answers ANN with an exhaustive scan: its figures are labelled
     "exact (local server)", and only the real service measures turbopuffer's ANN.
+
+    Rows not yet indexed are searched exhaustively, which would make ANN look exact: the build waits
+    (at most `index_timeout_s`, reporting progress on stderr) until metadata says the index is up to date.
     """
 
     kind = "turbopuffer"
-    defaults = {"base_url": None, "region": None, "prefix": "vecgpt-"}
+    defaults = {"base_url": None, "region": None, "prefix": "vecgpt-", "index_timeout_s": 600.0}
     exact_label = "turbopuffer kNN (exhaustive)"
 
     @property
@@ -247,7 +252,7 @@ class Turbopuffer(OutputIndex):
             raise Unavailable(f"turbopuffer needs {e.name}") from None
         from vecgpt.errors import VecgptError
 
-        opts = {k: v for k, v in self.params.items() if v is not None}
+        opts = {k: v for k, v in self.params.items() if v is not None and k != "index_timeout_s"}
         if opts.get("base_url") == "local":  # start vecgpt's local server (exact ANN) for this run
             from vecgpt.tpuf_local import Running
 
@@ -261,6 +266,8 @@ class Turbopuffer(OutputIndex):
             self.store.drop(self.name)
             self.store.create(self.name, docs.shape[1], "l2", attrs=("row",))
             self.store.upsert(self.name, np.arange(len(docs)), docs, {"row": np.arange(len(docs))})
+            self.index_wait_s = self.store.wait_indexed(self.name, self.params["index_timeout_s"],
+                                                        lambda msg: print(f"  {msg}", file=sys.stderr))
         except VecgptError as e:
             raise Unavailable(f"turbopuffer: {e}") from None
 

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import itertools
 
-from vecgpt.output_index.base import OutputIndex, Unavailable
-from vecgpt.output_index.head import AnnReader, Head, final_hidden
-from vecgpt.output_index.local import FaissHNSW, FaissIVF, FaissIVFPQ, Hnswlib
-from vecgpt.output_index.stores import Lance, Pgvector, Turbopuffer
+from output_index.base import OutputIndex, Unavailable
+from output_index.head import AnnReader, Head, final_hidden
+from output_index.libraries import FaissHNSW, FaissIVF, FaissIVFPQ, Hnswlib
+from output_index.stores import Lance, Pgvector, Turbopuffer
 
 __all__ = ["KINDS", "AnnReader", "FaissHNSW", "FaissIVF", "FaissIVFPQ", "Head", "Hnswlib", "Lance", "OutputIndex",
            "Pgvector", "Turbopuffer", "Unavailable", "expand", "final_hidden", "make"]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 # ---------------------------------------------------------------- data shared by every setting
 
 def frequent_tokens(cfg, n_vocab) -> np.ndarray:
@@ -66,7 +65,8 @@ def prepare(model, cfg) -> dict:
 def held_out(ref, cfg, n_ctx) -> tuple[np.ndarray, np.ndarray]:
     """Final vectors [positions, d] of the held-out windows, and the next token at each position."""
     from vecgpt import tokenizer
-    from vecgpt.output_index import final_hidden
+
+    from output_index import final_hidden
 
     text = Path(cfg["corpus"]).read_text()
     held = tokenizer.encode(text[int(0.9 * len(text)):])
@@ -85,7 +85,8 @@ def greedy_decodes(ref, W, cfg, n_ctx):
     """Exact greedy decodes of the prompts: the final vector at every step [n, d], the exact argmax at
     each, the steps per prompt, and the seconds of each step's body (everything but the output layer)."""
     from vecgpt import tokenizer
-    from vecgpt.output_index import final_hidden
+
+    from output_index import final_hidden
 
     W64 = W.astype(np.float64)
     G, per_prompt, body = [], [], []
@@ -113,8 +114,9 @@ class ExactReader:
         self.ref, self.W = ref, W
 
     def read(self, ids, k: int = 40):
-        from vecgpt.output_index import final_hidden
         from vecgpt.sampling import top_k
+
+        from output_index import final_hidden
 
         return top_k(self.W @ final_hidden(self.ref, ids)[-1], k)
 
@@ -157,8 +159,9 @@ def whole_token_ms(make_reader, step, cfg, model) -> float:
 # ---------------------------------------------------------------- one index setting
 
 def evaluate(index, data, cfg, model) -> dict:
-    from vecgpt.output_index import AnnReader, Head
     from vecgpt.reference import Reference
+
+    from output_index import AnnReader, Head
 
     W, k = data["W"], cfg["k"]
     head = Head(index, W, k, data["frequent"])

@@ -16,7 +16,18 @@ def save_plot(fig, path: Path) -> Path:
     return path
 
 
+def require() -> None:
+    """Stop before the work, with an install hint, where matplotlib is missing."""
+    import importlib.util
+
+    from vecgpt.errors import VecgptError
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise VecgptError("the plots need matplotlib: pip install 'vecgpt[plots]'")
+
+
 def pyplot():
+    require()
     import matplotlib
 
     matplotlib.use("Agg")

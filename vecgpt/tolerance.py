@@ -1,0 +1,163 @@
+"""How far a store's logits may be from float64 numpy's, derived, and the rule that compares them.
+
+The tolerance. vecgpt.encoding bounds the error of every search (matrix outputs, attention
+scores) from the actual M^2, |q|^2, dimension and the store's unit roundoff u. `logit_tolerance`
+re-runs the float64 reference with each multiply's output moved by that bound, the sign drawn at
+random, and takes the largest change of any logit: tol = SAFETY x max over PATTERNS runs. Half of
+the runs draw one sign per output (errors of independent sign, as rounding errors of different
+documents are), half one sign per search (errors shared by every output of a search, such as the
+store's rounding of |q|^2, here at the full bound). Why this covers the real error although the
+worst sign pattern is not searched: the per-search bound takes gamma_n ~ n u, the worst summation
+order, while rounding errors of independent sign add up to about sqrt(n) u (n = 65..3074 here:
+8 to 55 times less), and SAFETY = 2 covers the spread of a few random patterns around the error
+they sample. The tests report the tolerance beside the error actually seen.
+
+The rule (`disagreements`), teacher-forced and by token id: each store logit within tol of
+numpy's for the same id; two candidates in an order other than numpy's only if numpy's logits are
+within 2 tol; nothing from outside numpy's top k unless its numpy logit is within 2 tol of the
+k-th (the most a pair of errors of at most tol can move it past a member of the top k).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vecgpt import encoding
+from vecgpt.encoding import U32, U64
+from vecgpt.reference import Reference
+from vecgpt.sampling import Candidates
+from vecgpt.weights import Model
+
+PATTERNS, SAFETY = 4, 2.0
+
+
+def unit_roundoff(backend: str) -> float:
+    """The precision a store computes distances in: the memory store float64, every other float32."""
+    return U64 if backend == "memory" else U32
+
+
+class Perturbation:
+    """Moves every multiply of the reference by its search's error bound, with random signs."""
+
+    def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32):
+        self.metric, self.u, self.per_output, self.stored = metric, u, per_output, stored
+        self.rng, self.m2 = np.random.default_rng(seed), {}
+
+    def signs(self, shape):
+        return self.rng.choice([-1.0, 1.0], shape if self.per_output else (1,) * len(shape))
+
+    def linear(self, x, weight, bias, y):
+        key = (weight.__array_interface__["data"][0], weight.shape, weight.strides)
+        if key not in self.m2:  # the largest document norm, as encode_rows computes it
+            b = np.broadcast_to(np.asarray(bias, np.float64), weight.shape[1:])
+            self.m2[key] = float((np.einsum("ij,ij->j", weight, weight) + b * b).max())
+        bound = encoding.search_bound(x, self.m2[key], self.metric, self.u, self.stored)  # [m]
+        return y + bound[:, None] * self.signs(y.shape)
+
+    def scores(self, q, k, scores):  # a decode step's own key is not searched: it is computed in memory
+        norms2 = np.einsum("ij,ij->i", k, k)
+        searched = norms2[:-1] if len(q) == 1 and len(k) > 1 else norms2
+        return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(scores.shape)
+
+
+def teacher_forced(reader, prompt: list[int], tokens: list[int], k: int) -> list[Candidates]:
+    """The candidates after the prompt and after each of tokens[:-1], fed one at a time."""
+    out = [reader.read(prompt, k)]
+    return out + [reader.read([t], k) for t in tokens[:-1]]
+
+
+def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=None) -> np.ndarray:
+    """float64 numpy's full logits [steps, vocab] at the same steps as teacher_forced."""
+    ref = Reference(model64, np.float64)
+    ref.perturb = perturb
+    rows = [ref.logits(prompt)[-1]] + [ref.logits([t])[-1] for t in tokens[:-1]]
+    return np.stack(rows)
+
+
+def logit_tolerance(model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float,
+                    exact: np.ndarray | None = None, stored: float = U32) -> np.ndarray:
+    """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
+    (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way)."""
+    exact = forced_logits(model64, prompt, tokens) if exact is None else exact
+    moved = [np.abs(forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored))
+                    - exact).max(1) for seed in range(PATTERNS)]
+    return SAFETY * np.max(moved, axis=0)
+
+
+def forced_comparison(reader, model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float,
+                      k: int = 40) -> dict:
+    """A store's reader and float64 numpy fed the same tokens: the rule at every step, the derived
+    tolerance and the largest error seen."""
+    cands = teacher_forced(reader, prompt, tokens, k)
+    exact = forced_logits(model64, prompt, tokens)
+    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact)
+    broken = [f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)]
+    return {"candidates": cands, "exact": exact, "tol": tol, "violations": broken,
+            "max_error": np.array([max_error(c, row) for c, row in zip(cands, exact)])}
+
+
+def block_tolerance(model64: Model, ids: list[int], metric: str, u: float,
+                    stored: float = U32) -> tuple[np.ndarray, np.ndarray]:
+    """float64 numpy's logits [positions, vocab] for one block of ids, and the tolerance per position
+    (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way)."""
+    exact = Reference(model64, np.float64).logits(ids)
+    moved = []
+    for seed in range(PATTERNS):
+        ref = Reference(model64, np.float64)
+        ref.perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored)
+        moved.append(np.abs(ref.logits(ids) - exact).max(1))
+    return exact, SAFETY * np.max(moved, axis=0)
+
+
+def disagreements(c: Candidates, ref: np.ndarray, k: int, tol: float) -> list[str]:
+    """Where the store's candidates c break the rule against numpy's full logit row ref; [] if none."""
+    ids, got = np.asarray(c.ids, np.int64), np.asarray(c.logits, np.float64)
+    want, k = ref[ids], min(k, len(ref))
+    out = [] if len(ids) == k else [f"{len(ids)} candidates, not {k}"]
+    out += [f"token {ids[i]}: logit {got[i]:.9g}, numpy {want[i]:.9g}, error above {tol:.3g}"
+            for i in np.flatnonzero(np.abs(got - want) > tol)]
+    before = np.triu(want[None, :] - want[:, None] > 2 * tol, 1)  # [i, j]: i ranked first, numpy's j higher
+    out += [f"token {ids[i]} before {ids[j]}, numpy {want[i]:.9g} < {want[j]:.9g} by over 2 tol"
+            for i, j in np.argwhere(before)]
+    kth = np.partition(ref, len(ref) - k)[len(ref) - k]
+    out += [f"token {ids[i]}: numpy {want[i]:.9g}, more than 2 tol below numpy's k-th {kth:.9g}"
+            for i in np.flatnonzero(want < kth - 2 * tol)]
+    return out
+
+
+def max_error(c: Candidates, ref: np.ndarray) -> float:
+    return float(np.abs(np.asarray(c.logits) - ref[np.asarray(c.ids)]).max())
+
+
+def greedy_margin(ref: np.ndarray) -> np.ndarray:
+    """numpy's top-2 gap per step, [steps]: a greedy run is fixed where it exceeds 2 tol."""
+    top = np.sort(np.partition(ref, -2, axis=-1)[..., -2:], axis=-1)
+    return top[..., 1] - top[..., 0]
+
+
+def sure_greedy_steps(exact: np.ndarray, tol: np.ndarray) -> int:
+    """How many leading greedy tokens every run within tol shares with numpy: up to the first step
+    whose top-2 gap is 2 tol or less."""
+    fixed = greedy_margin(exact) > 2 * tol
+    return int(len(fixed) if fixed.all() else np.argmin(fixed))
+
+
+def sure_draw(ref: np.ndarray, u: float, temperature: float, k: int, tol: float) -> tuple[int | None, str]:
+    """The token `sampling.choose` draws from numpy's row ref with uniform u, if every store within
+    tol draws it too; else (None, why). A store's r-th best logit is within tol of numpy's r-th (a
+    sorted list moves by at most what each entry moves), so its CDF over ranks, F = A / (A + B),
+    is within F (1 - F) (e^(2 tol / T) - 1) <= (e^(2 tol / T) - 1) / 4 of numpy's; and its token at
+    the drawn rank is numpy's if that token's logit stands more than 2 tol from both neighbours."""
+    order = np.lexsort((np.arange(len(ref)), -ref))[:k + 1]  # numpy's top k + 1, best first
+    top = ref[order]
+    z = top[:k] / temperature
+    cdf = np.cumsum(np.exp(z - z.max()))
+    cdf /= cdf[-1]
+    i = min(int(np.searchsorted(cdf, u, side="right")), k - 1)
+    gaps = -np.diff(top)  # gaps[j]: between ranks j and j + 1
+    if any(gaps[j] <= 2 * tol for j in (i - 1, i) if 0 <= j < len(gaps)):
+        return None, "near tie"
+    eps = np.expm1(2 * tol / temperature) / 4 + 1e-12
+    if any(abs(u - cdf[j]) <= eps for j in (i - 1, i) if 0 <= j < k - 1):
+        return None, "near a CDF boundary"
+    return int(order[i]), ""
