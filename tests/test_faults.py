@@ -23,8 +23,8 @@ from vecgpt import api, encoding, weights
 from vecgpt.backends.base import get_store, worst_case_s
 from vecgpt.config import load_config
 from vecgpt.engine import Engine
-from vecgpt.loading import get, ln_table, matrices
 from vecgpt.errors import VecgptError
+from vecgpt.loading import get, ln_table, matrices
 
 pytestmark = pytest.mark.fault
 
