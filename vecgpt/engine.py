@@ -157,6 +157,9 @@ class Session:
         sent = [encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)]
         found = self.store.search_many([Search(self.name, qs, where=Where(
             eq={"layer": layer, "head": h}, lt={"position": end})) for h, (qs, _) in enumerate(sent)])
+        if any(hits.ids.shape[1] != end for hits in found):  # e.g. a crashed server emptied its unlogged tables
+            raise VecgptError(f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
+                              f"positions found in layer {layer}); start the text again")
         order = [np.argsort(hits.ids, axis=1) for hits in found]  # each head: its keys in position order
         pos = np.take_along_axis(found[0].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
         dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), qs, self.key_norms[layer, h][pos],

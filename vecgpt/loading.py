@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from vecgpt import encoding
@@ -42,7 +44,15 @@ def plan(model: Model, metric: str) -> list[tuple[str, int, int]]:
 
 
 def push(store: Store, model: Model, metric: str = "l2", replace: bool = False, progress: bool = True) -> dict:
-    """Write every matrix, the token and position tables and the layer norms; the manifest goes last."""
+    """Write every matrix, the token and position tables and the layer norms; the manifest goes last.
+
+    Under the store's load lock where it has one: a second process loading the same model waits, then finds
+    it loaded."""
+    with getattr(store, "load_lock", contextlib.nullcontext)():
+        return _push(store, model, metric, replace, progress)
+
+
+def _push(store: Store, model: Model, metric: str, replace: bool, progress: bool) -> dict:
     fp = store_fingerprint(model, metric)
     held = store.read_manifest()
     if held and held.get("fingerprint") == fp:

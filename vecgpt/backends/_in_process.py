@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, record
+from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, folder_lock, record
 from vecgpt.errors import VecgptError
+
+TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
 
 
 def default_path(backend: str) -> Path:
@@ -161,7 +163,8 @@ class InProcessStore:
             shutil.rmtree(self._folder(name), ignore_errors=True)
 
     def collections(self) -> list[str]:
-        on_disk = [p.name for p in (self.path / "collections").glob("*") if (p / "meta.json").is_file()] \
+        on_disk = [p.name for p in (self.path / "collections").glob("*")
+                   if (p / "meta.json").is_file() and not p.name.endswith(TEMPORARY)] \
             if (self.path / "collections").is_dir() else []
         return sorted(set(on_disk) | set(self._cols))
 
@@ -175,7 +178,15 @@ class InProcessStore:
     # persistence
     def read_manifest(self) -> dict | None:
         path = self.path / "manifest.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise self._damaged("manifest.json", e) from None
+        if not isinstance(manifest, dict):
+            raise self._damaged("manifest.json", ValueError("not a JSON object"))
+        return manifest
 
     def write_manifest(self, manifest: dict | None) -> None:
         self.flush()
@@ -187,6 +198,9 @@ class InProcessStore:
         tmp = path.with_suffix(".part")
         tmp.write_text(json.dumps(manifest, indent=1))
         tmp.replace(path)
+
+    def load_lock(self):
+        return folder_lock(self.path)
 
     def flush(self) -> None:
         for name, col in self._cols.items():
@@ -210,24 +224,40 @@ class InProcessStore:
         return self._cols[name]
 
     def _save(self, name: str, col: Collection) -> None:
-        folder, tmp = self._folder(name), self._folder(name + ".part")
+        # Written beside the collection, then swapped in by renames: a kill at any point leaves
+        # either the old folder or the new one under the collection's name, never a mix.
+        folder, tmp, old = self._folder(name), self._folder(name + ".part"), self._folder(name + ".old")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         col.table.save(tmp)
         np.savez(tmp / "attrs.npz", __ids__=col.ids, **col.attrs)
         (tmp / "meta.json").write_text(json.dumps({"dim": col.table.dim, "metric": col.table.metric,
                                                    "attrs": list(col.attrs)}))
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            folder.rename(old)
         tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
         col.dirty = False
 
     def _load(self, name: str) -> Collection:
         folder = self._folder(name)
-        meta = json.loads((folder / "meta.json").read_text())
-        col = Collection(self.table_class.load(folder, meta["dim"], meta["metric"]), meta["attrs"])
-        with np.load(folder / "attrs.npz") as saved:
-            col.ids = saved["__ids__"]
-            col.attrs = {a: saved[a] for a in meta["attrs"]}
+        try:
+            meta = json.loads((folder / "meta.json").read_text())
+            col = Collection(self.table_class.load(folder, meta["dim"], meta["metric"]), meta["attrs"])
+            with np.load(folder / "attrs.npz") as saved:
+                col.ids = saved["__ids__"]
+                col.attrs = {a: saved[a] for a in meta["attrs"]}
+        except Exception as e:  # any file missing, cut short or garbled: numpy, json and FAISS each raise their own
+            raise self._damaged(f"collection {name!r}", e) from None
+        sizes = {len(col.ids), col.table.n, *(len(c) for c in col.attrs.values())}
+        if len(sizes) > 1 or col.table.dim != meta["dim"]:
+            raise self._damaged(f"collection {name!r}", ValueError("its files disagree on the number of rows"))
         col.slot_of = dict(zip(col.ids.tolist(), range(len(col.ids))))
         col.dirty = False
         return col
+
+    def _damaged(self, what: str, error: BaseException) -> VecgptError:
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        return VecgptError(f"{self.backend} store at {self.path}: {what} is damaged ({type(error).__name__}: {detail}); "
+                           f"remove {self.path} and run `vecgpt load` again")

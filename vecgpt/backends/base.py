@@ -114,6 +114,9 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: `load_lock()`, a context manager that keeps other processes' loads out of this store while
+    # one runs (see engine.push). Stores without it take no lock.
+
 
 _tally: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("vecgpt_tally", default=None)
 
@@ -144,6 +147,34 @@ def parallel(calls: Sequence, workers: int = 16) -> list:
     with ThreadPoolExecutor(min(workers, len(calls))) as pool:
         futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
         return [f.result() for f in futures]
+
+
+RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.25, 8.0  # the turbopuffer client's backoff, used by pgvector too
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait before retry number attempt + 1 (0.25, 0.5, 1, ... up to 8)."""
+    return min(RETRY_DELAY_S * 2 ** attempt, MAX_RETRY_DELAY_S)
+
+
+def worst_case_s(timeout: float, max_retries: int) -> float:
+    """The longest a failing request takes to give up: every try waits up to `timeout`, with backoff between."""
+    return (max_retries + 1) * timeout + sum(retry_delay(n) for n in range(max_retries))
+
+
+@contextmanager
+def folder_lock(folder):
+    """An exclusive lock on a store folder, held across processes (flock): one load at a time."""
+    import fcntl
+    from pathlib import Path
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    with open(Path(folder) / ".load.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:

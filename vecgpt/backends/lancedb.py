@@ -25,6 +25,7 @@ cached in memory once read, to tell adds from upserts.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -39,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 from lancedb.index import Bitmap
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, parallel, record
+from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, folder_lock, parallel, record
 from vecgpt.errors import VecgptError
 
 DISTANCE = {"l2": "l2", "ip": "dot"}
@@ -114,6 +115,19 @@ class Table:
         return self.ids
 
 
+def lance_errors(method):
+    """Lance's own errors (a table's files missing, cut short or garbled) as one-line VecgptErrors."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kw):
+        try:
+            return method(self, *args, **kw)
+        except (OSError, RuntimeError, ValueError, pa.ArrowException) as e:
+            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise VecgptError(f"lancedb store at {self.path}: {method.__name__} failed ({type(e).__name__}: {detail}); "
+                              f"if its files are damaged, remove {self.path} and run `vecgpt load` again") from None
+    return wrapped
+
+
 def sql(where: Where | None, attrs: Sequence[str]) -> str | None:
     if where is None:
         return None
@@ -143,6 +157,7 @@ class LanceStore:
         return f"LanceStore(path={self.path})"
 
     # collections
+    @lance_errors
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
         if metric not in self.metrics:
             raise VecgptError(f"lancedb cannot rank by {metric!r}; it offers {self.metrics}")
@@ -162,6 +177,7 @@ class LanceStore:
         with self._lock:
             self._tables[name] = table
 
+    @lance_errors
     def upsert(self, name, ids, vectors, attrs=None) -> None:
         table = self._table(name)
         vectors = check_vectors(name, vectors, table.dim)
@@ -191,6 +207,7 @@ class LanceStore:
             if self.compact_every and table.writes >= self.compact_every:
                 self._compact(table)
 
+    @lance_errors
     def search(self, name, queries, k=None, where=None) -> Hits:
         table = self._table(name)
         queries = check_vectors(name, queries, table.dim)
@@ -224,6 +241,7 @@ class LanceStore:
         calls = [lambda s=s: self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         return parallel(calls) if self.concurrent else [c() for c in calls]
 
+    @lance_errors
     def _search_union(self, searches: Sequence[Search]) -> list[Hits]:
         """Filtered all-row searches of one table (a layer's heads) as one query: every query
         vector against the union of the filters, then each search keeps its own matches."""
@@ -251,6 +269,7 @@ class LanceStore:
             first += len(q)
         return out
 
+    @lance_errors
     def fetch(self, name, ids) -> np.ndarray:
         table = self._table(name)
         ids = np.asarray(ids, np.int64)
@@ -271,16 +290,19 @@ class LanceStore:
             raise VecgptError(f"collection {name!r} has no id {int(ids[missing][0])}")
         return vectors[at].astype(np.float32)
 
+    @lance_errors
     def count(self, name) -> int:
         table = self._table(name)
         with table.lock.read():
             return table.row_count()
 
+    @lance_errors
     def drop(self, name) -> None:
         with self._lock:
             self._tables.pop(name, None)
         self.db.drop_table(name, ignore_missing=True)
 
+    @lance_errors
     def collections(self) -> list[str]:
         names, token = [], None
         while True:
@@ -290,6 +312,7 @@ class LanceStore:
             if not token or not page.tables:
                 return sorted(set(names))
 
+    @lance_errors
     def stats(self) -> dict:
         out = {}
         for name in self.collections():
@@ -301,6 +324,7 @@ class LanceStore:
         return out
 
     # maintenance
+    @lance_errors
     def compact(self, name: str | None = None) -> None:
         """Compact one table (or every table written since its last compaction) and drop old versions."""
         tables = [self._table(name)] if name else [t for t in list(self._tables.values()) if t.writes]
@@ -319,10 +343,12 @@ class LanceStore:
         table.writes = 0
 
     # persistence
+    @lance_errors
     def read_manifest(self) -> dict | None:
         path = self.path / "manifest.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
+    @lance_errors
     def write_manifest(self, manifest: dict | None) -> None:
         path = self.path / "manifest.json"
         if manifest is None:
@@ -332,6 +358,9 @@ class LanceStore:
         tmp = path.with_suffix(".part")
         tmp.write_text(json.dumps(manifest, indent=1))
         tmp.replace(path)
+
+    def load_lock(self):
+        return folder_lock(self.path)
 
     def close(self) -> None:
         with self._lock:

@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -42,7 +45,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, record
+from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, record, retry_delay, worst_case_s
 from vecgpt.errors import VecgptError
 
 ENV_DSN = "VECGPT_PG_DSN"
@@ -153,12 +156,15 @@ def check_dsn_has_no_password(dsn: str) -> None:
 
 
 def connect(dsn: str | None = None, schema: str = "vecgpt", data_dir: str | None = None,
-            workers: int = 0, keep_server: bool = False) -> "PgStore":
+            workers: int = 0, keep_server: bool = False, timeout: float = 5.0, max_retries: int = 3) -> "PgStore":
     """dsn: a libpq connection string (VECGPT_PG_DSN wins); none: a local pgserver in data_dir.
 
     workers: parallel workers per scan (max_parallel_workers_per_gather); keep_server: leave the
-    local server running when this process exits.
+    local server running when this process exits; timeout: seconds to wait for a connection (and, over
+    TCP, for a silent server); max_retries: reconnections tried when the connection is lost.
     """
+    if not timeout > 0 or max_retries < 0:
+        raise VecgptError(f"pgvector: timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries})")
     env = os.environ.get(ENV_DSN)
     if env:
         dsn = env
@@ -167,7 +173,7 @@ def connect(dsn: str | None = None, schema: str = "vecgpt", data_dir: str | None
         check_dsn_has_no_password(dsn)
     else:
         dsn = local_server(data_dir, cleanup=None if keep_server else "stop")
-    return PgStore(dsn, schema, workers)
+    return PgStore(dsn, schema, workers, timeout, max_retries)
 
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
@@ -205,18 +211,24 @@ class PgStore:
     metrics: tuple[Metric, ...] = ("l2", "ip")
     concurrent = False  # one connection; the engine sends requests one after another
 
-    def __init__(self, dsn: str, schema: str = "vecgpt", workers: int = 0):
-        self.dsn, self.schema = dsn, schema
+    def __init__(self, dsn: str, schema: str = "vecgpt", workers: int = 0, timeout: float = 5.0,
+                 max_retries: int = 3):
+        self.dsn, self.schema, self.workers = dsn, schema, workers
+        self.timeout, self.max_retries = timeout, max_retries
         self._lock = threading.RLock()
         self._meta: dict[str, Meta] = {}
         self._sql: dict[tuple, str] = {}  # search statements by shape
         self._pending: str | None = None  # the collection whose load transaction is open
-        self.conn = self._connect(dsn)
-        self.conn.prepare_threshold = 0  # every statement is prepared on first use ...
-        self.conn.prepared_max = 1024  # ... and kept: one per collection and query shape
-        for setting, value in (("jit", "off"), ("max_parallel_workers_per_gather", str(int(workers)))):
-            self.conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(value)))
+        self.conn = self._session()
         self._setup()
+
+    def _session(self):
+        conn = self._connect(self.dsn)
+        conn.prepare_threshold = 0  # every statement is prepared on first use ...
+        conn.prepared_max = 1024  # ... and kept: one per collection and query shape
+        for setting, value in (("jit", "off"), ("max_parallel_workers_per_gather", str(int(self.workers)))):
+            conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(value)))
+        return conn
 
     def __str__(self) -> str:
         info = self.conn.info
@@ -226,7 +238,11 @@ class PgStore:
     # connection
     def _connect(self, dsn: str):
         try:
-            conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            # Over TCP, keepalives notice a server that stopped answering within about `timeout`.
+            probe = max(1, int(self.timeout / 2))
+            conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(2, math.ceil(self.timeout)),
+                                   keepalives=1, keepalives_idle=probe, keepalives_interval=1, keepalives_count=probe,
+                                   tcp_user_timeout=int(self.timeout * 1000))
         except psycopg.OperationalError as e:
             message, where = scrub(first_line(e), dsn), describe_dsn(dsn)  # never print credentials
             if "refused" in message or "No such file" in message:
@@ -271,7 +287,7 @@ class PgStore:
             self.conn.execute("COMMIT")
 
     def _rollback(self) -> None:
-        if self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if not self.conn.broken and self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             self.conn.execute("ROLLBACK")
         if self._pending is not None:
             self._meta.pop(self._pending, None)  # a collection created in the transaction is gone
@@ -282,18 +298,41 @@ class PgStore:
     def _run(self, fn, *args, loading: str | None = None):
         """Call fn inside the lock; a database error rolls back and becomes a one-line VecgptError.
 
-        Any call but an upsert to the collection being loaded (`loading`) first commits that load.
+        Any call but an upsert to the collection being loaded (`loading`) first commits that load. A lost
+        connection is opened again (up to max_retries times, with backoff) and fn tried again, unless a
+        load transaction was open: that collection's rows are gone with it.
         """
         with self._lock:
-            try:
-                if self._pending is not None and self._pending != loading:
-                    self._commit()
-                return fn(*args)
-            except VecgptError:
-                raise
-            except psycopg.Error as e:
-                self._rollback()
-                raise VecgptError(f"PostgreSQL: {first_line(e)}") from None
+            lost = None
+            for attempt in range(self.max_retries + 1):
+                try:
+                    if self._pending is not None and self._pending != loading:
+                        self._commit()
+                    return fn(*args)
+                except VecgptError:
+                    raise
+                except psycopg.Error as e:
+                    loading_lost = self._pending is not None
+                    self._rollback()
+                    if not self.conn.broken:
+                        raise VecgptError(f"PostgreSQL: {first_line(e)}") from None
+                    if loading_lost:
+                        raise VecgptError(f"lost the connection to PostgreSQL during a load ({first_line(e)}); "
+                                          f"run `vecgpt load` again") from None
+                    lost = lost or e  # the first failure says what happened; later ones say "closed"
+                if attempt < self.max_retries and self._reconnect(attempt):
+                    continue
+            raise VecgptError(f"lost the connection to PostgreSQL ({first_line(lost)}) and could not reconnect in "
+                              f"{self.max_retries} retries (at most {worst_case_s(self.timeout, self.max_retries):.0f} s); "
+                              f"is the server running? (timeout and max_retries in [store])") from None
+
+    def _reconnect(self, attempt: int) -> bool:
+        time.sleep(retry_delay(attempt))
+        try:
+            self.conn = self._session()
+        except VecgptError:
+            return False
+        return True
 
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
@@ -547,6 +586,17 @@ class PgStore:
                 self.conn.execute(sql.SQL("INSERT INTO {} VALUES ('manifest', %s) ON CONFLICT (key) DO UPDATE "
                                           "SET value = EXCLUDED.value").format(table), (Jsonb(manifest),))
         self._run(run)
+
+    @contextmanager
+    def load_lock(self):
+        """One load per schema at a time, across processes: a session-level advisory lock."""
+        key = sql.SQL("hashtext({}), 1").format(sql.Literal(self.schema))
+        self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_lock({})").format(key)))
+        try:
+            yield
+        finally:
+            if not self.conn.broken:  # a lost session has released it
+                self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_unlock({})").format(key)))
 
     def close(self) -> None:
         with self._lock:

@@ -31,6 +31,7 @@ returned as float64 arrays. Auth: TURBOPUFFER_API_KEY only (never printed). Wher
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import os
@@ -554,9 +555,22 @@ def check_namespace(ns: str) -> None:
                           f"shorten the prefix")
 
 
+@functools.lru_cache(maxsize=1)
+def bounded_client_class():
+    import turbopuffer
+
+    class BoundedClient(turbopuffer.Turbopuffer):
+        """Retries wait by the backoff schedule only, never a server's Retry-After (the client honours up to 30
+        minutes), so a failing request gives up within base.worst_case_s(timeout, max_retries)."""
+
+        def _parse_retry_after_header(self, response_headers=None):
+            return None
+    return BoundedClient
+
+
 def connect(base_url: str | None = None, region: str | None = None, prefix: str = "vecgpt-",
             layout: str = "namespace-per-matrix", replicas: int = 1, key_replicas: int = 2,
-            key_partition: str = "head", max_retries: int = 4, compression: bool = False, timeout: float = 60.0,
+            key_partition: str = "head", max_retries: int = 3, compression: bool = False, timeout: float = 5.0,
             max_top_k: int = MAX_TOP_K, slots: int = SLOTS, write_batch_mb: float = 8.0) -> TurbopufferStore:
     import turbopuffer
 
@@ -565,6 +579,9 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
                           f"(namespace per vector length was measured and dropped: see docs/turbopuffer.md)")
     if replicas < 1 or key_replicas < 1 or not 1 <= max_top_k <= MAX_TOP_K or slots < KNN_SLOTS:
         raise VecgptError("replicas and key_replicas must be >= 1, max_top_k within 1..10000, slots >= 2")
+    if not timeout > 0 or max_retries < 0:
+        raise VecgptError(f"timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries}); a request gives up "
+                          f"after at most (max_retries + 1) * timeout plus backoff")
     key = os.environ.get("TURBOPUFFER_API_KEY")
     if not key:
         raise VecgptError("set TURBOPUFFER_API_KEY (any string for a local server: vecgpt tpuf-local)")
@@ -579,8 +596,8 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
         if os.environ.get("TURBOPUFFER_REGION"):  # the client would take it and refuse this base URL
             raise VecgptError(f"TURBOPUFFER_REGION is set but base_url {base_url} has no {{region}}; unset it")
     try:
-        client = turbopuffer.Turbopuffer(api_key=key, region=region, base_url=base_url, max_retries=max_retries,
-                                         compression=compression, timeout=timeout)
+        client = bounded_client_class()(api_key=key, region=region, base_url=base_url, max_retries=max_retries,
+                               compression=compression, timeout=timeout)
     except turbopuffer.TurbopufferError as e:
         raise VecgptError(f"turbopuffer client: {e}") from None
     url = str(client.base_url).rstrip("/")
