@@ -1,8 +1,8 @@
 """The store protocol every backend implements, and the registry that finds backends by name.
 
-A backend is a module of vecgpt/backends with a top-level `connect(**options) -> Store` (its file is
-its registration; `_`-modules are helpers), or a `connect` that another package declares in the entry
-point group `vecgpt.stores`, e.g. in its pyproject.toml:
+A backend is a module (or a package's `__init__.py`) of vecgpt/backends with a top-level
+`connect(**options) -> Store` (its file is its registration; `_`-modules are helpers), or a `connect`
+that another package declares in the entry point group `vecgpt.stores`, e.g. in its pyproject.toml:
 
     [project.entry-points."vecgpt.stores"]
     mystore = "mypackage.store:connect"
@@ -10,6 +10,9 @@ point group `vecgpt.stores`, e.g. in its pyproject.toml:
 A collection is a named set of float32 vectors of one dimension, each with an integer id and
 integer attributes. Ids are row indices chosen by the caller, so results scatter straight into
 numpy. Distances are squared L2 ("l2") or the negated inner product ("ip"), lower is better.
+
+Optional beside connect(), in the same module: `estimate_cost(rows, **options) -> str`, what a load
+into this store costs (`vecgpt load --dry-run` prints it; rows as `vecgpt.loading.plan` gives them).
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
 
 @functools.cache
 def in_tree() -> tuple[str, ...]:
-    """The modules of vecgpt/backends that define connect() at top level (read, not imported)."""
+    """The modules and packages of vecgpt/backends that define connect() at top level (read, not imported)."""
     import vecgpt.backends as pkg
 
     return tuple(sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
@@ -194,7 +197,12 @@ def in_tree() -> tuple[str, ...]:
 
 
 def _defines_connect(folder: str, name: str) -> bool:
-    tree = ast.parse((Path(folder) / f"{name}.py").read_text(encoding="utf-8"))
+    """Whether `<name>.py`, or a package's `<name>/__init__.py`, defines connect() at top level."""
+    path = Path(folder) / name / "__init__.py"
+    path = path if path.is_file() else Path(folder) / f"{name}.py"
+    if not path.is_file():
+        return False
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     return any(isinstance(node, ast.FunctionDef) and node.name == "connect" for node in tree.body)
 
 
@@ -219,6 +227,11 @@ def connector(backend: str):
         return ep.load()
     except ImportError as e:
         raise VecgptError(f"backend {backend!r} (entry point {ep.value}) needs {e.name}; pip install it") from None
+
+
+def extra(backend: str, name: str):
+    """An optional function the backend's module offers beside connect() (e.g. estimate_cost), or None."""
+    return getattr(importlib.import_module(connector(backend).__module__), name, None)
 
 
 def get_store(backend: str, **options) -> Store:
