@@ -5,7 +5,7 @@ when [store] gives neither `base_url` nor `region`. Layout, limits, costs and th
 docs/turbopuffer.md.
 
 Modules: `store` (TurbopufferStore), `catalog` (collections and the namespaces they own), `search` (kNN
-subqueries, splitting at the row limit, fetch), `requests` (limits, concurrency gate, errors, billing),
+subqueries, splitting at the row limit, fetch), `plumbing` (limits, concurrency gate, errors, billing),
 `filters` (`Where` -> filter), `cost` (prices, the `vecgpt load --dry-run` estimate), `gc` (`vecgpt
 tpuf-gc`), `server/` (`vecgpt tpuf-local`, a local server speaking turbopuffer's API).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from vecgpt.backends.turbopuffer.cost import PRICES, dollars, estimate_cost
-from vecgpt.backends.turbopuffer.requests import KNN_SLOTS, MAX_TOP_K, SLOTS, bounded_client_class
+from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_TOP_K, SLOTS, bounded_client_class
 from vecgpt.backends.turbopuffer.store import TurbopufferStore, b64
 from vecgpt.errors import VecgptError
 

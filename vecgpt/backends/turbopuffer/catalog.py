@@ -8,13 +8,13 @@ import re
 from collections.abc import Sequence
 
 from vecgpt.backends.base import Metric, record
-from vecgpt.backends.turbopuffer.requests import Requests
+from vecgpt.backends.turbopuffer.plumbing import Plumbing
 from vecgpt.errors import VecgptError
 
 NAME = re.compile(r"[A-Za-z0-9\-_.]{1,128}\Z")
 
 
-class Catalog(Requests):
+class Catalog(Plumbing):
     """Collections as catalog rows, and the namespaces each one owns."""
 
     def _catalog(self) -> dict[str, dict]:

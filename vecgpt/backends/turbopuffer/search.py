@@ -12,7 +12,7 @@ import numpy as np
 
 from vecgpt.backends.base import Hits, Search, Where, check_vectors, parallel
 from vecgpt.backends.turbopuffer.filters import MATCH_ALL, range_of, strip_range, to_filter, with_range
-from vecgpt.backends.turbopuffer.requests import KNN_SLOTS
+from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS
 from vecgpt.errors import VecgptError
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from vecgpt.backends.base import Metric, check_vectors, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
-from vecgpt.backends.turbopuffer.requests import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
+from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
 from vecgpt.backends.turbopuffer.search import Searching
 from vecgpt.errors import VecgptError
 

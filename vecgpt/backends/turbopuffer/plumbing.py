@@ -59,7 +59,7 @@ def gate_for(url: str, slots: int) -> Gate:
 
 
 
-class Requests:
+class Plumbing:
     """The plumbing a store sends its requests through (needs client, url, usage, _lock, _handles)."""
 
     def _ns(self, name: str):
@@ -143,7 +143,6 @@ def _detail(e) -> str:
     else:
         msg = body or str(e)
     return str(msg).splitlines()[0][:300] if str(msg) else type(e).__name__
-
 
 
 @functools.lru_cache(maxsize=1)
