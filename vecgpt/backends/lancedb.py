@@ -27,29 +27,38 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import threading
 import warnings
+from collections.abc import Sequence
 from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
-from typing import Sequence
 
 import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.index import Bitmap
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, folder_lock, parallel, record
+from vecgpt.backends.base import (
+    FolderStore,
+    Hits,
+    Metric,
+    Search,
+    Where,
+    check_found,
+    check_metric,
+    check_rows,
+    check_same,
+    check_vectors,
+    check_where,
+    last_writes,
+    no_collection,
+    parallel,
+    record,
+)
 from vecgpt.errors import VecgptError
 
 DISTANCE = {"l2": "l2", "ip": "dot"}
 RESERVED = {"id", "vector"}
-
-
-def default_path() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "vecgpt" / "lancedb"
 
 
 class RWLock:
@@ -122,29 +131,25 @@ def lance_errors(method):
         try:
             return method(self, *args, **kw)
         except (OSError, RuntimeError, ValueError, pa.ArrowException) as e:
-            detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise VecgptError(f"lancedb store at {self.path}: {method.__name__} failed ({type(e).__name__}: {detail}); "
-                              f"if its files are damaged, remove {self.path} and run `vecgpt load` again") from None
+            raise self.damaged(f"{method.__name__} failed, its files may be damaged", e) from None
     return wrapped
 
 
-def sql(where: Where | None, attrs: Sequence[str]) -> str | None:
+def sql(where: Where | None) -> str | None:
     if where is None:
         return None
-    unknown = where.attributes() - set(attrs)
-    if unknown:
-        raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; this collection has {sorted(attrs)}")
     terms = [f"{a} = {int(v)}" for a, v in where.eq.items()] + [f"{a} < {int(v)}" for a, v in where.lt.items()] \
         + [f"{a} >= {int(v)}" for a, v in where.ge.items()]
     return " AND ".join(terms) or None
 
 
-class LanceStore:
+class LanceStore(FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
+    backend = "lancedb"
 
     def __init__(self, path: str | None = None, compact_every: int = 12, concurrent: bool = True,
                  index_attrs: Sequence[str] = ("layer", "head"), index_rows: int = 2048):
-        self.path = Path(path).expanduser() if path else default_path()
+        super().__init__(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.db = lancedb.connect(str(self.path))
         self.compact_every = compact_every
@@ -153,20 +158,15 @@ class LanceStore:
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()  # guards _tables
 
-    def __str__(self) -> str:
-        return f"LanceStore(path={self.path})"
-
     # collections
     @lance_errors
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        if metric not in self.metrics:
-            raise VecgptError(f"lancedb cannot rank by {metric!r}; it offers {self.metrics}")
+        check_metric(self.backend, metric, self.metrics)
         if set(attrs) & RESERVED:
             raise VecgptError(f"attribute names {sorted(RESERVED)} are reserved")
         table = self._open(name)
         if table is not None:
-            if (table.dim, table.metric) != (dim, metric):
-                raise VecgptError(f"collection {name!r} exists with dim {table.dim} and metric {table.metric}")
+            check_same(name, (table.dim, table.metric), dim, metric)
             return
         schema = pa.schema([pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
                            + [pa.field(a, pa.int64()) for a in attrs],
@@ -180,18 +180,12 @@ class LanceStore:
     @lance_errors
     def upsert(self, name, ids, vectors, attrs=None) -> None:
         table = self._table(name)
-        vectors = check_vectors(name, vectors, table.dim)
-        ids = np.asarray(ids, np.int64)
-        if len(ids) != len(vectors):
-            raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
+        ids, vectors = check_rows(name, ids, vectors, table.dim)
         if len(ids) == 0:
             return
-        attrs = attrs or {}
-        ids, last = np.unique(ids[::-1], return_index=True)  # the last write of an id wins
-        last = len(vectors) - 1 - last
-        columns = [pa.array(ids), pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors[last]).ravel()), table.dim)]
-        columns += [pa.array(np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64))
-                    for a in table.attrs]
+        ids, vectors, attrs = last_writes(ids, vectors, attrs or {}, table.attrs)
+        columns = [pa.array(ids), pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim)]
+        columns += [pa.array(attrs[a]) for a in table.attrs]
         data = pa.Table.from_arrays(columns, schema=table.handle.schema)
         record()
         with table.lock.write():
@@ -212,7 +206,8 @@ class LanceStore:
         table = self._table(name)
         queries = check_vectors(name, queries, table.dim)
         m = len(queries)
-        condition = sql(where, table.attrs)
+        check_where(name, where, table.attrs)
+        condition = sql(where)
         record(1, m)
         with table.lock.read():
             rows = table.row_count()
@@ -246,8 +241,10 @@ class LanceStore:
         """Filtered all-row searches of one table (a layer's heads) as one query: every query
         vector against the union of the filters, then each search keeps its own matches."""
         table = self._table(searches[0].collection)
-        queries = [check_vectors(searches[0].collection, s.queries, table.dim) for s in searches]
-        union = " OR ".join(f"({sql(s.where, table.attrs)})" for s in searches)
+        queries = [check_vectors(s.collection, s.queries, table.dim) for s in searches]
+        for s in searches:
+            check_where(s.collection, s.where, table.attrs)
+        union = " OR ".join(f"({sql(s.where)})" for s in searches)
         columns = sorted(set().union(*(s.where.attributes() for s in searches)))
         stacked = np.vstack(queries)
         record(1, len(stacked))
@@ -284,11 +281,8 @@ class LanceStore:
         vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(len(got), table.dim)
         order = np.argsort(got)
         got, vectors = got[order], vectors[order]
-        at = np.searchsorted(got, ids)
-        missing = (at >= len(got)) | (got[np.minimum(at, len(got) - 1)] != ids) if len(got) else np.ones(len(ids), bool)
-        if missing.any():
-            raise VecgptError(f"collection {name!r} has no id {int(ids[missing][0])}")
-        return vectors[at].astype(np.float32)
+        check_found(name, ids, set(got.tolist()))
+        return vectors[np.searchsorted(got, ids)].astype(np.float32)
 
     @lance_errors
     def count(self, name) -> int:
@@ -343,24 +337,8 @@ class LanceStore:
         table.writes = 0
 
     # persistence
-    @lance_errors
-    def read_manifest(self) -> dict | None:
-        path = self.path / "manifest.json"
-        return json.loads(path.read_text()) if path.is_file() else None
-
-    @lance_errors
-    def write_manifest(self, manifest: dict | None) -> None:
-        path = self.path / "manifest.json"
-        if manifest is None:
-            path.unlink(missing_ok=True)
-            return
+    def flush(self) -> None:
         self.compact()  # the end of a load: one fragment per table, no old versions
-        tmp = path.with_suffix(".part")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        tmp.replace(path)
-
-    def load_lock(self):
-        return folder_lock(self.path)
 
     def close(self) -> None:
         with self._lock:
@@ -382,7 +360,7 @@ class LanceStore:
     def _table(self, name: str) -> Table:
         table = self._open(name)
         if table is None:
-            raise VecgptError(f"lancedb store at {self.path} has no collection {name!r}")
+            raise no_collection(f"lancedb store at {self.path}", name)
         return table
 
 

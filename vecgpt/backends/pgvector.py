@@ -36,16 +36,34 @@ import math
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, record, retry_delay, worst_case_s
+from vecgpt.backends.base import (
+    Hits,
+    Metric,
+    Search,
+    Where,
+    cache_dir,
+    check_found,
+    check_metric,
+    check_rows,
+    check_same,
+    check_vectors,
+    check_where,
+    first_line,
+    last_writes,
+    no_collection,
+    record,
+    retry_delay,
+    worst_case_s,
+)
 from vecgpt.errors import VecgptError
 
 ENV_DSN = "VECGPT_PG_DSN"
@@ -64,13 +82,7 @@ def default_data_dir() -> Path:
         # As root pgserver runs postgres as a `pgserver` user and opens every parent folder of the
         # data directory to others; /var/tmp keeps that away from /root.
         return Path("/var/tmp/vecgpt/pgserver")
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "vecgpt" / "pgserver"
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return cache_dir("pgserver")
 
 
 _servers: dict[Path, object] = {}
@@ -156,7 +168,7 @@ def check_dsn_has_no_password(dsn: str) -> None:
 
 
 def connect(dsn: str | None = None, schema: str = "vecgpt", data_dir: str | None = None,
-            workers: int = 0, keep_server: bool = False, timeout: float = 5.0, max_retries: int = 3) -> "PgStore":
+            workers: int = 0, keep_server: bool = False, timeout: float = 5.0, max_retries: int = 3) -> PgStore:
     """dsn: a libpq connection string (VECGPT_PG_DSN wins); none: a local pgserver in data_dir.
 
     workers: parallel workers per scan (max_parallel_workers_per_gather); keep_server: leave the
@@ -346,22 +358,19 @@ class PgStore:
     def _col(self, name: str) -> Meta:
         meta = self._get(name)
         if meta is None:
-            raise VecgptError(f"pgvector store {self} has no collection {name!r}")
+            raise no_collection(f"pgvector store {self}", name)
         return meta
 
     # collections
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        if metric not in self.metrics:
-            raise VecgptError(f"pgvector cannot rank by {metric!r}; it offers {self.metrics}")
+        check_metric("pgvector", metric, self.metrics)
         self._run(self._create, name, int(dim), metric, list(attrs))
 
     def _create(self, name, dim, metric, attrs):
         self._commit()
         meta = self._get(name)
         if meta is not None:
-            if (meta.dim, meta.metric) != (dim, metric):
-                raise VecgptError(f"collection {name!r} exists with dimension {meta.dim} and metric {meta.metric}, "
-                                  f"not {dim} and {metric}; drop it first (vecgpt load --replace)")
+            check_same(name, (meta.dim, meta.metric), dim, metric)
             return
         if not 1 <= dim <= 16000:
             raise VecgptError(f"pgvector holds vectors of dimension 1 to 16000, not {dim}")
@@ -431,19 +440,13 @@ class PgStore:
 
     def _upsert(self, name, ids, vectors, attrs):
         meta = self._col(name)
-        vectors = check_vectors(name, vectors, meta.dim)
-        if len(ids) != len(vectors):
-            raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
+        ids, vectors = check_rows(name, ids, vectors, meta.dim)
         if len(ids) == 0:
             return
         unknown = set(attrs) - set(meta.attrs)
         if unknown:
             raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {meta.attrs}")
-        ids, order = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)  # the last write of an id wins
-        order = len(vectors) - 1 - order
-        vectors = vectors[order]
-        columns = {a: np.asarray(attrs[a], np.int64)[order] if a in attrs else np.zeros(len(ids), np.int64)
-                   for a in meta.attrs}
+        ids, vectors, columns = last_writes(ids, vectors, attrs, meta.attrs)
         record()
         table = self._table(meta)
         names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
@@ -477,9 +480,7 @@ class PgStore:
             rows = self.conn.cursor(binary=True).execute(
                 sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%b)").format(self._table(meta)), (want.tolist(),)).fetchall()
             found = {int(i): v for i, v in rows}
-            missing = [int(i) for i in want if int(i) not in found]
-            if missing:
-                raise VecgptError(f"collection {name!r} has no id {missing[0]}")
+            check_found(name, want, found)
             return np.array([found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)]
                              for i in want], np.float32).reshape(len(want), meta.dim)
         return self._run(run)
@@ -530,9 +531,7 @@ class PgStore:
         """One SELECT giving (search, query number, ids[], dists[]) rows for one search: its text, params."""
         filters = []
         if where is not None:
-            unknown = where.attributes() - set(meta.attrs)
-            if unknown:
-                raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; {name!r} has {sorted(meta.attrs)}")
+            check_where(name, where, meta.attrs)
             filters = [(op, attr, int(value)) for op, values in (("=", where.eq), ("<", where.lt), (">=", where.ge))
                        for attr, value in sorted(values.items())]
         single = len(queries) == 1
