@@ -303,7 +303,9 @@ def in_tree() -> tuple[str, ...]:
 
 
 def _defines_connect(folder: str, name: str) -> bool:
-    tree = ast.parse((Path(folder) / f"{name}.py").read_text(encoding="utf-8"))
+    """<name>.py, or a package <name>/ whose __init__.py, defines connect()."""
+    package = Path(folder) / name / "__init__.py"
+    tree = ast.parse((package if package.is_file() else Path(folder) / f"{name}.py").read_text(encoding="utf-8"))
     return any(isinstance(node, ast.FunctionDef) and node.name == "connect" for node in tree.body)
 
 

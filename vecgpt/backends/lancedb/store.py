@@ -1,36 +1,11 @@
-"""LanceDB, embedded: one Lance table per collection in a folder (`path`, default ~/.cache/vecgpt/lancedb).
-
-Search is exact: a flat scan (`bypass_vector_index()`, so an index built on a table is never
-used), filters applied before the scan (`prefilter=True`), every query vector of a call sent in one
-request (the results carry `query_index`). LanceDB gives `_distance` in float32: squared L2 for
-"l2", and 1 - x.y for its "dot", which becomes the protocol's -x.y here (minus 1, in float64).
-A search for every row asks for a limit of the table's row count.
-
-Writes go in as Arrow tables: `add` for ids the table does not hold yet, `merge_insert` on `id`
-where some are already there (an upsert), so writing the same rows twice leaves one copy.
-
-Every write commits a new table version with a new small fragment, and a search pays for every
-fragment. So a table is compacted, and its old versions removed, every `compact_every` writes to
-it (the attention keys get one write per layer per token: 12 writes is one token), and every
-table written since its last compaction is compacted when the manifest is written (the end of a
-load). At a compaction, a table of `index_rows` rows or more gets a bitmap index on each of
-`index_attrs` ("layer", "head"): a key search then reads only its own head's keys instead of
-every key of the text. A compaction must not remove files that a search in another thread still
-reads: searches hold a table's read lock, writes and compactions its write lock.
-
-Table metadata (dimension, metric, attributes) lives in the Arrow schema's metadata; the manifest
-is manifest.json beside the tables. One process writes a store at a time: the ids of a table are
-cached in memory once read, to tell adds from upserts.
-"""
+"""The LanceDB store: one Lance table per collection, exact flat scans, compaction as keys grow."""
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import warnings
 from collections.abc import Sequence
-from contextlib import contextmanager
 from datetime import timedelta
 
 import lancedb
@@ -43,7 +18,6 @@ from vecgpt.backends.base import (
     Hits,
     Metric,
     Search,
-    Where,
     check_found,
     check_metric,
     check_rows,
@@ -55,92 +29,8 @@ from vecgpt.backends.base import (
     parallel,
     record,
 )
+from vecgpt.backends.lancedb.table import RESERVED, Table, lance_errors, sql
 from vecgpt.errors import VecgptError
-
-DISTANCE = {"l2": "l2", "ip": "dot"}
-RESERVED = {"id", "vector"}
-
-
-class RWLock:
-    """Many readers or one writer."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writing = False
-
-    @contextmanager
-    def read(self):
-        with self._cond:
-            while self._writing:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def write(self):
-        with self._cond:
-            while self._writing or self._readers:
-                self._cond.wait()
-            self._writing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
-
-
-class Table:
-    """An open Lance table and what this process knows about it."""
-
-    def __init__(self, handle):
-        self.handle = handle
-        meta = {k.decode(): v.decode() for k, v in (handle.schema.metadata or {}).items()}
-        self.dim = int(meta["vecgpt.dim"])
-        self.metric: Metric = meta["vecgpt.metric"]
-        self.attrs: list[str] = json.loads(meta["vecgpt.attrs"])
-        self.lock = RWLock()
-        self.ids: set[int] | None = None  # the ids held, read on the first upsert
-        self.rows: int | None = None  # row count, kept up to date by this process's writes
-        self.writes = 0  # writes since the last compaction
-        self.indexed = {c for index in handle.list_indices() for c in index.columns}
-
-    def row_count(self) -> int:
-        if self.rows is None:
-            self.rows = self.handle.count_rows()
-        return self.rows
-
-    def held_ids(self) -> set[int]:
-        if self.ids is None:
-            rows = self.row_count()
-            arrow = self.handle.search().select(["id"]).limit(rows).to_arrow() if rows else None
-            self.ids = set(arrow["id"].to_numpy().tolist()) if arrow is not None else set()
-        return self.ids
-
-
-def lance_errors(method):
-    """Lance's own errors (a table's files missing, cut short or garbled) as one-line VecgptErrors."""
-    @functools.wraps(method)
-    def wrapped(self, *args, **kw):
-        try:
-            return method(self, *args, **kw)
-        except (OSError, RuntimeError, ValueError, pa.ArrowException) as e:
-            raise self.damaged(f"{method.__name__} failed, its files may be damaged", e) from None
-    return wrapped
-
-
-def sql(where: Where | None) -> str | None:
-    if where is None:
-        return None
-    terms = [f"{a} = {int(v)}" for a, v in where.eq.items()] + [f"{a} < {int(v)}" for a, v in where.lt.items()] \
-        + [f"{a} >= {int(v)}" for a, v in where.ge.items()]
-    return " AND ".join(terms) or None
 
 
 class LanceStore(FolderStore):
@@ -214,15 +104,11 @@ class LanceStore(FolderStore):
             limit = rows if k is None else min(k, rows)
             if limit == 0 or m == 0:
                 return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
-            query = table.handle.search(list(queries) if m > 1 else queries[0], vector_column_name="vector")
-            query = query.distance_type(DISTANCE[table.metric]).bypass_vector_index()
+            query = table.search(list(queries) if m > 1 else queries[0])
             if condition:
                 query = query.where(condition, prefilter=True)
             result = query.select(["id", "_distance"]).limit(limit).to_arrow()
-        ids = result["id"].to_numpy()
-        dists = result["_distance"].to_numpy().astype(np.float64)
-        if table.metric == "ip":
-            dists -= 1.0  # LanceDB's dot distance is 1 - x.y
+        ids, dists = result["id"].to_numpy(), table.distances(result)
         if m > 1:  # rows come grouped by query; make sure of it
             order = np.argsort(result["query_index"].to_numpy(), kind="stable")
             ids, dists = ids[order], dists[order]
@@ -249,14 +135,11 @@ class LanceStore(FolderStore):
         stacked = np.vstack(queries)
         record(1, len(stacked))
         with table.lock.read():
-            query = table.handle.search(list(stacked), vector_column_name="vector")
-            query = query.distance_type(DISTANCE[table.metric]).bypass_vector_index().where(union, prefilter=True)
+            query = table.search(list(stacked)).where(union, prefilter=True)
             result = query.select(["id", "_distance", *columns]).limit(max(table.row_count(), 1)).to_arrow()
         order = np.argsort(result["query_index"].to_numpy(), kind="stable")
         which = result["query_index"].to_numpy()[order]
-        ids, dists = result["id"].to_numpy()[order], result["_distance"].to_numpy().astype(np.float64)[order]
-        if table.metric == "ip":
-            dists -= 1.0  # LanceDB's dot distance is 1 - x.y
+        ids, dists = result["id"].to_numpy()[order], table.distances(result)[order]
         attrs = {c: result[c].to_numpy()[order] for c in columns}
         out, first = [], 0
         for s, q in zip(searches, queries):
@@ -362,11 +245,3 @@ class LanceStore(FolderStore):
         if table is None:
             raise no_collection(f"lancedb store at {self.path}", name)
         return table
-
-
-def connect(path: str | None = None, compact_every: int = 12, concurrent: bool = True,
-            index_attrs: Sequence[str] = ("layer", "head"), index_rows: int = 2048) -> LanceStore:
-    """path: the store's folder; compact_every: writes to a table between compactions (0: never,
-    except at the end of a load); concurrent: let the engine send a round's requests from threads;
-    index_attrs: attributes given a bitmap index when a table of index_rows rows or more is compacted."""
-    return LanceStore(path, compact_every, concurrent, index_attrs, index_rows)
