@@ -1,8 +1,6 @@
 """What the in-process stores (memory, faiss) share: ids, attributes, filters and a folder on disk.
 
-A subclass says how vectors are held and how distances are computed (`Table`); this module keeps
-ids (slot -> id and back), attribute columns, `Where` masks, the manifest, and persistence.
-Collections named `text-*` (a text's attention keys) live only in memory: they belong to one run.
+A subclass says how vectors are held and how distances are computed (`Table`). See docs/memory.md.
 """
 
 from __future__ import annotations
@@ -14,22 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends.base import (
-    FolderStore,
-    Hits,
-    Metric,
-    Search,
-    Where,
-    check_found,
-    check_metric,
-    check_rows,
-    check_same,
-    check_vectors,
-    check_where,
-    last_writes,
-    no_collection,
-    record,
-)
+from vecgpt.backends import base
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, record
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
 
@@ -59,7 +43,7 @@ class Collection:
         self.dirty = True
 
     def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray]) -> None:
-        ids, vectors, attrs = last_writes(ids, vectors, attrs, list(self.attrs))
+        ids, vectors, attrs = base.last_writes(ids, vectors, attrs, list(self.attrs))
         slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
         old, new = slots >= 0, slots < 0
         if old.any():
@@ -92,23 +76,23 @@ class InProcessStore(FolderStore):
 
     # collections
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        check_metric(self.backend, metric, self.metrics)
+        base.check_metric(self.backend, metric, self.metrics)
         if self._has(name):
             col = self._col(name)
-            check_same(name, (col.table.dim, col.table.metric), dim, metric)
+            base.check_same(name, (col.table.dim, col.table.metric), dim, metric)
             return
         self._cols[name] = Collection(self.table_class(dim, metric), attrs)
 
     def upsert(self, name, ids, vectors, attrs=None) -> None:
         col = self._col(name)
-        ids, vectors = check_rows(name, ids, vectors, col.table.dim)
+        ids, vectors = base.check_rows(name, ids, vectors, col.table.dim)
         record()
         col.upsert(ids, vectors, attrs or {})
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         col = self._col(name)
-        queries = check_vectors(name, queries, col.table.dim)
-        check_where(name, where, list(col.attrs))
+        queries = base.check_vectors(name, queries, col.table.dim)
+        base.check_where(name, where, list(col.attrs))
         record(1, len(queries))
         slots = col.slots(where)
         if k is None:
@@ -125,9 +109,9 @@ class InProcessStore(FolderStore):
         if len(searches) < 2 or len({s.collection for s in searches}) > 1 or any(s.k is not None for s in searches):
             return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         col = self._col(searches[0].collection)
-        queries = [check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
+        queries = [base.check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
         for s in searches:
-            check_where(s.collection, s.where, list(col.attrs))
+            base.check_where(s.collection, s.where, list(col.attrs))
         masks = [col.mask(s.where) for s in searches]
         record(1, sum(len(q) for q in queries))
         dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(np.logical_or.reduce(masks)))
@@ -143,7 +127,7 @@ class InProcessStore(FolderStore):
     def fetch(self, name, ids) -> np.ndarray:
         col = self._col(name)
         record()
-        check_found(name, ids, col.slot_of)
+        base.check_found(name, ids, col.slot_of)
         slots = np.array([col.slot_of[int(i)] for i in ids], np.int64)
         return col.table.vectors(slots)
 
@@ -186,7 +170,7 @@ class InProcessStore(FolderStore):
     def _col(self, name: str) -> Collection:
         if name not in self._cols:
             if not self._has(name):
-                raise no_collection(f"{self.backend} store at {self.path}", name)
+                raise base.no_collection(self, name)
             self._cols[name] = self._load(name)
         return self._cols[name]
 

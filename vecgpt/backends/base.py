@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from vecgpt.encoding import Metric
 from vecgpt.errors import VecgptError
 
 GROUP = "vecgpt.stores"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -246,8 +247,15 @@ def check_found(name: str, ids: np.ndarray, found: abc.Container) -> None:
         raise VecgptError(f"collection {name!r} has no id {missing[0]}")
 
 
-def no_collection(store: str, name: str) -> VecgptError:
+def no_collection(store: object, name: str) -> VecgptError:
     return VecgptError(f"{store} has no collection {name!r}")
+
+
+def existing(found: T | None, store: object, name: str) -> T:
+    """What the store found for a collection, or the error that it has none of that name."""
+    if found is None:
+        raise no_collection(store, name)
+    return found
 
 
 class FolderStore:

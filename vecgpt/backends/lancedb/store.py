@@ -13,22 +13,8 @@ import numpy as np
 import pyarrow as pa
 from lancedb.index import Bitmap
 
-from vecgpt.backends.base import (
-    FolderStore,
-    Hits,
-    Metric,
-    Search,
-    check_found,
-    check_metric,
-    check_rows,
-    check_same,
-    check_vectors,
-    check_where,
-    last_writes,
-    no_collection,
-    parallel,
-    record,
-)
+from vecgpt.backends import base
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, parallel, record
 from vecgpt.backends.lancedb.table import RESERVED, Table, lance_errors, sql
 from vecgpt.errors import VecgptError
 
@@ -51,12 +37,12 @@ class LanceStore(FolderStore):
     # collections
     @lance_errors
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        check_metric(self.backend, metric, self.metrics)
+        base.check_metric(self.backend, metric, self.metrics)
         if set(attrs) & RESERVED:
             raise VecgptError(f"attribute names {sorted(RESERVED)} are reserved")
         table = self._open(name)
         if table is not None:
-            check_same(name, (table.dim, table.metric), dim, metric)
+            base.check_same(name, (table.dim, table.metric), dim, metric)
             return
         schema = pa.schema([pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
                            + [pa.field(a, pa.int64()) for a in attrs],
@@ -70,10 +56,10 @@ class LanceStore(FolderStore):
     @lance_errors
     def upsert(self, name, ids, vectors, attrs=None) -> None:
         table = self._table(name)
-        ids, vectors = check_rows(name, ids, vectors, table.dim)
+        ids, vectors = base.check_rows(name, ids, vectors, table.dim)
         if len(ids) == 0:
             return
-        ids, vectors, attrs = last_writes(ids, vectors, attrs or {}, table.attrs)
+        ids, vectors, attrs = base.last_writes(ids, vectors, attrs or {}, table.attrs)
         columns = [pa.array(ids), pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim)]
         columns += [pa.array(attrs[a]) for a in table.attrs]
         data = pa.Table.from_arrays(columns, schema=table.handle.schema)
@@ -94,9 +80,9 @@ class LanceStore(FolderStore):
     @lance_errors
     def search(self, name, queries, k=None, where=None) -> Hits:
         table = self._table(name)
-        queries = check_vectors(name, queries, table.dim)
+        queries = base.check_vectors(name, queries, table.dim)
         m = len(queries)
-        check_where(name, where, table.attrs)
+        base.check_where(name, where, table.attrs)
         condition = sql(where)
         record(1, m)
         with table.lock.read():
@@ -127,9 +113,9 @@ class LanceStore(FolderStore):
         """Filtered all-row searches of one table (a layer's heads) as one query: every query
         vector against the union of the filters, then each search keeps its own matches."""
         table = self._table(searches[0].collection)
-        queries = [check_vectors(s.collection, s.queries, table.dim) for s in searches]
+        queries = [base.check_vectors(s.collection, s.queries, table.dim) for s in searches]
         for s in searches:
-            check_where(s.collection, s.where, table.attrs)
+            base.check_where(s.collection, s.where, table.attrs)
         union = " OR ".join(f"({sql(s.where)})" for s in searches)
         columns = sorted(set().union(*(s.where.attributes() for s in searches)))
         stacked = np.vstack(queries)
@@ -164,7 +150,7 @@ class LanceStore(FolderStore):
         vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(len(got), table.dim)
         order = np.argsort(got)
         got, vectors = got[order], vectors[order]
-        check_found(name, ids, set(got.tolist()))
+        base.check_found(name, ids, set(got.tolist()))
         return vectors[np.searchsorted(got, ids)].astype(np.float32)
 
     @lance_errors
@@ -241,7 +227,4 @@ class LanceStore(FolderStore):
             return self._tables[name]
 
     def _table(self, name: str) -> Table:
-        table = self._open(name)
-        if table is None:
-            raise no_collection(f"lancedb store at {self.path}", name)
-        return table
+        return base.existing(self._open(name), self, name)

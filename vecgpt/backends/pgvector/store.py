@@ -11,21 +11,8 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from vecgpt.backends.base import (
-    Hits,
-    Metric,
-    Search,
-    Where,
-    check_found,
-    check_metric,
-    check_rows,
-    check_same,
-    check_vectors,
-    check_where,
-    last_writes,
-    no_collection,
-    record,
-)
+from vecgpt.backends import base
+from vecgpt.backends.base import Hits, Metric, Search, Where, record
 from vecgpt.backends.pgvector.session import Session
 from vecgpt.backends.pgvector.statements import Meta, copy_stream, search_sql, table_name
 from vecgpt.errors import VecgptError
@@ -79,21 +66,18 @@ class PgStore(Session):
         return self._meta[name]
 
     def _col(self, name: str) -> Meta:
-        meta = self._get(name)
-        if meta is None:
-            raise no_collection(f"pgvector store {self}", name)
-        return meta
+        return base.existing(self._get(name), self, name)
 
     # collections
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        check_metric("pgvector", metric, self.metrics)
+        base.check_metric("pgvector", metric, self.metrics)
         self._run(self._create, name, int(dim), metric, list(attrs))
 
     def _create(self, name, dim, metric, attrs):
         self._commit()
         meta = self._get(name)
         if meta is not None:
-            check_same(name, (meta.dim, meta.metric), dim, metric)
+            base.check_same(name, (meta.dim, meta.metric), dim, metric)
             return
         if not 1 <= dim <= 16000:
             raise VecgptError(f"pgvector holds vectors of dimension 1 to 16000, not {dim}")
@@ -163,13 +147,13 @@ class PgStore(Session):
 
     def _upsert(self, name, ids, vectors, attrs):
         meta = self._col(name)
-        ids, vectors = check_rows(name, ids, vectors, meta.dim)
+        ids, vectors = base.check_rows(name, ids, vectors, meta.dim)
         if len(ids) == 0:
             return
         unknown = set(attrs) - set(meta.attrs)
         if unknown:
             raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {meta.attrs}")
-        ids, vectors, columns = last_writes(ids, vectors, attrs, meta.attrs)
+        ids, vectors, columns = base.last_writes(ids, vectors, attrs, meta.attrs)
         record()
         table = self._table(meta)
         names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
@@ -203,7 +187,7 @@ class PgStore(Session):
             rows = self.conn.cursor(binary=True).execute(
                 sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%b)").format(self._table(meta)), (want.tolist(),)).fetchall()
             found = {int(i): v for i, v in rows}
-            check_found(name, want, found)
+            base.check_found(name, want, found)
             return np.array([found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)]
                              for i in want], np.float32).reshape(len(want), meta.dim)
         return self._run(run)
@@ -220,7 +204,7 @@ class PgStore(Session):
         parts, params, prepared = [], [], []
         for s_index, s in enumerate(searches):
             meta = self._col(s.collection)
-            queries = check_vectors(s.collection, s.queries, meta.dim)
+            queries = base.check_vectors(s.collection, s.queries, meta.dim)
             prepared.append(queries)
             if len(queries) == 0 or s.k == 0:
                 continue
@@ -254,7 +238,7 @@ class PgStore(Session):
         """One SELECT giving (search, query number, ids[], dists[]) rows for one search: its text, params."""
         filters = []
         if where is not None:
-            check_where(name, where, meta.attrs)
+            base.check_where(name, where, meta.attrs)
             filters = [(op, attr, int(value)) for op, values in (("=", where.eq), ("<", where.lt), (">=", where.ge))
                        for attr, value in sorted(values.items())]
         single = len(queries) == 1
