@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from vecgpt.backends.base import Metric, record
+from vecgpt.backends.base import Metric, check_metric, check_same, existing, record
 from vecgpt.backends.turbopuffer.plumbing import Plumbing
 from vecgpt.errors import VecgptError
 
@@ -29,9 +29,7 @@ class Catalog(Plumbing):
         spec = self._specs.get(name)
         if spec is None:
             spec = self._catalog().get(name)
-        if spec is None and required:
-            raise VecgptError(f"turbopuffer store {self.prefix!r} has no collection {name!r}")
-        return spec
+        return existing(spec, self, name) if required else spec
 
     def _base(self, name: str, part=None) -> str:
         return self.prefix + name + ("" if part is None else f"--p{part}")
@@ -70,9 +68,7 @@ class Catalog(Plumbing):
 
     # collections --------------------------------------------------------------------------
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        if metric not in self.metrics:
-            raise VecgptError(f"turbopuffer cannot rank by {metric!r}: it offers squared L2 (euclidean_squared) and "
-                              f"cosine distance only; use metric = \"l2\"")
+        check_metric("turbopuffer", metric, self.metrics)  # it has no inner product
         if "--" in name or name.startswith("_") or not NAME.match(name):
             raise VecgptError(f"collection name {name!r}: use [A-Za-z0-9-_.], no '--', not starting with '_'")
         partition = self.key_partition if name.startswith("text-") and self.key_partition in attrs else None
@@ -84,8 +80,7 @@ class Catalog(Plumbing):
             spec["parts"] = []
         held = self._specs.get(name) or (None if name.startswith("text-") else self._spec(name, required=False))
         if held is not None:
-            if (held["dim"], held["metric"]) != (dim, metric):
-                raise VecgptError(f"collection {name!r} exists with dim {held['dim']} and metric {held['metric']}")
+            check_same(name, (held["dim"], held["metric"]), dim, metric)
             return
         self._write_spec(name, spec, "creating a collection")
 
@@ -95,7 +90,6 @@ class Catalog(Plumbing):
                     schema={"spec": {"type": "string", "filterable": False}})
         with self._lock:
             self._specs[name] = spec
-
 
 
 def check_namespace(ns: str) -> None:

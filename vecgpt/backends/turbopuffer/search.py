@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vecgpt.backends.base import Hits, Search, Where, check_vectors, parallel
+from vecgpt.backends.base import Hits, Search, Where, check_found, check_vectors, check_where, parallel
 from vecgpt.backends.turbopuffer.filters import MATCH_ALL, range_of, strip_range, to_filter, with_range
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS
 from vecgpt.errors import VecgptError
@@ -39,11 +39,7 @@ class Searching:
         for si, s in enumerate(searches):
             spec = self._spec(s.collection)
             q = check_vectors(s.collection, s.queries, spec["dim"])
-            if s.where is not None:
-                unknown = s.where.attributes() - set(spec["attrs"])
-                if unknown:
-                    raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; "
-                                      f"{s.collection!r} has {sorted(spec['attrs'])}")
+            check_where(s.collection, s.where, spec["attrs"])
             limit = self.max_top_k if s.k is None or s.k > self.max_top_k else s.k
             shapes.append((q, s.k))
             for replicas, filt in self._targets(s.collection, spec, s.where):
@@ -155,9 +151,7 @@ class Searching:
 
         chunks = [wanted[i:i + self.max_top_k].tolist() for i in range(0, len(wanted), self.max_top_k)]
         parallel([lambda r=r, c=c: get(r, c) for r in spaces for c in chunks])
-        missing = [int(i) for i in wanted if int(i) not in found]
-        if missing:
-            raise VecgptError(f"collection {name!r} has no id {missing[0]}")
+        check_found(name, wanted, found)
         return np.stack([found[int(i)] for i in ids]).astype(np.float32) if len(ids) else \
             np.zeros((0, spec["dim"]), np.float32)
 

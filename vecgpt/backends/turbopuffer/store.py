@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from vecgpt.backends.base import Metric, check_vectors, parallel, record
+from vecgpt.backends.base import Metric, check_rows, last_writes, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
 from vecgpt.backends.turbopuffer.search import Searching
@@ -51,14 +51,10 @@ class TurbopufferStore(Catalog, Searching):
 
     def upsert(self, name, ids, vectors, attrs=None) -> None:
         spec = self._spec(name)
-        vectors = check_vectors(name, vectors, spec["dim"])
-        ids = np.asarray(ids, np.int64)
-        if len(ids) != len(vectors):
-            raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
+        ids, vectors = check_rows(name, ids, vectors, spec["dim"])
         if len(ids) and ids.min() < 0:
             raise VecgptError(f"upsert into {name!r}: turbopuffer ids are unsigned; got {ids.min()}")
-        attrs = attrs or {}
-        columns = {a: np.asarray(attrs.get(a, np.zeros(len(ids))), np.int64) for a in spec["attrs"]}
+        ids, vectors, columns = last_writes(ids, vectors, attrs or {}, spec["attrs"])
         groups = [(None, np.arange(len(ids)))]
         if spec["partition"]:
             part = columns[spec["partition"]]
