@@ -43,7 +43,7 @@ class Collection:
         self.dirty = True
 
     def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray]) -> None:
-        ids, vectors, attrs = base.last_writes(ids, vectors, attrs, list(self.attrs))
+        """Rows of distinct ids (base.last_writes), every attribute given."""
         slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
         old, new = slots >= 0, slots < 0
         if old.any():
@@ -87,7 +87,7 @@ class InProcessStore(FolderStore):
         col = self._col(name)
         ids, vectors = base.check_rows(name, ids, vectors, col.table.dim)
         record()
-        col.upsert(ids, vectors, attrs or {})
+        col.upsert(*base.last_writes(name, ids, vectors, attrs or {}, list(col.attrs)))
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         col = self._col(name)
@@ -182,8 +182,7 @@ class InProcessStore(FolderStore):
         tmp.mkdir(parents=True)
         col.table.save(tmp)
         np.savez(tmp / "attrs.npz", __ids__=col.ids, **col.attrs)
-        (tmp / "meta.json").write_text(json.dumps({"dim": col.table.dim, "metric": col.table.metric,
-                                                   "attrs": list(col.attrs)}))
+        base.write_json(tmp / "meta.json", {"dim": col.table.dim, "metric": col.table.metric, "attrs": list(col.attrs)})
         shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
             folder.rename(old)

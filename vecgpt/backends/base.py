@@ -228,9 +228,12 @@ def check_rows(name: str, ids: np.ndarray, vectors: np.ndarray, dim: int) -> tup
     return ids, vectors
 
 
-def last_writes(ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray],
+def last_writes(name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray],
                 columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """One row per id, the last written where an upsert repeats it, sorted by id; an attribute not given is 0."""
+    unknown = set(attrs) - set(columns)
+    if unknown:
+        raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {list(columns)}")
     ids, last = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)
     last = len(vectors) - 1 - last
     return ids, vectors[last], {a: np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64)

@@ -59,7 +59,7 @@ class LanceStore(FolderStore):
         ids, vectors = base.check_rows(name, ids, vectors, table.dim)
         if len(ids) == 0:
             return
-        ids, vectors, attrs = base.last_writes(ids, vectors, attrs or {}, table.attrs)
+        ids, vectors, attrs = base.last_writes(name, ids, vectors, attrs or {}, table.attrs)
         columns = [pa.array(ids), pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim)]
         columns += [pa.array(attrs[a]) for a in table.attrs]
         data = pa.Table.from_arrays(columns, schema=table.handle.schema)

@@ -150,10 +150,7 @@ class PgStore(Session):
         ids, vectors = base.check_rows(name, ids, vectors, meta.dim)
         if len(ids) == 0:
             return
-        unknown = set(attrs) - set(meta.attrs)
-        if unknown:
-            raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {meta.attrs}")
-        ids, vectors, columns = base.last_writes(ids, vectors, attrs, meta.attrs)
+        ids, vectors, columns = base.last_writes(name, ids, vectors, attrs, meta.attrs)
         record()
         table = self._table(meta)
         names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
