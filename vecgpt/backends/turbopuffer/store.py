@@ -54,7 +54,7 @@ class TurbopufferStore(Catalog, Searching):
         ids, vectors = check_rows(name, ids, vectors, spec["dim"])
         if len(ids) and ids.min() < 0:
             raise VecgptError(f"upsert into {name!r}: turbopuffer ids are unsigned; got {ids.min()}")
-        ids, vectors, columns = last_writes(ids, vectors, attrs or {}, spec["attrs"])
+        ids, vectors, columns = last_writes(name, ids, vectors, attrs or {}, spec["attrs"])
         groups = [(None, np.arange(len(ids)))]
         if spec["partition"]:
             part = columns[spec["partition"]]
