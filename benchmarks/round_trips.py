@@ -2,7 +2,7 @@
 
     python benchmarks/round_trips.py [-n 8] [--latency-ms 25] [--replicas 2] [--key-replicas 2] [--layouts]
 
-Starts `vecgpt.tpuf_local` in a subprocess with a fixed delay per request (the network; puffergpt sees
+Starts `vecgpt.backends.turbopuffer.server` in a subprocess with a fixed delay per request (the network; puffergpt sees
 20-30 ms), loads a random GPT-2 small-shaped model (12 layers, 12 heads, 768 wide, 50,257 tokens) through
 the official client, reads a ten-token prompt as one block, generates n tokens, and prints round trips
 (sequential rounds, as `vecgpt.meter` counts them), requests, subqueries, seconds, and dollars at the
@@ -49,7 +49,7 @@ def start_server(latency_ms: float):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "vecgpt.tpuf_local", "--port", str(port), "--latency-ms",
+    proc = subprocess.Popen([sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--port", str(port), "--latency-ms",
                              str(latency_ms)], stdout=subprocess.DEVNULL)
     for _ in range(200):
         try:

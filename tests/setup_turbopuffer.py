@@ -1,4 +1,4 @@
-"""The turbopuffer backend's test server: vecgpt.tpuf_local on a free loopback port, started once per
+"""The turbopuffer backend's test server: vecgpt.backends.turbopuffer.server on a free loopback port, started once per
 run on first use (in a background thread) and stopped at exit. It accumulates distances in float32,
 one dimension after another (`--float32`): the service does not document its arithmetic, and the tests
 must hold under the worst plausible order, never only under float64-then-round. Each test gets its own namespace prefix,
@@ -16,7 +16,7 @@ _running = None
 def server():
     global _running
     if _running is None:
-        from vecgpt.tpuf_local import Running
+        from vecgpt.backends.turbopuffer.server import Running
 
         _running = Running(float32=True)
         atexit.register(_running.stop)

@@ -6,7 +6,6 @@ Tolerances (eps = machine epsilon of the dtype, V = max |v|, n = number of keys)
   * general q, k (scores rounded differently by the two matmuls):
         ... + eps * V * 8 (hd + 1) S   with S = max_ij |q_i| |k_j| / sqrt(hd)  (bounds |score|)
 """
-import argparse
 import math
 
 import numpy as np
@@ -15,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vecgpt import attention as att
-from vecgpt import attention_cli
+from vecgpt import cli as vecgpt_cli
 
 DTYPES = [np.float32, np.float64]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -195,10 +194,8 @@ def test_walk_weights_equal_plain_softmax(scores, tile):
 
 
 def cli(argv, capsys):
-    parser = argparse.ArgumentParser(prog="vecgpt")
-    attention_cli.register(parser.add_subparsers(dest="command", required=True))
     try:
-        args = parser.parse_args(argv)
+        args = vecgpt_cli.parser(argv[0]).parse_args(argv)
         rc = args.func(args)
     except SystemExit as e:
         rc = e.code

@@ -187,3 +187,35 @@ def test_make_model_too_large_is_refused_before_allocating(capsys, tmp_path):
 def test_store_option_of_the_wrong_type(capsys, tmp_path, option, needle):
     config = write_config(tmp_path, f'backend = "faiss"\n[store]\n{option}\n')
     assert_one_line_error(*run(capsys, "ls", "--config", str(config))[::2], needle)
+
+
+def test_every_subcommand_is_listed_whatever_runs(capsys):
+    from vecgpt import cli
+
+    names = [c.name for c in cli.COMMANDS]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in names)
+    for only in (None, "tokenize"):  # parsing one subcommand builds only its arguments, still lists them all
+        sub = next(a for a in cli.parser(only)._actions if a.dest == "command")
+        assert list(sub.choices) == names
+
+
+def test_a_missing_extra_is_an_install_hint_when_its_subcommand_runs(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` fails as if it were not installed
+    code, _, err = run(capsys, "tpuf-local", "--host", "127.0.0.1", "--port", "0")
+    assert code == 2
+    assert_one_line_error(code, err, "tpuf-local needs uvicorn: pip install 'vecgpt[turbopuffer]'")
+
+
+def test_any_other_import_error_is_loud(monkeypatch):
+    monkeypatch.setitem(sys.modules, "numpy", None)  # a required dependency, not an optional extra
+    with pytest.raises(ModuleNotFoundError, match="numpy"):
+        main(["softmax-walk", "1", "2"])
+
+
+def test_tokenize_loads_no_numpy():
+    code = "import sys; from vecgpt.cli import main; main(['tokenize', 'Hello world']); print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["15496", "995", "False"]

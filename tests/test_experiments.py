@@ -9,8 +9,8 @@ import pytest
 from vecgpt import tokenizer, tolerance
 from vecgpt.api import generate
 from vecgpt.cli import main
+from vecgpt.cli.experiments import experiments
 from vecgpt.engine import Engine
-from vecgpt.experiments_cli import experiments
 from vecgpt.loading import push
 from vecgpt.reference import Reference
 from vecgpt.weights import load

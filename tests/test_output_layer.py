@@ -10,7 +10,7 @@ import pytest
 
 from vecgpt import tokenizer
 from vecgpt.api import generate
-from vecgpt.experiments_cli import experiments
+from vecgpt.cli.experiments import experiments
 from vecgpt.reference import Reference
 from vecgpt.sampling import top_k
 

@@ -67,3 +67,11 @@ def test_entry_point_store_errors_say_what_to_do(example_package):
         get_store("broken")
     with pytest.raises(VecgptError, match="unknown backend 'nope'; known backends: .*example"):
         get_store("nope")
+
+
+def test_a_store_package_registers_by_its_init_and_offers_a_cost_estimate():
+    from vecgpt.backends.base import extra
+
+    assert "turbopuffer" in in_tree()  # vecgpt/backends/turbopuffer/__init__.py defines connect
+    assert callable(extra("turbopuffer", "estimate_cost"))
+    assert extra("memory", "estimate_cost") is None

@@ -32,7 +32,7 @@ def assert_refused_without(secret, code, seen):
 @pytest.fixture(scope="module")
 def guarded_tpuf():
     pytest.importorskip("turbopuffer")
-    from vecgpt.tpuf_local import Running
+    from vecgpt.backends.turbopuffer.server import Running
 
     server = Running(api_key="the-right-key")
     yield server.url

@@ -137,3 +137,18 @@ def test_a_second_connection_sees_what_the_first_wrote(make_store, backend):
     second = make_store(backend)
     assert "kept" in second.collections() and second.read_manifest() == {"fingerprint": "xyz"}
     np.testing.assert_array_equal(second.fetch("kept", np.array([5, 12])), x[:2])
+
+
+def test_every_store_refuses_bad_calls_in_the_same_words(make_store, backend):
+    store = make_store(backend)
+    filled(store)
+    with pytest.raises(VecgptError, match="collection 'c' exists with dim"):
+        store.create("c", 25, "l2")
+    with pytest.raises(VecgptError, match="upsert into 'c': 2 ids for 1 vectors"):
+        store.upsert("c", np.array([1, 2]), np.zeros((1, 24), np.float32))
+    with pytest.raises(VecgptError, match="filter on unknown attribute 'nope'"):
+        store.search("c", np.zeros((1, 24), np.float32), where=Where(eq={"nope": 1}))
+    with pytest.raises(VecgptError, match="collection 'c' has no id 4"):
+        store.fetch("c", np.array([5, 4]))
+    with pytest.raises(VecgptError, match="has no collection 'absent'"):
+        store.count("absent")

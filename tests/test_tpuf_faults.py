@@ -13,7 +13,6 @@ create that still met 409 would be taken as done (tests/test_turbopuffer.py)."""
 
 import uuid
 
-import numpy as np
 import pytest
 
 pytest.importorskip("turbopuffer")
@@ -22,9 +21,9 @@ pytest.importorskip("starlette")
 from vecgpt import tokenizer  # noqa: E402
 from vecgpt.api import generate  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
+from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
+from vecgpt.backends.turbopuffer.server.faults import Faults  # noqa: E402
 from vecgpt.engine import Engine, push  # noqa: E402
-from vecgpt.tpuf_local import Running  # noqa: E402
-from vecgpt.tpuf_local.faults import Faults  # noqa: E402
 
 P, RETRIES = 0.2, 12
 

@@ -13,7 +13,7 @@ turbopuffer = pytest.importorskip("turbopuffer")
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from vecgpt.tpuf_local import Running  # noqa: E402
+from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -127,12 +127,9 @@ def test_gzip_bodies_query_strings_and_branching(server, client):
 
 
 def test_cli_registers_subcommands():
-    import argparse
+    from vecgpt import cli
 
-    from vecgpt import tpuf_cli
-
-    root = argparse.ArgumentParser()
-    tpuf_cli.register(root.add_subparsers(dest="command"))
+    root = cli.parser()
     args = root.parse_args(["tpuf-local", "--port", "1", "--latency-ms", "25"])
     assert args.latency_ms == 25 and callable(args.func)
     assert root.parse_args(["tpuf-gc", "--remove"]).remove
@@ -212,7 +209,7 @@ def test_index_lag_shows_in_metadata_and_query_performance(client, server):
 
 
 def test_injected_faults_are_seeded_and_a_dropped_write_has_landed(client, server):
-    from vecgpt.tpuf_local.faults import Faults
+    from vecgpt.backends.turbopuffer.server.faults import Faults
 
     ns = client.namespace("faulty")
     ns.write(upsert_rows=[{"id": 0, "vector": [0.0]}], distance_metric="euclidean_squared")
@@ -256,3 +253,12 @@ def test_cli_errors_are_one_line(server, capsys):
     assert err.startswith("vecgpt: error: cannot listen on 127.0.0.1:") and err.count("\n") == 1
     assert main(["tpuf-local", "--fail-rate", "1.5"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_python_dash_m_runs_the_server_module():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--latency-ms" in out and "--fail-rate" in out

@@ -1,8 +1,6 @@
 """What the in-process stores (memory, faiss) share: ids, attributes, filters and a folder on disk.
 
-A subclass says how vectors are held and how distances are computed (`Table`); this module keeps
-ids (slot -> id and back), attribute columns, `Where` masks, the manifest, and persistence.
-Collections named `text-*` (a text's attention keys) live only in memory: they belong to one run.
+A subclass says how vectors are held and how distances are computed (`Table`). See docs/memory.md.
 """
 
 from __future__ import annotations
@@ -14,17 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends.base import Hits, Metric, Search, Where, check_vectors, folder_lock, record
-from vecgpt.errors import VecgptError
+from vecgpt.backends import base
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, record
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
-
-
-def default_path(backend: str) -> Path:
-    import os
-
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return root / "vecgpt" / backend
 
 
 class Table:
@@ -52,9 +43,7 @@ class Collection:
         self.dirty = True
 
     def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray]) -> None:
-        ids, order = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)  # last write of an id wins
-        order = len(vectors) - 1 - order
-        vectors, attrs = vectors[order], {a: np.asarray(v, np.int64)[order] for a, v in attrs.items()}
+        """Rows of distinct ids (base.last_writes), every attribute given."""
         slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
         old, new = slots >= 0, slots < 0
         if old.any():
@@ -64,8 +53,7 @@ class Collection:
             self.table.append(vectors[new])
             self.ids = np.concatenate([self.ids, ids[new]])
             self.slot_of.update(zip(ids[new].tolist(), new_slots.tolist()))
-        for a in self.attrs:
-            column = attrs.get(a, np.zeros(len(ids), np.int64))
+        for a, column in attrs.items():
             self.attrs[a] = np.concatenate([self.attrs[a], column[new]])
             self.attrs[a][slots[old]] = column[old]
         self.dirty = True
@@ -74,48 +62,37 @@ class Collection:
         return None if where is None else np.flatnonzero(self.mask(where))
 
     def mask(self, where: Where | None) -> np.ndarray:
-        if where is None:
-            return np.ones(self.table.n, bool)
-        unknown = where.attributes() - set(self.attrs)
-        if unknown:
-            raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; this collection has {sorted(self.attrs)}")
-        return where.mask(self.attrs, self.table.n)
+        return np.ones(self.table.n, bool) if where is None else where.mask(self.attrs, self.table.n)
 
 
-class InProcessStore:
+class InProcessStore(FolderStore):
     table_class: type[Table]
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "local"
 
     def __init__(self, path: str | None = None):
-        self.path = Path(path).expanduser() if path else default_path(self.backend)
+        super().__init__(path)
         self._cols: dict[str, Collection] = {}
-
-    def __str__(self) -> str:
-        return f"{type(self).__name__}(path={self.path})"
 
     # collections
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        if metric not in self.metrics:
-            raise VecgptError(f"{self.backend} cannot rank by {metric!r}; it offers {self.metrics}")
+        base.check_metric(self.backend, metric, self.metrics)
         if self._has(name):
             col = self._col(name)
-            if (col.table.dim, col.table.metric) != (dim, metric):
-                raise VecgptError(f"collection {name!r} exists with dim {col.table.dim} and metric {col.table.metric}")
+            base.check_same(name, (col.table.dim, col.table.metric), dim, metric)
             return
         self._cols[name] = Collection(self.table_class(dim, metric), attrs)
 
     def upsert(self, name, ids, vectors, attrs=None) -> None:
         col = self._col(name)
-        vectors = check_vectors(name, vectors, col.table.dim)
-        if len(ids) != len(vectors):
-            raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
+        ids, vectors = base.check_rows(name, ids, vectors, col.table.dim)
         record()
-        col.upsert(ids, vectors, attrs or {})
+        col.upsert(*base.last_writes(name, ids, vectors, attrs or {}, list(col.attrs)))
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         col = self._col(name)
-        queries = check_vectors(name, queries, col.table.dim)
+        queries = base.check_vectors(name, queries, col.table.dim)
+        base.check_where(name, where, list(col.attrs))
         record(1, len(queries))
         slots = col.slots(where)
         if k is None:
@@ -132,7 +109,9 @@ class InProcessStore:
         if len(searches) < 2 or len({s.collection for s in searches}) > 1 or any(s.k is not None for s in searches):
             return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         col = self._col(searches[0].collection)
-        queries = [check_vectors(searches[0].collection, s.queries, col.table.dim) for s in searches]
+        queries = [base.check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
+        for s in searches:
+            base.check_where(s.collection, s.where, list(col.attrs))
         masks = [col.mask(s.where) for s in searches]
         record(1, sum(len(q) for q in queries))
         dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(np.logical_or.reduce(masks)))
@@ -148,10 +127,8 @@ class InProcessStore:
     def fetch(self, name, ids) -> np.ndarray:
         col = self._col(name)
         record()
-        try:
-            slots = np.array([col.slot_of[int(i)] for i in ids], np.int64)
-        except KeyError as e:
-            raise VecgptError(f"collection {name!r} has no id {e.args[0]}") from None
+        base.check_found(name, ids, col.slot_of)
+        slots = np.array([col.slot_of[int(i)] for i in ids], np.int64)
         return col.table.vectors(slots)
 
     def count(self, name) -> int:
@@ -176,32 +153,6 @@ class InProcessStore:
         return out
 
     # persistence
-    def read_manifest(self) -> dict | None:
-        path = self.path / "manifest.json"
-        if not path.is_file():
-            return None
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise self._damaged("manifest.json", e) from None
-        if not isinstance(manifest, dict):
-            raise self._damaged("manifest.json", ValueError("not a JSON object"))
-        return manifest
-
-    def write_manifest(self, manifest: dict | None) -> None:
-        self.flush()
-        path = self.path / "manifest.json"
-        if manifest is None:
-            path.unlink(missing_ok=True)
-            return
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        tmp.replace(path)
-
-    def load_lock(self):
-        return folder_lock(self.path)
-
     def flush(self) -> None:
         for name, col in self._cols.items():
             if col.dirty and not name.startswith("text-"):
@@ -219,7 +170,7 @@ class InProcessStore:
     def _col(self, name: str) -> Collection:
         if name not in self._cols:
             if not self._has(name):
-                raise VecgptError(f"{self.backend} store at {self.path} has no collection {name!r}")
+                raise base.no_collection(self, name)
             self._cols[name] = self._load(name)
         return self._cols[name]
 
@@ -231,8 +182,7 @@ class InProcessStore:
         tmp.mkdir(parents=True)
         col.table.save(tmp)
         np.savez(tmp / "attrs.npz", __ids__=col.ids, **col.attrs)
-        (tmp / "meta.json").write_text(json.dumps({"dim": col.table.dim, "metric": col.table.metric,
-                                                   "attrs": list(col.attrs)}))
+        base.write_json(tmp / "meta.json", {"dim": col.table.dim, "metric": col.table.metric, "attrs": list(col.attrs)})
         shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
             folder.rename(old)
@@ -249,15 +199,10 @@ class InProcessStore:
                 col.ids = saved["__ids__"]
                 col.attrs = {a: saved[a] for a in meta["attrs"]}
         except Exception as e:  # any file missing, cut short or garbled: numpy, json and FAISS each raise their own
-            raise self._damaged(f"collection {name!r}", e) from None
+            raise self.damaged(f"collection {name!r} is damaged", e) from None
         sizes = {len(col.ids), col.table.n, *(len(c) for c in col.attrs.values())}
         if len(sizes) > 1 or col.table.dim != meta["dim"]:
-            raise self._damaged(f"collection {name!r}", ValueError("its files disagree on the number of rows"))
+            raise self.damaged(f"collection {name!r} is damaged", ValueError("its files disagree on the number of rows"))
         col.slot_of = dict(zip(col.ids.tolist(), range(len(col.ids))))
         col.dirty = False
         return col
-
-    def _damaged(self, what: str, error: BaseException) -> VecgptError:
-        detail = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-        return VecgptError(f"{self.backend} store at {self.path}: {what} is damaged ({type(error).__name__}: {detail}); "
-                           f"remove {self.path} and run `vecgpt load` again")

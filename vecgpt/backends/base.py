@@ -1,8 +1,8 @@
 """The store protocol every backend implements, and the registry that finds backends by name.
 
-A backend is a module of vecgpt/backends with a top-level `connect(**options) -> Store` (its file is
-its registration; `_`-modules are helpers), or a `connect` that another package declares in the entry
-point group `vecgpt.stores`, e.g. in its pyproject.toml:
+A backend is a module (or a package's `__init__.py`) of vecgpt/backends with a top-level
+`connect(**options) -> Store` (its file is its registration; `_`-modules are helpers), or a `connect`
+that another package declares in the entry point group `vecgpt.stores`, e.g. in its pyproject.toml:
 
     [project.entry-points."vecgpt.stores"]
     mystore = "mypackage.store:connect"
@@ -10,6 +10,9 @@ point group `vecgpt.stores`, e.g. in its pyproject.toml:
 A collection is a named set of float32 vectors of one dimension, each with an integer id and
 integer attributes. Ids are row indices chosen by the caller, so results scatter straight into
 numpy. Distances are squared L2 ("l2") or the negated inner product ("ip"), lower is better.
+
+Optional beside connect(), in the same module: `estimate_cost(rows, **options) -> str`, what a load
+into this store costs (`vecgpt load --dry-run` prints it; rows as `vecgpt.loading.plan` gives them).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import contextvars
 import functools
 import importlib
 import inspect
+import json
+import os
 import pkgutil
 import types
 import typing
@@ -29,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -37,6 +42,7 @@ from vecgpt.encoding import Metric
 from vecgpt.errors import VecgptError
 
 GROUP = "vecgpt.stores"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -162,11 +168,15 @@ def worst_case_s(timeout: float, max_retries: int) -> float:
     return (max_retries + 1) * timeout + sum(retry_delay(n) for n in range(max_retries))
 
 
+def cache_dir(name: str) -> Path:
+    """$XDG_CACHE_HOME/vecgpt/<name> (~/.cache when unset): where a store keeps its files unless told."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vecgpt" / name
+
+
 @contextmanager
 def folder_lock(folder):
     """An exclusive lock on a store folder, held across processes (flock): one load at a time."""
     import fcntl
-    from pathlib import Path
 
     Path(folder).mkdir(parents=True, exist_ok=True)
     with open(Path(folder) / ".load.lock", "w") as f:
@@ -177,6 +187,32 @@ def folder_lock(folder):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def write_json(path: Path, value) -> None:
+    """Write beside the file, then rename over it: a reader sees the old file or the new, never half of one."""
+    tmp = path.with_suffix(".part")
+    tmp.write_text(json.dumps(value, indent=1))
+    tmp.replace(path)
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message, its first line (its type's name if it has none)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+# The checks every adapter makes, in the same words for every store.
+def check_metric(backend: str, metric: Metric, offered: Sequence[Metric]) -> None:
+    if metric not in offered:
+        raise VecgptError(f"{backend} cannot rank by {metric!r}; it offers {' and '.join(map(repr, offered))} "
+                          f"(metric in the config)")
+
+
+def check_same(name: str, held: tuple[int, Metric], dim: int, metric: Metric) -> None:
+    """Creating a collection that exists: a no-op with the same dimension and metric, else an error."""
+    if tuple(held) != (dim, metric):
+        raise VecgptError(f"collection {name!r} exists with dimension {held[0]} and metric {held[1]}, "
+                          f"not {dim} and {metric}; drop it first (vecgpt load --replace)")
+
+
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
     vectors = np.asarray(vectors, np.float32)
     if vectors.ndim != 2 or vectors.shape[1] != dim:
@@ -184,9 +220,96 @@ def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
     return vectors
 
 
+def check_rows(name: str, ids: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """An upsert's ids (int64) and vectors (float32 [n, dim]), one id per vector."""
+    vectors, ids = check_vectors(name, vectors, dim), np.asarray(ids, np.int64)
+    if len(ids) != len(vectors):
+        raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
+    return ids, vectors
+
+
+def last_writes(name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray],
+                columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """One row per id, the last written where an upsert repeats it, sorted by id; an attribute not given is 0."""
+    unknown = set(attrs) - set(columns)
+    if unknown:
+        raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {list(columns)}")
+    ids, last = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)
+    last = len(vectors) - 1 - last
+    return ids, vectors[last], {a: np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64)
+                                for a in columns}
+
+
+def check_where(name: str, where: Where | None, attrs: Sequence[str]) -> None:
+    unknown = set() if where is None else where.attributes() - set(attrs)
+    if unknown:
+        raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; collection {name!r} has {sorted(attrs)}")
+
+
+def check_found(name: str, ids: np.ndarray, found: abc.Container) -> None:
+    """A fetch found every id it asked for (found: the ids the store returned)."""
+    missing = [int(i) for i in ids if int(i) not in found]
+    if missing:
+        raise VecgptError(f"collection {name!r} has no id {missing[0]}")
+
+
+def no_collection(store: object, name: str) -> VecgptError:
+    return VecgptError(f"{store} has no collection {name!r}")
+
+
+def existing(found: T | None, store: object, name: str) -> T:
+    """What the store found for a collection, or the error that it has none of that name."""
+    if found is None:
+        raise no_collection(store, name)
+    return found
+
+
+class FolderStore:
+    """What stores kept in one folder share: the folder, its manifest.json, the load lock, damage reports."""
+
+    backend: str  # the store's name, and its folder's under the cache folder by default
+
+    def __init__(self, path: str | None = None):
+        self.path = Path(path).expanduser() if path else cache_dir(self.backend)
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}(path={self.path})"
+
+    def read_manifest(self) -> dict | None:
+        path = self.path / "manifest.json"
+        if not path.is_file():
+            return None
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise self.damaged("manifest.json is damaged", e) from None
+        if not isinstance(manifest, dict):
+            raise self.damaged("manifest.json is damaged", ValueError("not a JSON object"))
+        return manifest
+
+    def write_manifest(self, manifest: dict | None) -> None:
+        self.flush()  # the manifest marks a load complete: everything before it is on disk
+        path = self.path / "manifest.json"
+        if manifest is None:
+            path.unlink(missing_ok=True)
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_json(path, manifest)
+
+    def flush(self) -> None:
+        """Write to disk what is held only in memory."""
+
+    def load_lock(self):
+        return folder_lock(self.path)
+
+    def damaged(self, what: str, error: BaseException) -> VecgptError:
+        return VecgptError(f"{self.backend} store at {self.path}: {what} ({type(error).__name__}: {first_line(error)[:200]}); "
+                           f"remove {self.path} and run `vecgpt load` again")
+
+
 @functools.cache
 def in_tree() -> tuple[str, ...]:
-    """The modules of vecgpt/backends that define connect() at top level (read, not imported)."""
+    """The modules and packages of vecgpt/backends that define connect() at top level (read, not imported)."""
     import vecgpt.backends as pkg
 
     return tuple(sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
@@ -194,7 +317,9 @@ def in_tree() -> tuple[str, ...]:
 
 
 def _defines_connect(folder: str, name: str) -> bool:
-    tree = ast.parse((Path(folder) / f"{name}.py").read_text(encoding="utf-8"))
+    """<name>.py, or a package <name>/ whose __init__.py, defines connect()."""
+    package = Path(folder) / name / "__init__.py"
+    tree = ast.parse((package if package.is_file() else Path(folder) / f"{name}.py").read_text(encoding="utf-8"))
     return any(isinstance(node, ast.FunctionDef) and node.name == "connect" for node in tree.body)
 
 
@@ -219,6 +344,11 @@ def connector(backend: str):
         return ep.load()
     except ImportError as e:
         raise VecgptError(f"backend {backend!r} (entry point {ep.value}) needs {e.name}; pip install it") from None
+
+
+def extra(backend: str, name: str):
+    """An optional function the backend's module offers beside connect() (e.g. estimate_cost), or None."""
+    return getattr(importlib.import_module(connector(backend).__module__), name, None)
 
 
 def get_store(backend: str, **options) -> Store:

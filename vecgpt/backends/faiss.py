@@ -1,8 +1,6 @@
 """FAISS flat indexes (IndexFlatL2 / IndexFlatIP): exact search in float32, in process.
 
-Filters become ID selectors over the slots that match. A search for every row is a range search
-with an unbounded radius, which scans without sorting. Persists to a folder (`path`, default
-~/.cache/vecgpt/faiss).
+Environment: XDG_CACHE_HOME (the default folder). See docs/faiss.md.
 """
 
 from __future__ import annotations

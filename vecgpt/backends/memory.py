@@ -1,7 +1,6 @@
-"""In-memory exact store in numpy: float32 vectors, distances computed in float64.
+"""In-memory exact store in numpy: float32 vectors, distances computed in float64 (the yardstick).
 
-The most precise store: the yardstick other backends are compared with. Persists to a folder
-(`path`, default ~/.cache/vecgpt/memory) so `load` and `generate` can run as separate processes.
+Environment: XDG_CACHE_HOME (the default folder). See docs/memory.md.
 """
 
 from __future__ import annotations

@@ -256,7 +256,7 @@ class Turbopuffer(OutputIndex):
 
         opts = {k: v for k, v in self.params.items() if v is not None and k != "index_timeout_s"}
         if opts.get("base_url") == "local":  # start vecgpt's local server (exact ANN) for this run
-            from vecgpt.tpuf_local import Running
+            from vecgpt.backends.turbopuffer.server import Running
 
             self.server = Running()
             opts["base_url"] = self.server.url

@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from vecgpt.tpuf_local import filters
-from vecgpt.tpuf_local.limits import MAX_DIMS, METRICS, ApiError, valid_id
+from vecgpt.backends.turbopuffer.server import filters
+from vecgpt.backends.turbopuffer.server.limits import MAX_DIMS, METRICS, ApiError, valid_id
 
 
 def now() -> str:

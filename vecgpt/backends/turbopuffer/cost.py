@@ -1,9 +1,9 @@
-"""turbopuffer prices, the dollars of a usage tally, and the dry-run estimate (`vecgpt load --dry-run`)
-for the turbopuffer backend (which re-exports these names)."""
+"""turbopuffer prices, the dollars of a usage tally, and the backend's `estimate_cost` hook, which
+`vecgpt load --dry-run` prints (see vecgpt.backends.base)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 # published prices (turbopuffer.com/pricing, Launch/Scale tiers; reference section 10)
 PRICES = {"storage_gb_month": 0.33, "write_gb": 2.0, "queried_pb": 1.0, "returned_gb": 0.05,

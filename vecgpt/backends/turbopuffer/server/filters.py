@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecgpt.tpuf_local.limits import ApiError
+from vecgpt.backends.turbopuffer.server.limits import ApiError
 
 OPS = {"Eq": np.equal, "Lt": np.less, "Lte": np.less_equal, "Gt": np.greater, "Gte": np.greater_equal}
 

@@ -1,16 +1,10 @@
-"""CLI for attention: `vecgpt attention-memory` and `vecgpt softmax-walk`.
+"""The attention subcommands: `vecgpt attention-memory` and `vecgpt softmax-walk` (numpy loads when they run)."""
 
-vecgpt/cli.py calls register(subparsers); `python -m vecgpt.attention_cli ...` also works.
-"""
 from __future__ import annotations
 
 import argparse
 import math
 import sys
-
-import numpy as np
-
-from vecgpt import attention as att
 
 FIT_FRACTION = 0.6  # run a size only if its predicted peak (plus inputs) is under this share of free memory
 
@@ -44,8 +38,9 @@ def available_bytes() -> int:
     return 0
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("attention-memory", help="bytes of the full score table vs the streaming working set")
+def memory_arguments(p: argparse.ArgumentParser) -> None:
+    from vecgpt import attention as att
+
     p.add_argument("--heads", type=_positive_int, default=12)
     p.add_argument("--context", type=_positive_int, nargs="+", default=[1024])
     p.add_argument("--head-dim", type=_positive_int, default=64)
@@ -55,19 +50,22 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--measure", action="store_true",
                    help="run both forms (causal) under tracemalloc for sizes that fit in free memory")
-    p.set_defaults(func=run_attention_memory)
 
-    w = subparsers.add_parser("softmax-walk", help="streaming softmax, position by position")
+
+def walk_arguments(w: argparse.ArgumentParser) -> None:
     w.add_argument("scores", nargs="*", help="scores (use -- before a first score like -inf)")
     w.add_argument("--file", help="read scores from a file (whitespace or comma separated)")
     w.add_argument("--tile", type=_positive_int, default=1)
-    w.set_defaults(func=run_softmax_walk)
 
 
 # ----------------------------------------------------------------------------- attention-memory
 
 def memory_rows(heads, contexts, head_dim, query_block, tile, dtype):
     """One dict per context: memory_bytes plus n_query and whether it fits in free memory here."""
+    import numpy as np
+
+    from vecgpt import attention as att
+
     free = available_bytes()
     rows = []
     for n_ctx in contexts:
@@ -102,6 +100,8 @@ def run_attention_memory(args) -> int:
 
 
 def _measured_columns(r, args) -> str:
+    from vecgpt import attention as att
+
     cols = ""
     secs = []
     for form in ("full", "streaming"):
@@ -132,6 +132,10 @@ def _parse_scores(tokens):
 
 
 def run_softmax_walk(args) -> int:
+    import numpy as np
+
+    from vecgpt import attention as att
+
     try:
         tokens = list(args.scores)
         if args.file:
@@ -154,14 +158,3 @@ def run_softmax_walk(args) -> int:
         print(f"{i:>8} {s:>12.6g} {w:>18.10f} {p:>15.10f}")
     print(f"max |streaming - plain| = {np.abs(weights - plain).max():.3g}; weights sum to {weights.sum():.15g}")
     return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="vecgpt")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

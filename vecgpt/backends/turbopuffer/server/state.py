@@ -8,12 +8,12 @@ import threading
 import time
 from collections import Counter
 
-from vecgpt.tpuf_local import query as queries
-from vecgpt.tpuf_local import writes
-from vecgpt.tpuf_local.faults import FAULTS, Faults
-from vecgpt.tpuf_local.limits import MAX_TOP_K, SLOTS, ApiError, check_name
-from vecgpt.tpuf_local.namespaces import Namespace
-from vecgpt.tpuf_local.slots import Slots
+from vecgpt.backends.turbopuffer.server import query as queries
+from vecgpt.backends.turbopuffer.server import writes
+from vecgpt.backends.turbopuffer.server.faults import FAULTS, Faults
+from vecgpt.backends.turbopuffer.server.limits import MAX_TOP_K, SLOTS, ApiError, check_name
+from vecgpt.backends.turbopuffer.server.namespaces import Namespace
+from vecgpt.backends.turbopuffer.server.slots import Slots
 
 
 class Server:

@@ -1,4 +1,4 @@
-"""turbopuffer subcommands: `vecgpt tpuf-local` (a local server) and `vecgpt tpuf-gc` (leftover texts)."""
+"""`vecgpt tpuf-gc`: list (and remove) the text namespaces that runs left behind (docs/turbopuffer.md)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,6 @@ import argparse
 from datetime import datetime, timezone
 
 from vecgpt.errors import VecgptError
-
-
-def cmd_local(args) -> int:
-    try:
-        from vecgpt.tpuf_local import run_args
-    except ImportError as e:
-        raise VecgptError(f"tpuf-local needs {e.name}: pip install 'vecgpt[turbopuffer]'") from None
-    return run_args(args)
 
 
 def _age_minutes(stamp: str) -> float | None:
@@ -24,7 +16,7 @@ def _age_minutes(stamp: str) -> float | None:
     return (datetime.now(timezone.utc) - then).total_seconds() / 60
 
 
-def cmd_gc(args) -> int:
+def run(args) -> int:
     from vecgpt.config import load_config, open_store
 
     if not 0 <= args.older_than < float("inf"):  # NaN too: it would keep everything
@@ -57,23 +49,8 @@ def cmd_gc(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("tpuf-local", help="run a local server speaking turbopuffer's HTTP API (for tests)")
-    from vecgpt.tpuf_local import add_arguments  # needs only numpy; starlette/uvicorn load when it runs
-
-    add_arguments(p)
-    p.set_defaults(func=cmd_local)
-
-    p = sub.add_parser("tpuf-gc", help="list (and --remove) text namespaces left behind in turbopuffer")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file with backend = \"turbopuffer\" and its [store] options")
     p.add_argument("--remove", action="store_true", help="delete them (they are billed for storage)")
     p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
                    help="only texts not written for this long (a running generation keeps writing); default 60")
-    p.set_defaults(func=cmd_gc)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    root = argparse.ArgumentParser(prog="vecgpt")
-    register(root.add_subparsers(dest="command", required=True))
-    a = root.parse_args()
-    raise SystemExit(a.func(a))

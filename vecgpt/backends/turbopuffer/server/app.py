@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 
-from vecgpt.tpuf_local.limits import MAX_BODY, ApiError
-from vecgpt.tpuf_local.query import slots_needed
+from vecgpt.backends.turbopuffer.server.limits import MAX_BODY, ApiError
+from vecgpt.backends.turbopuffer.server.query import slots_needed
 
 try:
     import orjson
@@ -149,7 +149,7 @@ def app(server):
     from starlette.applications import Starlette
     from starlette.routing import Route
 
-    from vecgpt.tpuf_local.faults import with_faults
+    from vecgpt.backends.turbopuffer.server.faults import with_faults
 
     h = Handlers(server)
     routes = [

@@ -8,11 +8,11 @@ import socket
 import threading
 import time
 
+from vecgpt.backends.turbopuffer.server.app import app
+from vecgpt.backends.turbopuffer.server.faults import FAULTS, KINDS
+from vecgpt.backends.turbopuffer.server.limits import MAX_TOP_K
+from vecgpt.backends.turbopuffer.server.state import Server
 from vecgpt.errors import VecgptError
-from vecgpt.tpuf_local.app import app
-from vecgpt.tpuf_local.faults import FAULTS, KINDS
-from vecgpt.tpuf_local.limits import MAX_TOP_K
-from vecgpt.tpuf_local.server import Server
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -62,12 +62,12 @@ class Running:
 
 def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
     """Run in the foreground until interrupted."""
-    server = Server(**kw)
+    uv = uvicorn_server(Server(**kw))  # before the socket: a missing uvicorn leaves nothing open
     sock = listen(host, port)
     shown = ", ".join(f"{k} {v}" for k, v in kw.items() if v and k not in ("api_key", "fail_kinds", "max_top_k"))
     print(f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} ({shown or 'defaults'}); "
           f"set base_url to it and TURBOPUFFER_API_KEY to anything", flush=True)
-    uvicorn_server(server).run(sockets=[sock])
+    uv.run(sockets=[sock])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""`vecgpt experiment <name>`: one subcommand per experiments/NN_name/run.py (the repository's, not the package's)."""
+"""`vecgpt experiment <name>`: one inner subcommand per experiments/NN_name/run.py (the repository's, not the package's)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ MISSING = ("the experiments live in the vecgpt repository, not in the installed 
 def folder() -> Path | None:
     """experiments/ beside the package (a clone of the repository), or VECGPT_EXPERIMENTS."""
     given = os.environ.get("VECGPT_EXPERIMENTS")
-    path = Path(given) if given else Path(__file__).resolve().parents[1] / "experiments"
+    path = Path(given) if given else Path(__file__).resolve().parents[2] / "experiments"
     return path if (path / "common").is_dir() else None
 
 
@@ -43,19 +43,18 @@ def experiments() -> dict:
     return {module.NAME: module for module in modules}
 
 
-def register(subparsers) -> None:
-    parser = subparsers.add_parser("experiment", help="run an experiment; writes JSON, a table and a plot")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One inner subcommand per experiment found; none (any arguments taken) when there is no experiments/."""
     found = experiments()
     if not found:
         parser.add_argument("args", nargs=argparse.REMAINDER)
-        parser.set_defaults(func=missing)
         return
     inner = parser.add_subparsers(dest="experiment", required=True)
     for name, module in found.items():
-        p = inner.add_parser(name, help=module.HELP)
-        module.add_arguments(p)
-        p.set_defaults(func=module.run)
+        module.add_arguments(inner.add_parser(name, help=module.HELP))
 
 
-def missing(args) -> int:
-    raise VecgptError(MISSING)
+def run(args) -> int:
+    if folder() is None:
+        raise VecgptError(MISSING)
+    return experiments()[args.experiment].run(args)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from vecgpt.tpuf_local.limits import SLOT_WAIT_S, ApiError
+from vecgpt.backends.turbopuffer.server.limits import SLOT_WAIT_S, ApiError
 
 
 class Slots:

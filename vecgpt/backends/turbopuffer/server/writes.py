@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from vecgpt.tpuf_local.limits import ApiError, check_name, valid_id
-from vecgpt.tpuf_local.namespaces import Namespace, decode_vectors, value_bytes
+from vecgpt.backends.turbopuffer.server.limits import ApiError, check_name, valid_id
+from vecgpt.backends.turbopuffer.server.namespaces import Namespace, decode_vectors, value_bytes
 
 FIELDS = {"upsert_rows", "upsert_columns", "deletes", "delete_by_filter", "distance_metric", "schema",
           "disable_backpressure", "return_affected_ids"}

@@ -1,0 +1,24 @@
+"""LanceDB, embedded: one Lance table per collection in a folder, searched by exact flat scans.
+
+Environment: XDG_CACHE_HOME (the default folder, $XDG_CACHE_HOME/vecgpt/lancedb or
+~/.cache/vecgpt/lancedb). See docs/lancedb.md.
+
+Modules: store (collections, rows, searches, compaction), table (a table's metadata and ids, its
+read/write lock, filters as SQL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vecgpt.backends.lancedb.store import LanceStore
+
+__all__ = ["LanceStore", "connect"]
+
+
+def connect(path: str | None = None, compact_every: int = 12, concurrent: bool = True,
+            index_attrs: Sequence[str] = ("layer", "head"), index_rows: int = 2048) -> LanceStore:
+    """path: the store's folder; compact_every: writes to a table between compactions (0: never,
+    except at the end of a load); concurrent: let the engine send a round's requests from threads;
+    index_attrs: attributes given a bitmap index when a table of index_rows rows or more is compacted."""
+    return LanceStore(path, compact_every, concurrent, index_attrs, index_rows)

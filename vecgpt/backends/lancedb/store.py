@@ -1,0 +1,230 @@
+"""The LanceDB store: one Lance table per collection, exact flat scans, compaction as keys grow."""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+from collections.abc import Sequence
+from datetime import timedelta
+
+import lancedb
+import numpy as np
+import pyarrow as pa
+from lancedb.index import Bitmap
+
+from vecgpt.backends import base
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, parallel, record
+from vecgpt.backends.lancedb.table import RESERVED, Table, lance_errors, sql
+from vecgpt.errors import VecgptError
+
+
+class LanceStore(FolderStore):
+    metrics: tuple[Metric, ...] = ("l2", "ip")
+    backend = "lancedb"
+
+    def __init__(self, path: str | None = None, compact_every: int = 12, concurrent: bool = True,
+                 index_attrs: Sequence[str] = ("layer", "head"), index_rows: int = 2048):
+        super().__init__(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.db = lancedb.connect(str(self.path))
+        self.compact_every = compact_every
+        self.concurrent = concurrent  # the engine may send a round's requests from several threads
+        self.index_attrs, self.index_rows = tuple(index_attrs), index_rows
+        self._tables: dict[str, Table] = {}
+        self._lock = threading.Lock()  # guards _tables
+
+    # collections
+    @lance_errors
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+        base.check_metric(self.backend, metric, self.metrics)
+        if set(attrs) & RESERVED:
+            raise VecgptError(f"attribute names {sorted(RESERVED)} are reserved")
+        table = self._open(name)
+        if table is not None:
+            base.check_same(name, (table.dim, table.metric), dim, metric)
+            return
+        schema = pa.schema([pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
+                           + [pa.field(a, pa.int64()) for a in attrs],
+                           metadata={"vecgpt.dim": str(dim), "vecgpt.metric": metric, "vecgpt.attrs": json.dumps(list(attrs))})
+        handle = self.db.create_table(name, schema=schema, exist_ok=True)
+        table = Table(handle)
+        table.ids, table.rows = set(), 0
+        with self._lock:
+            self._tables[name] = table
+
+    @lance_errors
+    def upsert(self, name, ids, vectors, attrs=None) -> None:
+        table = self._table(name)
+        ids, vectors = base.check_rows(name, ids, vectors, table.dim)
+        if len(ids) == 0:
+            return
+        ids, vectors, attrs = base.last_writes(name, ids, vectors, attrs or {}, table.attrs)
+        columns = [pa.array(ids), pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim)]
+        columns += [pa.array(attrs[a]) for a in table.attrs]
+        data = pa.Table.from_arrays(columns, schema=table.handle.schema)
+        record()
+        with table.lock.write():
+            held = table.held_ids()
+            new = [i for i in ids.tolist() if i not in held]
+            if len(new) == len(ids):
+                table.handle.add(data)
+            else:
+                table.handle.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(data)
+            held.update(new)
+            table.rows = table.row_count() + len(new)
+            table.writes += 1
+            if self.compact_every and table.writes >= self.compact_every:
+                self._compact(table)
+
+    @lance_errors
+    def search(self, name, queries, k=None, where=None) -> Hits:
+        table = self._table(name)
+        queries = base.check_vectors(name, queries, table.dim)
+        m = len(queries)
+        base.check_where(name, where, table.attrs)
+        condition = sql(where)
+        record(1, m)
+        with table.lock.read():
+            rows = table.row_count()
+            limit = rows if k is None else min(k, rows)
+            if limit == 0 or m == 0:
+                return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
+            query = table.search(list(queries) if m > 1 else queries[0])
+            if condition:
+                query = query.where(condition, prefilter=True)
+            result = query.select(["id", "_distance"]).limit(limit).to_arrow()
+        ids, dists = result["id"].to_numpy(), table.distances(result)
+        if m > 1:  # rows come grouped by query; make sure of it
+            order = np.argsort(result["query_index"].to_numpy(), kind="stable")
+            ids, dists = ids[order], dists[order]
+        n = len(ids) // m
+        return Hits(ids.reshape(m, n), dists.reshape(m, n))
+
+    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        if len(searches) > 1 and len({s.collection for s in searches}) == 1 \
+                and all(s.k is None and s.where is not None for s in searches):
+            return self._search_union(searches)
+        calls = [lambda s=s: self.search(s.collection, s.queries, s.k, s.where) for s in searches]
+        return parallel(calls) if self.concurrent else [c() for c in calls]
+
+    @lance_errors
+    def _search_union(self, searches: Sequence[Search]) -> list[Hits]:
+        """Filtered all-row searches of one table (a layer's heads) as one query: every query
+        vector against the union of the filters, then each search keeps its own matches."""
+        table = self._table(searches[0].collection)
+        queries = [base.check_vectors(s.collection, s.queries, table.dim) for s in searches]
+        for s in searches:
+            base.check_where(s.collection, s.where, table.attrs)
+        union = " OR ".join(f"({sql(s.where)})" for s in searches)
+        columns = sorted(set().union(*(s.where.attributes() for s in searches)))
+        stacked = np.vstack(queries)
+        record(1, len(stacked))
+        with table.lock.read():
+            query = table.search(list(stacked)).where(union, prefilter=True)
+            result = query.select(["id", "_distance", *columns]).limit(max(table.row_count(), 1)).to_arrow()
+        order = np.argsort(result["query_index"].to_numpy(), kind="stable")
+        which = result["query_index"].to_numpy()[order]
+        ids, dists = result["id"].to_numpy()[order], table.distances(result)[order]
+        attrs = {c: result[c].to_numpy()[order] for c in columns}
+        out, first = [], 0
+        for s, q in zip(searches, queries):
+            keep = s.where.mask(attrs, len(ids)) & (which >= first) & (which < first + len(q))
+            n = int(keep.sum()) // max(len(q), 1)
+            out.append(Hits(ids[keep].reshape(len(q), n), dists[keep].reshape(len(q), n)))
+            first += len(q)
+        return out
+
+    @lance_errors
+    def fetch(self, name, ids) -> np.ndarray:
+        table = self._table(name)
+        ids = np.asarray(ids, np.int64)
+        record()
+        if len(ids) == 0:
+            return np.zeros((0, table.dim), np.float32)
+        wanted = np.unique(ids)
+        with table.lock.read():
+            result = table.handle.search().where(f"id IN ({', '.join(map(str, wanted.tolist()))})") \
+                .select(["id", "vector"]).limit(len(wanted)).to_arrow()
+        got = result["id"].to_numpy()
+        vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(len(got), table.dim)
+        order = np.argsort(got)
+        got, vectors = got[order], vectors[order]
+        base.check_found(name, ids, set(got.tolist()))
+        return vectors[np.searchsorted(got, ids)].astype(np.float32)
+
+    @lance_errors
+    def count(self, name) -> int:
+        table = self._table(name)
+        with table.lock.read():
+            return table.row_count()
+
+    @lance_errors
+    def drop(self, name) -> None:
+        with self._lock:
+            self._tables.pop(name, None)
+        self.db.drop_table(name, ignore_missing=True)
+
+    @lance_errors
+    def collections(self) -> list[str]:
+        names, token = [], None
+        while True:
+            page = self.db.list_tables(page_token=token)
+            names += page.tables
+            token = page.page_token
+            if not token or not page.tables:
+                return sorted(set(names))
+
+    @lance_errors
+    def stats(self) -> dict:
+        out = {}
+        for name in self.collections():
+            table = self._table(name)
+            with table.lock.read():
+                s = table.handle.stats()
+            out[name] = {"documents": int(s["num_rows"]), "bytes": int(s["total_bytes"]),
+                         "fragments": int(s["fragment_stats"]["num_fragments"]), "version": table.handle.version}
+        return out
+
+    # maintenance
+    @lance_errors
+    def compact(self, name: str | None = None) -> None:
+        """Compact one table (or every table written since its last compaction) and drop old versions."""
+        tables = [self._table(name)] if name else [t for t in list(self._tables.values()) if t.writes]
+        for table in tables:
+            with table.lock.write():
+                self._compact(table)
+
+    def _compact(self, table: Table) -> None:  # the caller holds table.lock.write()
+        with warnings.catch_warnings():  # "a concurrent reader would fail": none can, we hold the write lock
+            warnings.simplefilter("ignore")
+            table.handle.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
+            if table.row_count() >= self.index_rows:  # bitmaps, so a filter reads only the rows it keeps
+                for attr in [a for a in self.index_attrs if a in table.attrs and a not in table.indexed]:
+                    table.handle.create_index(attr, config=Bitmap())
+                    table.indexed.add(attr)
+        table.writes = 0
+
+    # persistence
+    def flush(self) -> None:
+        self.compact()  # the end of a load: one fragment per table, no old versions
+
+    def close(self) -> None:
+        with self._lock:
+            self._tables.clear()
+
+    def _open(self, name: str) -> Table | None:
+        table = self._tables.get(name)
+        if table is not None:
+            return table
+        with self._lock:
+            if name not in self._tables:
+                try:
+                    handle = self.db.open_table(name)
+                except (FileNotFoundError, ValueError):
+                    return None
+                self._tables[name] = Table(handle)
+            return self._tables[name]
+
+    def _table(self, name: str) -> Table:
+        return base.existing(self._open(name), self, name)

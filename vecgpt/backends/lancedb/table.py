@@ -1,0 +1,108 @@
+"""A Lance table as the store sees it, the lock that keeps compactions from searches, and filters as SQL."""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pyarrow as pa
+
+from vecgpt.backends.base import Metric, Where
+
+DISTANCE = {"l2": "l2", "ip": "dot"}  # LanceDB's names
+RESERVED = {"id", "vector"}  # the columns every table has
+
+
+class RWLock:
+    """Many readers or one writer."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextmanager
+    def read(self):
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def write(self):
+        with self._cond:
+            while self._writing or self._readers:
+                self._cond.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+class Table:
+    """An open Lance table and what this process knows about it."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        meta = {k.decode(): v.decode() for k, v in (handle.schema.metadata or {}).items()}
+        self.dim = int(meta["vecgpt.dim"])
+        self.metric: Metric = meta["vecgpt.metric"]
+        self.attrs: list[str] = json.loads(meta["vecgpt.attrs"])
+        self.lock = RWLock()
+        self.ids: set[int] | None = None  # the ids held, read on the first upsert
+        self.rows: int | None = None  # row count, kept up to date by this process's writes
+        self.writes = 0  # writes since the last compaction
+        self.indexed = {c for index in handle.list_indices() for c in index.columns}
+
+    def row_count(self) -> int:
+        if self.rows is None:
+            self.rows = self.handle.count_rows()
+        return self.rows
+
+    def search(self, vectors: list | np.ndarray):
+        """An exact search: a flat scan by the table's metric, whatever index the table has."""
+        query = self.handle.search(vectors, vector_column_name="vector")
+        return query.distance_type(DISTANCE[self.metric]).bypass_vector_index()
+
+    def distances(self, result) -> np.ndarray:
+        """The protocol's distances from LanceDB's float32 `_distance`: its dot distance is 1 - x.y."""
+        dists = result["_distance"].to_numpy().astype(np.float64)
+        return dists - 1.0 if self.metric == "ip" else dists
+
+    def held_ids(self) -> set[int]:
+        if self.ids is None:
+            rows = self.row_count()
+            arrow = self.handle.search().select(["id"]).limit(rows).to_arrow() if rows else None
+            self.ids = set(arrow["id"].to_numpy().tolist()) if arrow is not None else set()
+        return self.ids
+
+
+def lance_errors(method):
+    """Lance's own errors (a table's files missing, cut short or garbled) as one-line VecgptErrors."""
+    @functools.wraps(method)
+    def wrapped(self, *args, **kw):
+        try:
+            return method(self, *args, **kw)
+        except (OSError, RuntimeError, ValueError, pa.ArrowException) as e:
+            raise self.damaged(f"{method.__name__} failed, its files may be damaged", e) from None
+    return wrapped
+
+
+def sql(where: Where | None) -> str | None:
+    if where is None:
+        return None
+    terms = [f"{a} = {int(v)}" for a, v in where.eq.items()] + [f"{a} < {int(v)}" for a, v in where.lt.items()] \
+        + [f"{a} >= {int(v)}" for a, v in where.ge.items()]
+    return " AND ".join(terms) or None

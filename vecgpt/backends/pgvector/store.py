@@ -1,0 +1,280 @@
+"""The pgvector store: collections as tables, searches as single statements, loads in one transaction."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from vecgpt.backends import base
+from vecgpt.backends.base import Hits, Metric, Search, Where, record
+from vecgpt.backends.pgvector.session import Session
+from vecgpt.backends.pgvector.statements import Meta, copy_stream, search_sql, table_name
+from vecgpt.errors import VecgptError
+
+PLAIN_MAX_DIM = 2000  # 4 * dim + 8 bytes plus a row header must fit in one 8 KB page
+SMALL_WRITE = 256  # upserts up to this many rows are one INSERT ... ON CONFLICT; larger ones COPY
+
+
+class PgStore(Session):
+    metrics: tuple[Metric, ...] = ("l2", "ip")
+    concurrent = False  # one connection; the engine sends requests one after another
+
+    def __init__(self, dsn: str, schema: str = "vecgpt", workers: int = 0, timeout: float = 5.0,
+                 max_retries: int = 3):
+        self.schema = schema
+        self._meta: dict[str, Meta] = {}
+        self._sql: dict[tuple, str] = {}  # search statements by shape
+        super().__init__(dsn, workers, timeout, max_retries)
+        self._setup()
+
+    def __str__(self) -> str:
+        info = self.conn.info
+        where = info.host if info.host.startswith("/") else f"{info.host}:{info.port}"
+        return f"PgStore({where}/{info.dbname}, schema={self.schema})"
+
+    def _setup(self) -> None:
+        s = sql.Identifier(self.schema)
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))").format(sql.Literal(self.schema)))
+            self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
+            self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}._collections (name text PRIMARY KEY, "
+                                      "tbl text NOT NULL, dim int NOT NULL, metric text NOT NULL, "
+                                      "attrs text[] NOT NULL)").format(s))
+            self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}._manifest (key text PRIMARY KEY, "
+                                      "value jsonb NOT NULL)").format(s))
+
+    def _table(self, meta: Meta) -> sql.Composed:
+        return sql.Identifier(self.schema, meta.table)
+
+    def _forget(self) -> None:
+        self._meta.clear()
+        self._sql.clear()
+
+    def _get(self, name: str) -> Meta | None:
+        if name not in self._meta:
+            row = self.conn.execute(sql.SQL("SELECT tbl, dim, metric, attrs FROM {}._collections WHERE name = %s")
+                                    .format(sql.Identifier(self.schema)), (name,)).fetchone()
+            if row is None:
+                return None
+            self._meta[name] = Meta(*row)
+        return self._meta[name]
+
+    def _col(self, name: str) -> Meta:
+        return base.existing(self._get(name), self, name)
+
+    # collections
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+        base.check_metric("pgvector", metric, self.metrics)
+        self._run(self._create, name, int(dim), metric, list(attrs))
+
+    def _create(self, name, dim, metric, attrs):
+        self._commit()
+        meta = self._get(name)
+        if meta is not None:
+            base.check_same(name, (meta.dim, meta.metric), dim, metric)
+            return
+        if not 1 <= dim <= 16000:
+            raise VecgptError(f"pgvector holds vectors of dimension 1 to 16000, not {dim}")
+        bad = [a for a in attrs if a in ("id", "embedding") or not a.isidentifier()]
+        if bad:
+            raise VecgptError(f"attribute name {bad[0]!r} is not allowed (reserved or not an identifier)")
+        meta = Meta(table_name(name), dim, metric, attrs)
+        text = name.startswith("text-")
+        columns = [sql.SQL("id bigint PRIMARY KEY")]
+        columns += [sql.SQL("{} bigint NOT NULL DEFAULT 0").format(sql.Identifier(a)) for a in attrs]
+        columns.append(sql.SQL("embedding vector({}) NOT NULL").format(sql.Literal(dim)))
+        storage = sql.SQL("PLAIN" if dim <= PLAIN_MAX_DIM else "EXTERNAL")
+        if not text:  # stays open: the collection's rows go in with it, or nothing does
+            self.conn.execute("BEGIN")
+            self._pending = name
+        try:
+            self.conn.execute(sql.SQL("CREATE {}TABLE {} ({})").format(
+                sql.SQL("UNLOGGED " if text else ""), self._table(meta), sql.SQL(", ").join(columns)))
+            self.conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE {}").format(self._table(meta), storage))
+            if text and attrs:  # keys are searched by layer/head and a position range
+                self.conn.execute(sql.SQL("CREATE INDEX ON {} ({})").format(
+                    self._table(meta), sql.SQL(", ").join(map(sql.Identifier, attrs))))
+            self.conn.execute(sql.SQL("INSERT INTO {}._collections VALUES (%s, %s, %s, %s, %s)")
+                              .format(sql.Identifier(self.schema)), (name, meta.table, dim, metric, attrs))
+        except psycopg.errors.DuplicateTable:
+            raise VecgptError(f"a table {self.schema}.{meta.table} exists that is not a collection; drop it") from None
+        self._meta[name] = meta
+
+    def drop(self, name: str) -> None:
+        self._run(self._drop, name)
+
+    def _drop(self, name):
+        self._commit()
+        meta = self._get(name)
+        if meta is None:
+            return
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(meta)))
+            self.conn.execute(sql.SQL("DELETE FROM {}._collections WHERE name = %s").format(sql.Identifier(self.schema)), (name,))
+        self._meta.pop(name, None)
+        self._sql = {key: text for key, text in self._sql.items() if key[1] != name}
+
+    def collections(self) -> list[str]:
+        return self._run(lambda: sorted(r[0] for r in self.conn.execute(
+            sql.SQL("SELECT name FROM {}._collections").format(sql.Identifier(self.schema)))))
+
+    def count(self, name: str) -> int:
+        return self._run(lambda: self.conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(self._table(self._col(name)))).fetchone()[0])
+
+    def stats(self) -> dict:
+        def run():
+            self._commit()
+            out = {}
+            for name in self.collections():
+                meta = self._col(name)
+                n, size = self.conn.execute(sql.SQL("SELECT count(*), pg_total_relation_size({}::regclass) FROM {}").format(
+                    sql.Literal(f'"{self.schema}"."{meta.table}"'), self._table(meta))).fetchone()
+                out[name] = {"documents": n, "bytes": size, "vector_bytes": n * (4 * meta.dim + 8)}
+            return out
+        return self._run(run)
+
+    # rows
+    def upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray,
+               attrs: Mapping[str, np.ndarray] | None = None) -> None:
+        self._run(self._upsert, name, ids, vectors, attrs or {}, loading=name)
+
+    def _upsert(self, name, ids, vectors, attrs):
+        meta = self._col(name)
+        ids, vectors = base.check_rows(name, ids, vectors, meta.dim)
+        if len(ids) == 0:
+            return
+        ids, vectors, columns = base.last_writes(name, ids, vectors, attrs, meta.attrs)
+        record()
+        table = self._table(meta)
+        names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
+        # One statement either way, atomic by itself; inside a load transaction an error drops the load.
+        if len(ids) <= SMALL_WRITE or self.conn.execute(
+                sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE id = ANY(%b))").format(table), (ids.tolist(),)).fetchone()[0]:
+            self._insert(table, meta, names, ids, columns, vectors)
+        else:
+            self._copy(table, meta, names, ids, columns, vectors)
+
+    def _insert(self, table, meta, names, ids, columns, vectors):
+        """Rows that may replace others: one INSERT ... ON CONFLICT from arrays."""
+        arrays = [sql.SQL("%b::bigint[]")] * (1 + len(meta.attrs)) + [sql.SQL("%b::vector[]")]
+        update = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                                    for c in [*meta.attrs, "embedding"])
+        query = sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) ON CONFLICT (id) DO UPDATE SET {}").format(
+            table, names, sql.SQL(", ").join(arrays), update)
+        self.conn.execute(query, [ids.tolist(), *(columns[a].tolist() for a in meta.attrs), list(vectors)])
+
+    def _copy(self, table, meta, names, ids, columns, vectors):
+        """Rows that are all new: one binary COPY, its stream built in numpy."""
+        with self.conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(table, names)) as copy:
+            copy.write(copy_stream(ids, [columns[a] for a in meta.attrs], vectors))
+
+    def fetch(self, name: str, ids: np.ndarray) -> np.ndarray:
+        def run():
+            self._commit()
+            meta = self._col(name)
+            want = np.asarray(ids, np.int64)
+            record()
+            rows = self.conn.cursor(binary=True).execute(
+                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%b)").format(self._table(meta)), (want.tolist(),)).fetchall()
+            found = {int(i): v for i, v in rows}
+            base.check_found(name, want, found)
+            return np.array([found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)]
+                             for i in want], np.float32).reshape(len(want), meta.dim)
+        return self._run(run)
+
+    # search
+    def search(self, name: str, queries: np.ndarray, k: int | None = None, where: Where | None = None) -> Hits:
+        return self.search_many([Search(name, queries, k, where)])[0]
+
+    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        return self._run(self._search_many, list(searches))
+
+    def _search_many(self, searches):
+        self._commit()
+        parts, params, prepared = [], [], []
+        for s_index, s in enumerate(searches):
+            meta = self._col(s.collection)
+            queries = base.check_vectors(s.collection, s.queries, meta.dim)
+            prepared.append(queries)
+            if len(queries) == 0 or s.k == 0:
+                continue
+            part, args = self._search_sql(s_index, meta, queries, s.k, s.where, s.collection)
+            parts.append(part)
+            params += args
+        out = [None] * len(searches)
+        if parts:
+            record(1, sum(len(q) for q in prepared))
+            query = " UNION ALL ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
+            rows = self.conn.cursor(binary=True).execute(query, params).fetchall()
+            got: dict[int, dict[int, tuple]] = {}
+            for s_index, i, ids, dists in rows:
+                got.setdefault(s_index, {})[i] = (ids, dists)
+            for s_index, s in enumerate(searches):
+                found = got.get(s_index)
+                if found is not None:
+                    m = len(prepared[s_index])
+                    ids = [found.get(i, ([], []))[0] or [] for i in range(1, m + 1)]
+                    dists = [found.get(i, ([], []))[1] or [] for i in range(1, m + 1)]
+                    n = len(ids[0])
+                    if any(len(r) != n for r in ids):  # every query sees the same rows
+                        raise VecgptError(f"search in {s.collection!r}: queries got different numbers of rows")
+                    out[s_index] = Hits(np.array(ids, np.int64).reshape(m, n), np.array(dists, np.float64).reshape(m, n))
+        for s_index, hits in enumerate(out):
+            if hits is None:
+                out[s_index] = Hits(np.zeros((len(prepared[s_index]), 0), np.int64), np.zeros((len(prepared[s_index]), 0)))
+        return out
+
+    def _search_sql(self, s_index, meta, queries, k, where, name):
+        """One SELECT giving (search, query number, ids[], dists[]) rows for one search: its text, params."""
+        filters = []
+        if where is not None:
+            base.check_where(name, where, meta.attrs)
+            filters = [(op, attr, int(value)) for op, values in (("=", where.eq), ("<", where.lt), (">=", where.ge))
+                       for attr, value in sorted(values.items())]
+        single = len(queries) == 1
+        key = (s_index, name, single, k, tuple(f[:2] for f in filters))
+        text = self._sql.get(key)
+        if text is None:  # composing costs more than the statement on small tables: once per shape
+            text = self._sql[key] = search_sql(s_index, self._table(meta), meta.metric, single, k,
+                                               [f[:2] for f in filters]).as_string(self.conn)
+        args = [f[2] for f in filters]
+        return text, [queries[0] if single else list(queries), *args]
+
+    # manifest
+    def read_manifest(self) -> dict | None:
+        def run():
+            self._commit()
+            row = self.conn.execute(sql.SQL("SELECT value FROM {}._manifest WHERE key = 'manifest'")
+                                    .format(sql.Identifier(self.schema))).fetchone()
+            return None if row is None else row[0]
+        return self._run(run)
+
+    def write_manifest(self, manifest: dict | None) -> None:
+        def run():
+            self._commit()
+            table = sql.SQL("{}._manifest").format(sql.Identifier(self.schema))
+            if manifest is None:
+                self.conn.execute(sql.SQL("DELETE FROM {} WHERE key = 'manifest'").format(table))
+            else:
+                json.dumps(manifest)  # fail here, not half-way, on what JSON cannot hold
+                self.conn.execute(sql.SQL("INSERT INTO {} VALUES ('manifest', %s) ON CONFLICT (key) DO UPDATE "
+                                          "SET value = EXCLUDED.value").format(table), (Jsonb(manifest),))
+        self._run(run)
+
+    @contextmanager
+    def load_lock(self):
+        """One load per schema at a time, across processes: a session-level advisory lock."""
+        key = sql.SQL("hashtext({}), 1").format(sql.Literal(self.schema))
+        self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_lock({})").format(key)))
+        try:
+            yield
+        finally:
+            if not self.conn.broken:  # a lost session has released it
+                self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_unlock({})").format(key)))

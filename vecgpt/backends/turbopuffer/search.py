@@ -1,0 +1,157 @@
+"""Search and fetch: every query vector is one kNN subquery, sent in multi_query requests across replicas and
+parts; a result that may be cut at the row limit is split by id ranges and asked again (docs/turbopuffer.md)."""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from vecgpt.backends.base import Hits, Search, Where, check_found, check_vectors, check_where, parallel
+from vecgpt.backends.turbopuffer.filters import MATCH_ALL, range_of, strip_range, to_filter, with_range
+from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS
+from vecgpt.errors import VecgptError
+
+
+class Task:
+    """One kNN subquery: query vector `qi` of search `si`, on these replica namespaces, with this filter."""
+
+    __slots__ = ("si", "qi", "replicas", "filter", "limit", "ids", "dists")
+
+    def __init__(self, si, qi, replicas, filt, limit):
+        self.si, self.qi, self.replicas, self.filter, self.limit = si, qi, replicas, filt, limit
+        self.ids = self.dists = None
+
+
+
+class Searching:
+    """search, search_many and fetch of a TurbopufferStore."""
+
+    def search(self, name, queries, k=None, where=None) -> Hits:
+        return self.search_many([Search(name, queries, k, where)])[0]
+
+    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        """Every query vector of every search is one subquery; all of them go out at once."""
+        tasks, shapes = [], []
+        for si, s in enumerate(searches):
+            spec = self._spec(s.collection)
+            q = check_vectors(s.collection, s.queries, spec["dim"])
+            check_where(s.collection, s.where, spec["attrs"])
+            limit = self.max_top_k if s.k is None or s.k > self.max_top_k else s.k
+            shapes.append((q, s.k))
+            for replicas, filt in self._targets(s.collection, spec, s.where):
+                tasks += [Task(si, qi, replicas, filt, limit) for qi in range(len(q))]
+        queries = [q for q, _ in shapes]
+        self._run(tasks, queries)
+        cut = [t for t in tasks if len(t.ids) >= t.limit and (shapes[t.si][1] is None or shapes[t.si][1] > t.limit)]
+        while cut:  # results that may be cut short at the row limit: split by id ranges and ask again
+            gone = set(cut)
+            tasks = [t for t in tasks if t not in gone]
+            more = [piece for t in cut for piece in self._split(t)]
+            self._run(more, queries)
+            tasks += more
+            cut = [t for t in more if len(t.ids) >= t.limit]
+        return [self._assemble(si, q, k, [t for t in tasks if t.si == si]) for si, (q, k) in enumerate(shapes)]
+
+    def _targets(self, name: str, spec: dict, where: Where | None) -> list[tuple[list[str], list]]:
+        part = spec["partition"]
+        if part is None:
+            return [(self._replicas(self._base(name), spec["replicas"]), to_filter(where))]
+        if where is not None and part in where.eq:
+            return [(self._replicas(self._base(name, int(where.eq[part])), spec["replicas"]), to_filter(where, part))]
+        return [(group, to_filter(where)) for group in self._groups(name, spec)]
+
+    def _run(self, tasks: list[Task], queries: list[np.ndarray]) -> None:
+        groups = defaultdict(list)
+        for t in tasks:
+            groups[tuple(t.replicas)].append(t)
+        calls = []
+        for replicas, group in groups.items():
+            size = max(1, min(self.per_request, math.ceil(len(group) / len(replicas))))
+            for start in range(0, len(group), size):
+                chunk = group[start:start + size]
+                calls.append(lambda r=list(replicas), c=chunk: self._send(r, c, queries))
+        parallel(calls, workers=max(16, min(len(calls), 128)))
+
+    def _send(self, replicas: list[str], chunk: list[Task], queries: list[np.ndarray]) -> None:
+        need = KNN_SLOTS * len(chunk)
+        subs = [{"rank_by": ["vector", "kNN", queries[t.si][t.qi].tolist()], "top_k": t.limit, "filters": t.filter}
+                for t in chunk]
+        ns = self.gate.acquire(replicas, need)
+        try:
+            if len(subs) == 1:
+                results = [self._query(ns, subs[0], "search")]
+            else:
+                results = self._query(ns, {"queries": subs}, "search", subqueries=len(subs))["results"]
+        finally:
+            self.gate.release(ns, need)
+        for t, res in zip(chunk, results):
+            rows = res.get("rows", [])
+            t.ids = np.fromiter((r["id"] for r in rows), np.int64, len(rows))
+            t.dists = np.fromiter((r["$dist"] for r in rows), np.float64, len(rows))
+
+    def _split(self, t: Task) -> list[Task]:
+        """Pieces of a subquery that may have been cut at the row limit: id ranges, each asked again."""
+        rng = range_of(t.filter)
+        if rng is not None:  # a piece that is still too big: halve it
+            (lo, hi), pieces = rng, 2
+        else:
+            lo, hi = self._span(t.replicas[0])
+            pieces = max(2, math.ceil(2 * (hi - lo) / t.limit))
+        edges = np.unique(np.linspace(lo, hi, pieces + 1).astype(np.int64))
+        base = strip_range(t.filter)
+        return [Task(t.si, t.qi, t.replicas, with_range(base, a, b), t.limit)
+                for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()) if b > a]
+
+    def _span(self, ns: str) -> tuple[int, int]:
+        """[0, largest id + 1) of a namespace (one request, then cached)."""
+        span = self._spans.get(ns)
+        if span is None:
+            out = self._query(ns, {"rank_by": ["id", "desc"], "top_k": 1, "filters": MATCH_ALL}, "id range")
+            rows = out.get("rows", [])
+            span = self._spans[ns] = (0, int(rows[0]["id"]) + 1 if rows else 1)
+        return span
+
+    def _assemble(self, si: int, q: np.ndarray, k: int | None, tasks: list[Task]) -> Hits:
+        m = len(q)
+        per = [[t for t in tasks if t.qi == i] for i in range(m)]
+        ids = [np.concatenate([t.ids for t in ts]) if ts else np.zeros(0, np.int64) for ts in per]
+        dists = [np.concatenate([t.dists for t in ts]) if ts else np.zeros(0) for ts in per]
+        if k is not None:
+            for i in range(m):
+                order = np.lexsort((ids[i], dists[i]))[:k]
+                ids[i], dists[i] = ids[i][order], dists[i][order]
+        n = {len(x) for x in ids}
+        if len(n) > 1:
+            raise VecgptError("turbopuffer returned different row counts for the query vectors of one search "
+                              "(the collection changed during it?)")
+        return Hits(np.stack(ids) if m else np.zeros((0, 0), np.int64), np.stack(dists) if m else np.zeros((0, 0)))
+
+    def fetch(self, name, ids) -> np.ndarray:
+        spec = self._spec(name)
+        ids = np.asarray(ids, np.int64)
+        wanted = np.unique(ids)
+        spaces = self._groups(name, spec) if not spec["partition"] else [[g[0]] for g in self._groups(name, spec)]
+        found: dict[int, np.ndarray] = {}
+
+        def get(replicas, chunk):
+            ns = self.gate.acquire(replicas, 1)
+            try:
+                out = self._query(ns, {"rank_by": ["id", "asc"], "top_k": len(chunk), "filters": ["id", "In", chunk],
+                                       "include_attributes": ["vector"], "vector_encoding": "base64"}, "fetch")
+            finally:
+                self.gate.release(ns, 1)
+            for r in out.get("rows", []):
+                v = r["vector"]
+                found[int(r["id"])] = np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) \
+                    else np.asarray(v, np.float32)
+
+        chunks = [wanted[i:i + self.max_top_k].tolist() for i in range(0, len(wanted), self.max_top_k)]
+        parallel([lambda r=r, c=c: get(r, c) for r in spaces for c in chunks])
+        check_found(name, wanted, found)
+        return np.stack([found[int(i)] for i in ids]).astype(np.float32) if len(ids) else \
+            np.zeros((0, spec["dim"]), np.float32)
+

@@ -1,0 +1,169 @@
+"""TurbopufferStore: the catalog, search and writes together; every collection a namespace per matrix
+(docs/turbopuffer.md)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+
+from vecgpt.backends.base import Metric, check_rows, last_writes, parallel, record
+from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
+from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
+from vecgpt.backends.turbopuffer.search import Searching
+from vecgpt.errors import VecgptError
+
+
+def b64(vectors: np.ndarray) -> list[str]:
+    v = np.ascontiguousarray(vectors, "<f4")
+    return [base64.b64encode(row.tobytes()).decode("ascii") for row in v]
+
+
+
+class TurbopufferStore(Catalog, Searching):
+    metrics: tuple[Metric, ...] = ("l2",)
+    concurrent = True  # the engine may send a round's requests at once
+
+    def __init__(self, client, url: str, prefix: str = "vecgpt-", replicas: int = 1, key_replicas: int = 2,
+                 key_partition: str | None = "head", max_top_k: int = MAX_TOP_K, slots: int = SLOTS,
+                 write_batch_mb: float = 8.0):
+        self.client, self.url, self.prefix = client, url, prefix
+        self.replicas, self.key_replicas, self.key_partition = replicas, key_replicas, key_partition
+        self.max_top_k, self.slots = max_top_k, slots
+        self.write_batch_bytes = int(write_batch_mb * 1e6)
+        self.per_request = min(MAX_SUBQUERIES, slots // KNN_SLOTS)
+        self.gate = gate_for(url, slots)
+        self._handles: dict[str, object] = {}
+        self._specs: dict[str, dict] = {}
+        self._spans: dict[str, tuple[int, int]] = {}
+        self._lock, self._parts_lock = threading.Lock(), threading.Lock()
+        self.usage: Counter = Counter()
+        self.catalog_ns, self.manifest_ns = prefix + "_catalog", prefix + "_manifest"
+        for ns in (self.catalog_ns, self.manifest_ns):
+            check_namespace(ns)
+
+    def __str__(self) -> str:
+        return f"TurbopufferStore({self.url}, prefix={self.prefix!r})"
+
+    def upsert(self, name, ids, vectors, attrs=None) -> None:
+        spec = self._spec(name)
+        ids, vectors = check_rows(name, ids, vectors, spec["dim"])
+        if len(ids) and ids.min() < 0:
+            raise VecgptError(f"upsert into {name!r}: turbopuffer ids are unsigned; got {ids.min()}")
+        ids, vectors, columns = last_writes(name, ids, vectors, attrs or {}, spec["attrs"])
+        groups = [(None, np.arange(len(ids)))]
+        if spec["partition"]:
+            part = columns[spec["partition"]]
+            groups = [(int(p), np.flatnonzero(part == p)) for p in np.unique(part)]
+            self._enter_parts(name, spec, [p for p, _ in groups])
+            spec = self._specs[name]
+        per_row = 4 * spec["dim"] * 4 // 3 + 24 + 16 * len(columns)
+        batch = max(1, self.write_batch_bytes // per_row)
+        calls = []
+        for part, rows in groups:
+            for start in range(0, len(rows), batch):
+                sel = rows[start:start + batch]
+                body = {"id": ids[sel].tolist(), "vector": b64(vectors[sel]),
+                        **{a: c[sel].tolist() for a, c in columns.items()}}
+                for ns in self._replicas(self._base(name, part), spec["replicas"]):
+                    self._grown(ns, int(ids[sel].max()) if len(sel) else -1)
+                    calls.append(lambda ns=ns, body=body: self._write(ns, "upsert", upsert_columns=body,
+                                                                       distance_metric="euclidean_squared"))
+        parallel(calls, workers=min(len(calls), 32))  # one wave for a key write; a few MB at a time on load
+
+    def _grown(self, ns: str, top: int) -> None:
+        """Forget a cached id span that an upsert reaching past it makes too short."""
+        with self._lock:
+            if ns in self._spans and top >= self._spans[ns][1]:
+                del self._spans[ns]
+
+    def drop(self, name) -> None:
+        """Delete the collection's namespaces (named by the catalog), then its catalog row."""
+        spec = self._spec(name, required=False)
+        if spec is not None:
+            spaces = [ns for group in self._groups(name, spec) for ns in group]
+            parallel([lambda ns=ns: self._delete_namespace(ns) for ns in spaces])
+            self._write(self.catalog_ns, "dropping a collection", deletes=[name])
+        with self._lock:
+            self._specs.pop(name, None)
+            for ns in [n for n in self._spans if n == self._base(name) or n.startswith(self._base(name) + "--")]:
+                del self._spans[ns]
+
+
+    def collections(self) -> list[str]:
+        return sorted(self._catalog())
+
+    def count(self, name) -> int:
+        spec = self._spec(name)
+        bases = [group[0] for group in self._groups(name, spec)]
+        return sum(parallel([lambda ns=ns: self._rows(ns) for ns in bases]))
+
+    def _rows(self, ns: str) -> int:
+        record()
+        meta = self._raw("metadata", ns, "metadata", missing=None)
+        return 0 if meta is None else int(meta.get("approx_row_count", 0))
+
+    def wait_indexed(self, name: str, timeout_s: float = 600.0, progress=None) -> float:
+        """Wait until every namespace of a collection reports its index up to date (metadata), so that an
+        ANN query measures the index, not an exhaustive scan of unindexed rows; the seconds waited.
+        `progress(message)` hears about each wait; past `timeout_s` it is an error."""
+        spaces, start, pause = self._owned(name), time.monotonic(), 0.05
+        while True:
+            metas = parallel([lambda ns=ns: self._raw("metadata", ns, "metadata") for ns in spaces])
+            behind = [m["index"] for m in metas if m.get("index", {}).get("status", "up-to-date") != "up-to-date"]
+            waited = time.monotonic() - start
+            if not behind:
+                return waited
+            rows = sum(int(i.get("unindexed_rows", 0)) for i in behind)
+            if waited > timeout_s:
+                raise VecgptError(f"turbopuffer has not indexed {name!r} after {timeout_s:.0f} s ({rows:,} rows "
+                                  f"unindexed); try again later or raise the timeout")
+            if progress is not None:
+                progress(f"waiting for turbopuffer to index {name!r}: {rows:,} rows unindexed ({waited:.1f} s)")
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
+
+    def stats(self) -> dict:
+        specs = self._catalog()
+        counts = parallel([lambda n=n: self.count(n) for n in specs])
+        return {n: {"documents": c, "bytes": c * specs[n]["dim"] * 4 * specs[n]["replicas"]}
+                for n, c in zip(specs, counts)}
+
+    # manifest -----------------------------------------------------------------------------
+    def read_manifest(self) -> dict | None:
+        out = self._query(self.manifest_ns, {"rank_by": ["id", "asc"], "top_k": 1, "include_attributes": ["json"]},
+                          "reading the manifest", missing=None)
+        rows = [] if out is None else out.get("rows", [])
+        return json.loads(rows[0]["json"]) if rows else None
+
+    def write_manifest(self, manifest: dict | None) -> None:
+        if manifest is None:
+            self._delete_namespace(self.manifest_ns)
+            return
+        self._write(self.manifest_ns, "writing the manifest", upsert_rows=[{"id": 1, "json": json.dumps(manifest)}],
+                    schema={"json": {"type": "string", "filterable": False}})
+
+    # housekeeping ---------------------------------------------------------------------------
+    def leftover_texts(self) -> list[dict]:
+        """The texts in the catalog (each run's keys; a crashed run leaves them behind), with the size and
+        last write of the namespaces the catalog names for them (no listing)."""
+        out = []
+        for text, spec in sorted(self._catalog().items()):
+            if not text.startswith("text-"):
+                continue
+            spaces = [ns for group in self._groups(text, spec) for ns in group]
+            metas = [m for m in parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None)
+                                          for ns in spaces]) if m]
+            out.append({"text": text, "namespaces": len(metas),
+                        "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
+                        "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
+                        "updated_at": max((m.get("updated_at", "") for m in metas), default="")})
+        return out
+
+    def close(self) -> None:
+        self.client.close()
+

@@ -1,0 +1,60 @@
+"""The model subcommands: tokenize and make-model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from vecgpt.errors import VecgptError
+
+
+def cmd_tokenize(args) -> int:
+    from vecgpt import tokenizer
+
+    ids = tokenizer.encode(args.text)
+    print(json.dumps(ids) if args.json else " ".join(map(str, ids)))
+    return 0
+
+
+def cmd_make_model(args) -> int:
+    from vecgpt import weights
+
+    hp = weights.HParams(args.layers, args.heads, args.embd, args.ctx, args.vocab)
+    if min(args.layers, args.heads, args.embd, args.ctx, args.vocab) < 1 or args.embd % args.heads:
+        raise VecgptError("--layers, --heads, --embd, --ctx, --vocab must be positive and --embd divisible by --heads")
+    if args.seed < 0:
+        raise VecgptError(f"--seed must be 0 or more, not {args.seed}")
+    if not args.out.strip():
+        raise VecgptError("give the folder to write the model to (\".\" for this one)")
+    check_room(weights.parameter_count(hp) * 4, args.out)
+    out = weights.make_model(args.out, hp, args.seed)
+    print(f"{out}: random GPT-2 ({weights.describe(hp)}), seed {args.seed}")
+    return 0
+
+
+def check_room(size: int, out: str) -> None:
+    """Refuse a checkpoint that cannot fit, before allocating it (held twice in memory while written)."""
+    import shutil
+    from pathlib import Path
+
+    from vecgpt.cli.attention import available_bytes
+
+    free_memory = available_bytes()
+    folder = next(p for p in [Path(out).absolute(), *Path(out).absolute().parents] if p.exists())
+    free_disk = shutil.disk_usage(folder).free
+    if (free_memory and 2 * size > free_memory) or size > free_disk:  # 0: memory unknown (not Linux)
+        raise VecgptError(f"a checkpoint of these sizes takes {size / 1e9:,.2f} GB; this machine has "
+                          f"{free_memory / 1e9:,.1f} GB of memory and {free_disk / 1e9:,.1f} GB of disk free "
+                          f"in {folder}: choose smaller --layers/--embd/--ctx/--vocab")
+
+
+
+def tokenize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("text")
+    p.add_argument("--json", action="store_true")
+
+
+def make_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("out")
+    for flag, default in (("layers", 12), ("heads", 12), ("embd", 768), ("ctx", 1024), ("vocab", 50257), ("seed", 0)):
+        p.add_argument(f"--{flag}", type=int, default=default)
