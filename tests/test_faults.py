@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import LIBRARIES, store_options, tiny_params
 
 from vecgpt import api, encoding, weights
 from vecgpt.backends.base import get_store, worst_case_s
@@ -25,6 +24,8 @@ from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import get, ln_table, matrices
+
+from conftest import LIBRARIES, store_options, tiny_params
 
 pytestmark = pytest.mark.fault
 
