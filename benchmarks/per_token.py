@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine, push  # noqa: E402
+from vecgpt.loading import drop, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
@@ -66,14 +67,13 @@ def main():
         config = load_config(path)
         place(config, "bench")  # a store of its own beside the config's, so the default stores keep their model
         store = open_store(config)
+        key = store_fingerprint(model, config.metric)
         if args.fresh:
-            for name in store.collections():
-                store.drop(name)
-            store.write_manifest(None)
+            drop(store, key)
         t = time.perf_counter()
-        push(store, model, config.metric, replace=True, progress=True)
+        push(store, model, config.metric, progress=True)
         load_s = time.perf_counter() - t
-        text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile).open()
+        text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key).open()
         first, tok, _ = per_token_seconds(text, ids, args.n)
         summary = text.meter.summary()
         decode = summary["per_token"][1:]

@@ -50,7 +50,7 @@ def start_server(latency_ms: float):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--port", str(port), "--latency-ms",
-                             str(latency_ms)], stdout=subprocess.DEVNULL)
+                             str(latency_ms), "--api-key", os.environ["TURBOPUFFER_API_KEY"]], stdout=subprocess.DEVNULL)
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -116,7 +116,7 @@ def main():
         store = get_store("turbopuffer", base_url=url, prefix="bench-", replicas=args.replicas,
                           key_replicas=args.key_replicas, key_partition=args.key_partition,
                           max_retries=0)
-        _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", replace=True, progress=True))
+        _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True))
         print(f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
               f"${tpb.dollars(load_used):.4f} in writes", file=sys.stderr)
         engine = Engine(store)

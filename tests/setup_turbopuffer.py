@@ -18,13 +18,14 @@ def server():
     if _running is None:
         from vecgpt.backends.turbopuffer.server import Running
 
-        _running = Running(float32=True)
+        _running = Running(float32=True, api_key=os.environ["TURBOPUFFER_API_KEY"])
         atexit.register(_running.stop)
     return _running
 
 
 def options(tmp_path) -> dict:
-    os.environ.setdefault("TURBOPUFFER_API_KEY", "local-test-key")  # the local server takes any key
+    os.environ.setdefault("TURBOPUFFER_API_KEY", "local-test-key")  # the one key the server accepts
     os.environ.pop("TURBOPUFFER_REGION", None)  # the client refuses a region with a base URL lacking {region}
+    url = server().url
     prefix = "t" + hashlib.sha1(str(tmp_path).encode()).hexdigest()[:10] + "-"
-    return {"base_url": server().url, "prefix": prefix, "max_retries": 0}
+    return {"base_url": url, "prefix": prefix, "max_retries": 0}

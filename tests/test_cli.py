@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from vecgpt import weights
 from vecgpt.cli import main
 
 
@@ -45,15 +46,52 @@ def test_generate_json_shape(capsys, store_args, tiny_model_dir):
     assert d["model_fingerprint"] and isinstance(d["text"], str)
 
 
-def test_load_is_idempotent_and_refuses_another_model(capsys, store_args, tiny_model_dir, tmp_path):
-    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
-    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
-    code, out, _ = run(capsys, "ls", *store_args)
-    assert code == 0 and "h.1.mlp.c_fc" in out
+def make_other(capsys, tmp_path) -> str:
     run(capsys, "make-model", str(tmp_path / "other"), "--layers", "1", "--heads", "2", "--embd", "8", "--ctx", "16", "--vocab", "50257")
-    code, _, err = run(capsys, "generate", *store_args, "--model", str(tmp_path / "other"), "x", "-n", "1")
-    assert_one_line_error(code, err, "--replace")
-    assert run(capsys, "drop", *store_args)[0] == 0
+    return str(tmp_path / "other")
+
+
+def test_load_is_idempotent_and_a_second_model_sits_beside_the_first(capsys, store_args, tiny_model_dir, tmp_path):
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    other = make_other(capsys, tmp_path)
+    code, out, _ = run(capsys, "generate", *store_args, "--model", other, "x", "-n", "1", "--json")
+    assert code == 0 and json.loads(out)["model_fingerprint"] == weights.load(other).fingerprint
+    code, out, _ = run(capsys, "ls", *store_args)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 2, out
+    for model in (str(tiny_model_dir), other):
+        line = next(x for x in lines if f"  {model}  " in x)
+        assert line.startswith(weights.load(model).fingerprint + "-e") and "metric=l2" in line and " docs " in line
+        assert " MB " in line and "loaded 20" in line
+    code, out, _ = run(capsys, "drop", *store_args, "--model", other)
+    assert code == 0 and out.startswith("dropped " + weights.load(other).fingerprint)
+    code, out, _ = run(capsys, "ls", *store_args)
+    assert len(out.splitlines()) == 1 and f"  {tiny_model_dir}  " in out
+    assert_one_line_error(*run(capsys, "drop", *store_args, "--model", other)[::2], "holds no model")
+    assert_one_line_error(*run(capsys, "drop", *store_args)[::2], "--model")
+
+
+def test_store_option_names_the_location(capsys, tmp_path, tiny_model_dir):
+    """--store is the backend's path (schema, prefix): two locations, two stores."""
+    for where in ("a", "b"):
+        args = ["--backend", "faiss", "--store", str(tmp_path / where)]
+        if where == "a":
+            assert run(capsys, "load", *args, "--model", str(tiny_model_dir))[0] == 0
+        out = run(capsys, "ls", *args)[1]
+        assert ("metric=l2" in out) == (where == "a") and (tmp_path / where).exists() == (where == "a")
+
+
+def test_a_store_in_the_previous_layout_is_one_line(capsys, store_args, tmp_path, tiny_model_dir):
+    from vecgpt.backends.base import get_store
+
+    old = get_store("faiss", path=str(tmp_path / "faiss"))
+    old.create("wte", 8, "l2")  # what the previous layout named a model's token table
+    old.close()
+    for command in (["ls"], ["load", "--model", str(tiny_model_dir)]):
+        assert_one_line_error(*run(capsys, command[0], *store_args, *command[1:])[::2], "drop --old-layout")
+    assert run(capsys, "drop", *store_args, "--old-layout")[0] == 0
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
 
 
 def test_compare_prints_scores_side_by_side(capsys, store_args, tiny_model_dir):
@@ -96,10 +134,10 @@ def test_missing_config_file(capsys, tmp_path):
     assert_one_line_error(*run(capsys, "ls", "--config", str(tmp_path / "none.toml"))[::2], "does not exist")
 
 
-def test_store_fingerprint_mismatch(capsys, store_args, tiny_model_dir, tmp_path):
+def test_compare_loads_the_model_it_is_given_beside_another(capsys, store_args, tiny_model_dir, tmp_path):
     assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
-    run(capsys, "make-model", str(tmp_path / "other"), "--layers", "1", "--heads", "2", "--embd", "8", "--ctx", "16", "--vocab", "50257")
-    assert_one_line_error(*run(capsys, "compare", *store_args, "--model", str(tmp_path / "other"), "x")[::2], "--replace")
+    code, out, _ = run(capsys, "compare", *store_args, "--model", make_other(capsys, tmp_path), "x", "-n", "1", "--json")
+    assert code == 0 and json.loads(out)["identical_steps"] == 1
 
 
 def test_console_script_stdout_is_only_the_result(tiny_model_dir, tmp_path):
@@ -125,16 +163,15 @@ def test_ls_into_a_reader_that_closes_early_exits_quietly(tmp_path):
     assert proc.wait() == 0 and err == "", err
 
 
-def test_metric_ip_on_a_store_holding_l2_is_refused(capsys, store_args, tiny_model_dir):
+def test_both_encodings_of_one_model_sit_side_by_side(capsys, store_args, tiny_model_dir):
     assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
-    for command in (["generate", "hi", "-n", "1"], ["compare", "hi", "-n", "1"]):
-        code, _, err = run(capsys, command[0], *store_args, "--model", str(tiny_model_dir), "--metric", "ip", *command[1:])
-        assert_one_line_error(code, err, "the store holds the l2 encoding, not ip")
-    assert_one_line_error(*run(capsys, "load", *store_args, "--model", str(tiny_model_dir), "--metric", "ip")[::2],
-                          "this model in the l2 encoding")
-    code, out, _ = run(capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "ip", "--replace",
-                       "hi", "-n", "1", "--json")
+    code, out, _ = run(capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "ip", "hi", "-n", "1",
+                       "--json")
     assert code == 0 and json.loads(out)["metric"] == "ip"
+    assert sorted(line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()) == ["ip", "l2"]
+    code, out, _ = run(capsys, "drop", *store_args, "--model", str(tiny_model_dir), "--metric", "ip")
+    assert code == 0 and out.strip().endswith("-ip")
+    assert [line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()] == ["l2"]
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])

@@ -23,7 +23,7 @@ from vecgpt.backends.base import get_store, worst_case_s
 from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
-from vecgpt.loading import get, ln_table, matrices
+from vecgpt.loading import collection, get, ln_table, matrices, store_fingerprint
 
 from conftest import LIBRARIES, store_options, tiny_params
 
@@ -73,13 +73,14 @@ def assert_one_line_error(rc: int, err: str) -> None:
 
 
 def expected_rows(model: weights.Model) -> dict[str, np.ndarray]:
-    """Every collection a load of `model` writes ("l2"), as float32 rows."""
+    """Every collection a load of `model` writes ("l2"), as float32 rows, by the name the store gives it."""
     out = {}
     for name in matrices(model.hparams):
         p = get(model.params, name)
         out[name] = encoding.encode_rows(p["weight"].T if name == "wte" else p["weight"], p.get("bias"), "l2")[0]
     out["wpe"], out["ln"] = model.params["wpe"]["weight"], ln_table(model)
-    return {name: np.asarray(rows, np.float32) for name, rows in out.items()}
+    key = store_fingerprint(model, "l2")
+    return {collection(key, name): np.asarray(rows, np.float32) for name, rows in out.items()}
 
 
 def assert_holds_exactly(store, model: weights.Model) -> None:
@@ -124,9 +125,9 @@ def kill_midway(load: tuple, store, tries: int = 3) -> int:
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode in (0, -signal.SIGKILL), err
-        if proc.returncode == -signal.SIGKILL and store.read_manifest() is None:
+        if proc.returncode == -signal.SIGKILL and not store.manifests():
             return attempt
-        subprocess.run([sys.executable, "-m", "vecgpt.cli", "drop", *load[1:3]], env=env(), cwd=ROOT, check=True,
+        subprocess.run([sys.executable, "-m", "vecgpt.cli", "drop", *load[1:]], env=env(), cwd=ROOT, check=True,
                        capture_output=True)
     pytest.fail(f"the load finished before the kill in {tries} tries")
 
@@ -241,7 +242,7 @@ def test_local_turbopuffer_killed_mid_text_is_a_one_line_error_in_bounded_time(t
     needs("turbopuffer")
     monkeypatch.setenv("TURBOPUFFER_API_KEY", "local-test-key")
     monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
-    server = cli("tpuf-local", "--port", "0")
+    server = cli("tpuf-local", "--port", "0", "--api-key", "local-test-key")
     try:
         url = server.stdout.readline().split(" on ")[1].split()[0]
         err = generate_until_stopped("turbopuffer", tmp_path, {"base_url": url, "prefix": "fault-", **STOP_OPTIONS},
@@ -277,7 +278,7 @@ def test_two_generations_at_once_each_get_the_tokens_they_get_alone(backend, tmp
 
 # 4. a damaged store folder ------------------------------------------------------------------------------------
 def largest_file(folder: Path) -> Path:
-    return max((p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json"), key=lambda p: p.stat().st_size)
+    return max((p for p in folder.rglob("*") if p.is_file() and p.parent.name != "manifests"), key=lambda p: p.stat().st_size)
 
 
 def truncate(path: Path) -> None:
@@ -294,8 +295,8 @@ DAMAGE = {
     "truncate the largest file": lambda root: truncate(largest_file(root)),
     "garble the largest file": lambda root: garble(largest_file(root)),
     "delete the largest file": lambda root: largest_file(root).unlink(),
-    "garble the manifest": lambda root: garble(root / "manifest.json"),
-    "delete the token table": lambda root: shutil.rmtree(next(p for p in root.rglob("wte*") if p.is_dir())),
+    "garble the manifest": lambda root: garble(next(root.glob("manifests/*.json"))),
+    "delete the token table": lambda root: shutil.rmtree(next(p for p in root.rglob("*.wte*") if p.is_dir())),
 }
 
 

@@ -14,6 +14,7 @@ from lancedb.index import IvfFlat  # noqa: E402
 from vecgpt import weights  # noqa: E402
 from vecgpt.backends.base import Where  # noqa: E402
 from vecgpt.engine import Engine, push  # noqa: E402
+from vecgpt.loading import collection  # noqa: E402
 
 rng = np.random.default_rng(3)
 EPS32 = float(np.finfo(np.float32).eps)
@@ -63,9 +64,10 @@ def test_reload_is_idempotent(make_store, tmp_path):
     again = make_store("lancedb")  # a second connection, as a second `vecgpt load` would open
     assert push(again, model, "l2", progress=False) == manifest
     # writing the same rows again replaces them: no duplicates
-    again.upsert("wpe", np.arange(16), model.params["wpe"]["weight"], {"row": np.arange(16)})
-    assert again.count("wpe") == 16
-    np.testing.assert_array_equal(again.fetch("wpe", np.array([3, 0])), model.params["wpe"]["weight"][[3, 0]])
+    wpe = collection(manifest["fingerprint"], "wpe")
+    again.upsert(wpe, np.arange(16), model.params["wpe"]["weight"], {"row": np.arange(16)})
+    assert again.count(wpe) == 16
+    np.testing.assert_array_equal(again.fetch(wpe, np.array([3, 0])), model.params["wpe"]["weight"][[3, 0]])
     text = Engine(again).open()
     assert len(text.read([1, 2, 3]).ids) == 40
 

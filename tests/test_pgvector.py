@@ -178,3 +178,18 @@ def test_no_dsn_starts_a_local_server_that_keeps_its_data(tmp_path, monkeypatch)
     second = pgvector.connect(data_dir=str(tmp_path / "pg"))
     assert second.search("kept", np.eye(1, 4, dtype=np.float32), k=1).ids.tolist() == [[0]]
     second.close()
+
+
+def test_defaults_are_per_user(monkeypatch):
+    from setup_pgvector import server_dsn
+
+    from vecgpt.backends.pgvector.server import default_data_dir
+
+    monkeypatch.setenv("LOGNAME", "ann")
+    monkeypatch.setattr(pgvector.server.os, "geteuid", lambda: 0)
+    assert str(default_data_dir()) == "/var/tmp/vecgpt-ann/pgserver"  # as root: still one folder per user
+    store = pgvector.connect(dsn=server_dsn())
+    try:
+        assert store.schema == "vecgpt_ann"
+    finally:
+        store.close()

@@ -39,7 +39,7 @@ def guarded_tpuf():
     server.stop()
 
 
-@pytest.mark.parametrize("command", [["ls"], ["drop"], ["tpuf-gc"], ["generate", "hi", "-n", "1"]])
+@pytest.mark.parametrize("command", [["ls"], ["drop", "--model", "0123"], ["tpuf-gc"], ["generate", "hi", "-n", "1"]])
 def test_rejected_api_key_is_never_shown(capsys, caplog, tmp_path, monkeypatch, guarded_tpuf, tiny_model_dir, command):
     monkeypatch.setenv("TURBOPUFFER_API_KEY", API_KEY)
     monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)

@@ -120,22 +120,24 @@ def test_bad_dimension_is_refused(make_store, backend):
         store.search("c", np.zeros((1, 25), np.float32))
 
 
-def test_manifest_round_trips(make_store, backend):
+def test_manifests_round_trip_by_key(make_store, backend):
     store = make_store(backend)
-    assert store.read_manifest() is None
-    store.write_manifest({"fingerprint": "abc", "m2": {"wte": 1.5}})
-    assert store.read_manifest() == {"fingerprint": "abc", "m2": {"wte": 1.5}}
-    store.write_manifest(None)
-    assert store.read_manifest() is None
+    assert store.read_manifest("abc-e2-l2") is None and store.manifests() == []
+    store.write_manifest("abc-e2-l2", {"fingerprint": "abc", "m2": {"wte": 1.5}})
+    store.write_manifest("def-e2-ip", {"fingerprint": "def"})
+    assert store.read_manifest("abc-e2-l2") == {"fingerprint": "abc", "m2": {"wte": 1.5}}
+    assert sorted(store.manifests()) == ["abc-e2-l2", "def-e2-ip"]
+    store.write_manifest("abc-e2-l2", None)
+    assert store.read_manifest("abc-e2-l2") is None and store.manifests() == ["def-e2-ip"]
 
 
 def test_a_second_connection_sees_what_the_first_wrote(make_store, backend):
     first = make_store(backend)
     x, _ = filled(first, "kept")
-    first.write_manifest({"fingerprint": "xyz"})
+    first.write_manifest("xyz", {"fingerprint": "xyz"})
     first.close()
     second = make_store(backend)
-    assert "kept" in second.collections() and second.read_manifest() == {"fingerprint": "xyz"}
+    assert "kept" in second.collections() and second.read_manifest("xyz") == {"fingerprint": "xyz"}
     np.testing.assert_array_equal(second.fetch("kept", np.array([5, 12])), x[:2])
 
 

@@ -201,8 +201,7 @@ def test_live_service_round_trip():
         np.testing.assert_array_equal(store.fetch("c", np.array([3, 1])), x[[3, 1]])
     finally:
         store.drop("c")
-        store.write_manifest(None)
-        for ns in (store.catalog_ns,):
+        for ns in (store.catalog_ns, store.models_ns):
             store._delete_namespace(ns)
 
 
@@ -316,3 +315,52 @@ def test_output_layer_ann_waits_for_the_index(small_server, monkeypatch, capsys)
         assert meta["index"]["status"] == "up-to-date"
     finally:
         index.close()
+
+
+def test_generate_loads_a_missing_model_only_with_yes_and_states_the_cost(tmp_path, capsys, tiny_model_dir):
+    from vecgpt.cli import main
+
+    from conftest import store_options
+
+    options = store_options("turbopuffer", tmp_path)
+    config = tmp_path / "tp.toml"
+    config.write_text('backend = "turbopuffer"\n[store]\n' + "".join(f'{k} = {v!r}\n'.replace("'", '"')
+                                                                        for k, v in options.items()))
+    argv = ["generate", "--config", str(config), "--model", str(tiny_model_dir), "hi", "-n", "1"]
+    assert main(argv) == 2  # stdin is no TTY here: nothing is asked, nothing written
+    err = capsys.readouterr().err
+    assert "load (writes at $2/GB" in err and "pass --yes" in err.splitlines()[-1]
+    assert tpb.connect(**options).manifests() == []
+    assert main([*argv, "--yes"]) == 0 and "load (writes" in capsys.readouterr().err
+    assert len(tpb.connect(**options).manifests()) == 1
+    assert main(argv) == 0 and "load (writes" not in capsys.readouterr().err  # held now: no question
+
+
+def test_defaults_are_per_user(small_server, monkeypatch):
+    from vecgpt.backends.base import user_name
+
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "local")
+    monkeypatch.setenv("USER", "Ann.Lee")
+    monkeypatch.setenv("LOGNAME", "Ann.Lee")
+    assert user_name() == "ann_lee"
+    assert tpb.connect(base_url=small_server.url).prefix == "vecgpt-ann_lee-"
+
+
+def test_the_local_server_makes_a_key_prints_it_and_refuses_others(tmp_path):
+    import subprocess
+    import sys
+
+    import turbopuffer
+
+    proc = subprocess.Popen([sys.executable, "-m", "vecgpt", "tpuf-local", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        url, key = line.split(" on ")[1].split(" ")[0], line.split("TURBOPUFFER_API_KEY=")[1].strip()
+        assert len(key) >= 20
+        with pytest.raises(turbopuffer.AuthenticationError):
+            turbopuffer.Turbopuffer(api_key="local", base_url=url, max_retries=0).namespace("x").metadata()
+        with pytest.raises(turbopuffer.NotFoundError):  # let in: the namespace just is not there
+            turbopuffer.Turbopuffer(api_key=key, base_url=url, max_retries=0).namespace("x").metadata()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

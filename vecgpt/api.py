@@ -13,7 +13,7 @@ import numpy as np
 
 from vecgpt import tokenizer, weights
 from vecgpt.config import Config, open_store
-from vecgpt.engine import Engine, push
+from vecgpt.engine import Engine, push, store_fingerprint
 from vecgpt.errors import VecgptError
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates, choose
@@ -66,24 +66,26 @@ def generate(reader, prompt_tokens: list[int], n: int, temperature: float = 0.0,
     return out
 
 
-def open_engine(config: Config, model: weights.Model, replace: bool = False, progress: bool = True) -> Engine:
-    """A store holding `model`, loading it first if the store is empty."""
+def open_engine(config: Config, model: weights.Model, progress: bool = True, confirm=None) -> Engine:
+    """A store holding `model` in the configured encoding, loading it first if absent (other models stay).
+
+    `confirm(store)`, when given, is called before such a load and may refuse it (raise)."""
     store = open_store(config)
-    held = store.read_manifest()
-    if held is None or replace:
-        push(store, model, config.metric, replace=replace, progress=progress)
-    elif held.get("metric") != config.metric:  # never run another encoding than the one asked for
+    key = store_fingerprint(model, config.metric)
+    try:
+        if store.read_manifest(key) is None:
+            if confirm is not None:
+                confirm(store)
+            push(store, model, config.metric, progress=progress)
+    except BaseException:
         store.close()
-        raise VecgptError(f"the store holds the {held.get('metric')} encoding, not {config.metric}; pass --replace "
-                          f"to load the {config.metric} encoding over it, or use another store path")
-    engine = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile)
-    engine.check(model)
-    return engine
+        raise
+    return Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key)
 
 
 def generate_text(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None,
                   temperature: float = 0.0, top_k: int | None = None, seed: int = 0, stop: bool = True,
-                  progress: bool = False, replace: bool = False) -> dict:
+                  progress: bool = False, confirm=None) -> dict:
     """Generate through a store; the dict of `vecgpt generate --json`."""
     config = config or Config()
     m = weights.load(model or config.model)
@@ -91,7 +93,7 @@ def generate_text(prompt: str, n: int = 8, config: Config | None = None, model: 
     ids = tokenizer.encode(prompt)
     check_request(m.hparams, ids, n, k, temperature, seed)
     config.top_k = max(config.top_k, k)
-    engine = open_engine(config, m, replace=replace, progress=progress)
+    engine = open_engine(config, m, progress=progress, confirm=confirm)
     text = engine.open()
     try:
         gen = generate(text, ids, n, temperature, k, seed, stop)
@@ -113,10 +115,10 @@ def generate_reference(prompt: str, n: int = 8, model: str | None = None, temper
             "backend": f"numpy-{np.dtype(dtype).name}", "model_fingerprint": m.fingerprint}
 
 
-def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None) -> dict:
+def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None, confirm=None) -> dict:
     """Store against numpy: the top-k scores after the prompt side by side, then greedy tokens of both."""
     config = config or Config()
-    store_run = generate_text(prompt, n, config, model, stop=False)
+    store_run = generate_text(prompt, n, config, model, stop=False, confirm=confirm)
     m = weights.load(model or config.model, dtype=np.float64)  # one load serves both numpy runs
     ref = generate(Reference(m, np.float64), store_run["prompt_tokens"], n, top_k=config.top_k, stop=False)
     full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]  # numpy's score for any store token

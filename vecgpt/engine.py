@@ -4,6 +4,8 @@ The forward pass has reference.py's functions in its order; where the reference 
 `x @ weight + bias` the engine searches. `Engine.open()` starts a `Session`, one decoding session:
 its attention keys live in the store (collection text-<id>, tagged layer/head/position), its values
 in process memory. Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64.
+A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
+are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter.
 """
 
@@ -18,33 +20,47 @@ from vecgpt import encoding
 from vecgpt.attention import RunningSoftmax
 from vecgpt.backends.base import Search, Store, Where
 from vecgpt.errors import VecgptError
-from vecgpt.loading import plan, push, store_fingerprint  # noqa: F401 (plan and push: imported from here too)
+from vecgpt.loading import check_layout, collection, plan, push, store_fingerprint  # noqa: F401 (imported from here too)
 from vecgpt.meter import SESSION_PREFIX, Metered, later
 from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import Candidates, ordered
-from vecgpt.weights import HParams, Model
+from vecgpt.weights import HParams
 
 
 class Engine:
     """A store holding a model, ready to open decoding sessions."""
 
-    def __init__(self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 8):
+    def __init__(self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 8,
+                 model: str | None = None):
+        """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
-        manifest = store.read_manifest()
+        self.key = model or only_model(store)
+        manifest = store.read_manifest(self.key)
         if manifest is None:
-            raise VecgptError("the store holds no model; run `vecgpt load` first")
+            raise VecgptError(f"the store holds no model {self.key}; run `vecgpt load` first (`vecgpt ls` lists the models)")
         self.manifest = manifest
         self.metric = manifest["metric"]
         self.hparams = HParams(**manifest["hparams"])
         self.m2 = manifest["m2"]
 
-    def check(self, model: Model) -> None:
-        if self.manifest["fingerprint"] != store_fingerprint(model, self.metric):
-            raise VecgptError(f"the store holds model {self.manifest['fingerprint']}, not {model.source} "
-                              f"({store_fingerprint(model, self.metric)}); load it with --replace")
+    def name(self, matrix: str) -> str:
+        """The collection holding one of this model's matrices or tables."""
+        return collection(self.key, matrix)
+
+    def dropped(self) -> bool:
+        return self.store.read_manifest(self.key) is None
 
     def open(self) -> Session:
         return Session(self)
+
+
+def only_model(store: Store) -> str:
+    check_layout(store)
+    keys = sorted(store.manifests())
+    if len(keys) != 1:
+        raise VecgptError("the store holds no model; run `vecgpt load` first" if not keys else
+                          f"the store holds {len(keys)} models ({', '.join(keys)}); name one")
+    return keys[0]
 
 
 class Session:
@@ -62,7 +78,7 @@ class Session:
         self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd))  # [L, ctx, H, hd]
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
         _, table = self.store.together(later.create(self.name, hd, self.metric, ("layer", "head", "position")),
-                                       later.fetch("ln", np.arange(4 * hp.n_layer + 2)))
+                                       later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)))
         table = table.astype(np.float64)
         self.ln = [{"ln_1": {"weight": table[4 * i], "bias": table[4 * i + 1]},
                     "ln_2": {"weight": table[4 * i + 2], "bias": table[4 * i + 3]}} for i in range(hp.n_layer)]
@@ -84,15 +100,28 @@ class Session:
         ids = [int(i) for i in ids]
         if self.position + len(ids) > self.hp.n_ctx:
             raise VecgptError(f"the text would reach {self.position + len(ids)} tokens; the context holds {self.hp.n_ctx}")
-        for block in [ids] if self.engine.prompt_block else [[i] for i in ids]:
-            h = self.hidden(block)
-        return self.gpt2(h[-1:], k or self.engine.top_k)
+        # a store that reads a manifest for free is asked each time (it may serve a dropped model from
+        # memory); any other is asked when a read fails
+        if getattr(self.engine.store, "local", False) and self.engine.dropped():
+            raise self.dropped()
+        try:
+            for block in [ids] if self.engine.prompt_block else [[i] for i in ids]:
+                h = self.hidden(block)
+            return self.gpt2(h[-1:], k or self.engine.top_k)
+        except VecgptError:
+            if self.engine.dropped():
+                raise self.dropped() from None
+            raise
+
+    def dropped(self) -> VecgptError:
+        return VecgptError(f"model {self.engine.key} was dropped from the store while this text was open; "
+                           f"load it again and start the text again")
 
     # ------------------------------------------------------------ the forward pass, in reference.py's order
 
     def linear(self, x, name):  # [m, in] -> [m, out]: x @ weight + bias as one search returning every row
         q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
-        hits = self.store.search(name, q)
+        hits = self.store.search(self.engine.name(name), q)
         y = np.empty((len(x), hits.ids.shape[1]))
         np.put_along_axis(y, hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric), axis=1)
         return y
@@ -134,8 +163,8 @@ class Session:
 
     def hidden(self, ids: list[int]) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x)
         start, d = self.position, self.hp.n_embd
-        *_, wte, wpe = self.store.together(*self.flush(), later.fetch("wte", np.asarray(ids)),
-                                           later.fetch("wpe", np.arange(start, start + len(ids))))
+        *_, wte, wpe = self.store.together(*self.flush(), later.fetch(self.engine.name("wte"), np.asarray(ids)),
+                                           later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))))
         x = wte[:, :d].astype(np.float64) + wpe.astype(np.float64)  # [m, d]
         xs = [x]
         for layer in range(self.hp.n_layer):
@@ -148,7 +177,7 @@ class Session:
 
     def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
         q = encoding.encode_queries(h, self.metric, self.engine.m2["wte"])
-        *_, hits = self.store.together(*self.flush(), later.search("wte", q, k=k))
+        *_, hits = self.store.together(*self.flush(), later.search(self.engine.name("wte"), q, k=k))
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
 
     # ------------------------------------------------------------ the keys in the store

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import re
+from datetime import datetime, timezone
 
 import numpy as np
 
 from vecgpt import encoding
 from vecgpt.backends.base import Store
 from vecgpt.errors import VecgptError
-from vecgpt.meter import SESSION_PREFIX
 from vecgpt.weights import HParams, Model
 
 LN_PARTS = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
 BATCH = 4096
+BARE = {"wte", "wpe", "ln"}  # names the previous layout gave every model
 
 
 def matrices(hp: HParams) -> list[str]:
@@ -24,7 +26,16 @@ def matrices(hp: HParams) -> list[str]:
 
 
 def store_fingerprint(model: Model, metric: str) -> str:
+    """A loaded model's key in a store: its collections are named from it, its manifest is filed under it."""
     return f"{model.fingerprint}-e{encoding.ENCODING_VERSION}-{metric}"
+
+
+def collection(key: str, name: str) -> str:  # ("0123abcd...-e2-l2", "wte") -> "0123abcd...-e2-l2.wte"
+    return f"{key}.{name}"
+
+
+def matrix_of(name: str) -> str:  # "0123abcd...-e2-l2.h.0.mlp.c_fc" -> "h.0.mlp.c_fc"; any other name as it is
+    return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+\.", "", name)
 
 
 def get(params: dict, name: str) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]["attn"]["c_attn"]
@@ -43,41 +54,72 @@ def plan(model: Model, metric: str) -> list[tuple[str, int, int]]:
     return out + [("wpe", hp.n_ctx, hp.n_embd), ("ln", 4 * hp.n_layer + 2, hp.n_embd)]
 
 
-def push(store: Store, model: Model, metric: str = "l2", replace: bool = False, progress: bool = True) -> dict:
-    """Write every matrix, the token and position tables and the layer norms; the manifest goes last.
+def push(store: Store, model: Model, metric: str = "l2", progress: bool = True) -> dict:
+    """Write every matrix, the token and position tables and the layer norms under the model's own names;
+    the manifest goes last, so a load is invisible until complete and never touches another model's data.
 
     Under the store's load lock where it has one: a second process loading the same model waits, then finds
     it loaded."""
     with getattr(store, "load_lock", contextlib.nullcontext)():
-        return _push(store, model, metric, replace, progress)
+        return _push(store, model, metric, progress)
 
 
-def _push(store: Store, model: Model, metric: str, replace: bool, progress: bool) -> dict:
-    fp = store_fingerprint(model, metric)
-    held = store.read_manifest()
-    if held and held.get("fingerprint") == fp:
+def _push(store: Store, model: Model, metric: str, progress: bool) -> dict:
+    key = store_fingerprint(model, metric)
+    held = store.read_manifest(key)
+    if held:
         return held
+    check_layout(store)
     offers = getattr(store, "metrics", (metric,))
-    if metric not in offers:  # before anything is erased
+    if metric not in offers:
         raise VecgptError(f"this store cannot rank by {metric!r} (it offers {', '.join(offers)}); "
                           f"use --metric {offers[0]}")
-    if held and not replace:
-        what = (f"this model in the {held.get('metric')} encoding" if held.get("model_fingerprint") == model.fingerprint
-                else f"another model ({held.get('fingerprint')}, from {held.get('source')})")
-        raise VecgptError(f"the store holds {what}; pass --replace to overwrite it, or use another store path")
-    store.write_manifest(None)  # from here until the end the store holds no complete model
-    for name in store.collections():
-        if not name.startswith(SESSION_PREFIX):
-            store.drop(name)
-    m2 = _write_all(store, model, metric, progress)
-    manifest = {"fingerprint": fp, "model_fingerprint": model.fingerprint, "source": model.source,
+    m2 = _write_all(store, model, metric, key, progress)
+    manifest = {"fingerprint": key, "model_fingerprint": model.fingerprint, "source": model.source,
                 "encoding_version": encoding.ENCODING_VERSION, "metric": metric,
-                "hparams": model.hparams.__dict__, "m2": m2}
-    store.write_manifest(manifest)
+                "hparams": model.hparams.__dict__, "m2": m2, "documents": sum(n for _, n, _ in plan(model, metric)),
+                "loaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    store.write_manifest(key, manifest)
     return manifest
 
 
-def _write_all(store: Store, model: Model, metric: str, progress: bool) -> dict[str, float]:
+def drop(store: Store, key: str) -> None:
+    """Remove one model: its manifest first (from then on it is not there), then its collections."""
+    store.write_manifest(key, None)
+    for name in store.collections():
+        if name.startswith(collection(key, "")):
+            store.drop(name)
+
+
+def models(store: Store) -> list[dict]:
+    """Every model the store holds: its manifest, with the bytes its collections take now."""
+    check_layout(store)
+    sizes = store.stats()
+    out = []
+    for key in sorted(store.manifests()):
+        manifest = store.read_manifest(key)
+        if manifest is not None:  # dropped since the listing
+            mine = [v for name, v in sizes.items() if name.startswith(collection(key, ""))]
+            out.append({**manifest, "bytes": sum(v.get("bytes", 0) for v in mine if isinstance(v, dict))})
+    return out
+
+
+def check_layout(store: Store) -> None:
+    """A store written before models were filed by fingerprint (one model under bare names) is refused."""
+    if BARE & set(store.collections()):
+        raise VecgptError(f"{store} holds a model in the previous layout (one model per store); "
+                          f"run `vecgpt drop --old-layout` with the same options, then load again")
+
+
+def drop_old_layout(store: Store) -> list[str]:
+    """The previous layout's collections (bare names), removed; texts and filed models stay."""
+    gone = [name for name in store.collections() if name in BARE or re.fullmatch(r"h\.\d+\.(attn|mlp)\.c_\w+", name)]
+    for name in gone:
+        store.drop(name)
+    return gone
+
+
+def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool) -> dict[str, float]:
     """Every collection of `plan`; M^2 of each matrix (see vecgpt.encoding)."""
     from tqdm import tqdm
 
@@ -87,9 +129,9 @@ def _write_all(store: Store, model: Model, metric: str, progress: bool) -> dict[
         p = get(model.params, name)
         weight = p["weight"].T if name == "wte" else p["weight"]  # [in, out]
         docs, m2[name] = encoding.encode_rows(weight, p.get("bias"), metric)
-        _write(store, name, docs, metric, bar)
-    _write(store, "wpe", model.params["wpe"]["weight"], "l2", bar)
-    _write(store, "ln", ln_table(model), "l2", bar)
+        _write(store, collection(key, name), docs, metric, bar)
+    _write(store, collection(key, "wpe"), model.params["wpe"]["weight"], "l2", bar)
+    _write(store, collection(key, "ln"), ln_table(model), "l2", bar)
     bar.close()
     return m2
 

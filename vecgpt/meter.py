@@ -31,9 +31,10 @@ class Call(NamedTuple):
         name = first if isinstance(first, str) else first[0].collection  # search_many: a list of Search
         if name.startswith(SESSION_PREFIX):
             return {"create": "open", "upsert": "key_write"}.get(self.method, "key_search")
-        if name == "ln":
+        table = name.rpartition(".")[2]  # a model's collections are <store fingerprint>.<matrix>
+        if table == "ln":
             return "open"
-        if name in ("wte", "wpe"):
+        if table in ("wte", "wpe"):
             return "lookup" if self.method == "fetch" else "token_search"
         return "matrix"
 

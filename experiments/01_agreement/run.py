@@ -243,7 +243,7 @@ def numpy_subject(model, prompts, refs, k) -> list[dict]:
 def store_subject(v, model, prompts, refs, args) -> list[dict]:
     """One store variant, teacher-forced along each reference run, one decoding session per prompt."""
     print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-    engine = open_engine(v, model, args.replace, progress=not args.quiet)
+    engine = open_engine(v, model, progress=not args.quiet)
     scores, t = [], time.perf_counter()
     for (_, ids), ref in zip(prompts, refs):
         session = engine.open()

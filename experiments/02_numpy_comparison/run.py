@@ -119,7 +119,7 @@ def store_run(v, model, ids, args) -> tuple[list, list[int]]:
     from vecgpt.api import generate
 
     print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-    engine = open_engine(v, model, args.replace, progress=not args.quiet)
+    engine = open_engine(v, model, progress=not args.quiet)
     session = engine.open()
     try:
         gen = generate(session, ids, args.n, top_k=args.top_k, stop=False)

@@ -34,8 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def kind_of(collection: str) -> str:
     """h.3.attn.c_attn -> attn.c_attn; wte, wpe, ln as they are; anything else 'other'."""
-    m = re.fullmatch(r"h\.\d+\.(.+)", collection)
-    name = m.group(1) if m else collection
+    from vecgpt.loading import matrix_of
+
+    m = re.fullmatch(r"h\.\d+\.(.+)", matrix_of(collection))
+    name = m.group(1) if m else matrix_of(collection)
     return name if name in KINDS else "other"
 
 
@@ -66,18 +68,13 @@ def disk_bytes(store) -> int | None:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def fresh_load(store, model, metric: str, replace: bool, progress: bool) -> float:
-    """Empty the store of its model and load `model`; seconds taken."""
-    from vecgpt.errors import VecgptError
-    from vecgpt.loading import push, store_fingerprint
+def fresh_load(store, model, metric: str, progress: bool) -> float:
+    """Drop `model` from the store if it holds it (other models stay), load it again; seconds taken."""
+    from vecgpt.loading import drop, push, store_fingerprint
 
-    held = store.read_manifest()
-    if held and held.get("fingerprint") != store_fingerprint(model, metric) and not replace:
-        raise VecgptError(f"the store holds another model ({held.get('fingerprint')}, from {held.get('source')}); "
-                          f"pass --replace to overwrite it, or --store-root DIR")
-    store.write_manifest(None)
+    drop(store, store_fingerprint(model, metric))
     t = time.perf_counter()
-    push(store, model, metric, replace=True, progress=progress)
+    push(store, model, metric, progress=progress)
     return time.perf_counter() - t
 
 
@@ -117,12 +114,14 @@ def run(args) -> int:
 def measure(v, model, args) -> dict:
     """Load the model afresh into one store variant: time, documents and bytes by kind, disk use."""
     from vecgpt.config import open_store
+    from vecgpt.loading import collection, store_fingerprint
 
     print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
     store = open_store(v.config)
     try:
-        load_s = fresh_load(store, model, v.config.metric, args.replace, not args.quiet)
-        stats = store.stats()
+        load_s = fresh_load(store, model, v.config.metric, not args.quiet)
+        mine = collection(store_fingerprint(model, v.config.metric), "")
+        stats = {name: s for name, s in store.stats().items() if name.startswith(mine)}
         disk = disk_bytes(store)
     finally:
         store.close()

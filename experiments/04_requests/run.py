@@ -111,7 +111,7 @@ def count(v, model, ids, args) -> list[dict]:
     from vecgpt.engine import Engine
 
     print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
-    engine, results = open_engine(v, model, args.replace, progress=not args.quiet), []
+    engine, results = open_engine(v, model, progress=not args.quiet), []
     try:
         for block in (True, False):
             session = Engine(engine.store, top_k=engine.top_k, prompt_block=block, tile=engine.tile).open()

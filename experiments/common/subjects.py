@@ -135,7 +135,7 @@ def variants(config_paths, store_root: str | None = None, both_metrics: bool = T
     return sorted(out, key=lambda v: (order[v.config_path], v.config.metric != "l2"))
 
 
-def open_engine(variant: Variant, model, replace: bool = False, progress: bool = False):
+def open_engine(variant: Variant, model, progress: bool = False):
     """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
     from vecgpt.config import open_store
     from vecgpt.engine import Engine
@@ -143,12 +143,10 @@ def open_engine(variant: Variant, model, replace: bool = False, progress: bool =
 
     store = open_store(variant.config)
     t = time.perf_counter()
-    push(store, model, variant.config.metric, replace=replace, progress=progress)
+    key = push(store, model, variant.config.metric, progress=progress)["fingerprint"]
     variant.stats["push_s"] = time.perf_counter() - t
     c = variant.config
-    engine = Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile)
-    engine.check(model)
-    return engine
+    return Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile, model=key)
 
 
 def describe_variant(v: Variant) -> dict:
@@ -164,7 +162,6 @@ def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
                    f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo")
     p.add_argument("--store-root", default=None, help="put each path-based store under DIR/<config name> "
                    "instead of the config's path (so runs do not clobber each other)")
-    p.add_argument("--replace", action="store_true", help="load the model over another one a store holds")
     p.add_argument("--no-swap", action="store_true", help="only the configs' own encodings (no l2/ip comparison)")
     p.add_argument("--seed", type=int, default=0, help="recorded in the provenance (greedy runs draw nothing)")
     p.add_argument("--out", default=None, help=f"results folder (default: a new ./results/{name}/<timestamp>)")

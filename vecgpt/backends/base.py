@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import pkgutil
+import re
 import types
 import typing
 from collections import Counter, abc
@@ -110,10 +111,14 @@ class Store(Protocol):
 
     def collections(self) -> list[str]: ...
 
-    def read_manifest(self) -> dict | None:
-        """The record of which model the store holds, or None."""
+    def read_manifest(self, key: str) -> dict | None:
+        """The record of one loaded model, filed under its key (vecgpt.loading.store_fingerprint), or None."""
 
-    def write_manifest(self, manifest: dict | None) -> None: ...
+    def write_manifest(self, key: str, manifest: dict | None) -> None:
+        """File (None: remove) a model's record. Writing it marks the model's load complete."""
+
+    def manifests(self) -> list[str]:
+        """The keys of every record filed (from the store's own catalog, never a listing of collections)."""
 
     def stats(self) -> dict:
         """Documents and bytes held, by collection."""
@@ -210,7 +215,7 @@ def check_same(name: str, held: tuple[int, Metric], dim: int, metric: Metric) ->
     """Creating a collection that exists: a no-op with the same dimension and metric, else an error."""
     if tuple(held) != (dim, metric):
         raise VecgptError(f"collection {name!r} exists with dimension {held[0]} and metric {held[1]}, "
-                          f"not {dim} and {metric}; drop it first (vecgpt load --replace)")
+                          f"not {dim} and {metric}; drop it first")
 
 
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
@@ -265,7 +270,7 @@ def existing(found: T | None, store: object, name: str) -> T:
 
 
 class FolderStore:
-    """What stores kept in one folder share: the folder, its manifest.json, the load lock, damage reports."""
+    """What stores kept in one folder share: the folder, its manifests/<key>.json, the load lock, damage reports."""
 
     backend: str  # the store's name, and its folder's under the cache folder by default
 
@@ -275,26 +280,35 @@ class FolderStore:
     def __str__(self) -> str:
         return f"{type(self).__name__}(path={self.path})"
 
-    def read_manifest(self) -> dict | None:
-        path = self.path / "manifest.json"
+    local = True  # reading a manifest costs no request: a text checks its model is still there before each read
+
+    def _manifest_path(self, key: str) -> Path:
+        return self.path / "manifests" / f"{key}.json"
+
+    def read_manifest(self, key: str) -> dict | None:
+        path = self._manifest_path(key)
         if not path.is_file():
             return None
         try:
             manifest = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            raise self.damaged("manifest.json is damaged", e) from None
+            raise self.damaged(f"manifests/{key}.json is damaged", e) from None
         if not isinstance(manifest, dict):
-            raise self.damaged("manifest.json is damaged", ValueError("not a JSON object"))
+            raise self.damaged(f"manifests/{key}.json is damaged", ValueError("not a JSON object"))
         return manifest
 
-    def write_manifest(self, manifest: dict | None) -> None:
+    def write_manifest(self, key: str, manifest: dict | None) -> None:
         self.flush()  # the manifest marks a load complete: everything before it is on disk
-        path = self.path / "manifest.json"
+        path = self._manifest_path(key)
         if manifest is None:
             path.unlink(missing_ok=True)
             return
-        self.path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, manifest)
+
+    def manifests(self) -> list[str]:
+        folder = self.path / "manifests"
+        return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
 
     def flush(self) -> None:
         """Write to disk what is held only in memory."""
@@ -349,6 +363,32 @@ def connector(backend: str):
 def extra(backend: str, name: str):
     """An optional function the backend's module offers beside connect() (e.g. estimate_cost), or None."""
     return getattr(importlib.import_module(connector(backend).__module__), name, None)
+
+
+LOCATIONS = ("path", "schema", "prefix")  # what a store's connect() may call where it keeps its data
+
+
+def location_key(backend: str) -> str:
+    """The [store] option saying where this backend keeps its data (`--store` sets it): the first of LOCATIONS
+    its connect() takes."""
+    if backend not in available():
+        raise VecgptError(f"unknown backend {backend!r}; known backends: {', '.join(available())}")
+    accepted = inspect.signature(connector(backend)).parameters
+    found = next((name for name in LOCATIONS if name in accepted), None)
+    if found is None:
+        raise VecgptError(f"backend {backend!r} takes no location ({', '.join(LOCATIONS)}); drop --store")
+    return found
+
+
+def user_name() -> str:
+    """This user's name as identifiers allow it ([a-z0-9_]): what per-user defaults are named from."""
+    import getpass
+
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
+        name = f"uid{os.getuid()}"
+    return re.sub(r"[^a-z0-9_]", "_", name.lower()) or f"uid{os.getuid()}"
 
 
 def get_store(backend: str, **options) -> Store:

@@ -56,8 +56,8 @@ STORE, MODEL, ATTENTION = "vecgpt.cli.store", "vecgpt.cli.model", "vecgpt.cli.at
 TPUF = "vecgpt.backends.turbopuffer"
 COMMANDS = (
     Command("load", "push a model into a store", f"{STORE}:load_arguments", f"{STORE}:cmd_load"),
-    Command("ls", "the model a store holds", f"{STORE}:add_store_args", f"{STORE}:cmd_ls"),
-    Command("drop", "remove the model from a store", f"{STORE}:add_store_args", f"{STORE}:cmd_drop"),
+    Command("ls", "every model a store holds", f"{STORE}:add_store_args", f"{STORE}:cmd_ls"),
+    Command("drop", "remove one model from a store", f"{STORE}:drop_arguments", f"{STORE}:cmd_drop"),
     Command("generate", "continue a prompt through a store", f"{STORE}:generate_arguments", f"{STORE}:cmd_generate"),
     Command("compare", "store against numpy: scores and greedy tokens", f"{STORE}:compare_arguments",
             f"{STORE}:cmd_compare"),

@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import sys
+
+from vecgpt.errors import VecgptError
 
 
 def add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file choosing the backend and its options (see configs/)")
     p.add_argument("--backend", help="override the config's backend")
     p.add_argument("--metric", choices=["l2", "ip"], help="override the config's encoding")
+    p.add_argument("--store", metavar="LOCATION", help="where the store keeps its data: the backend's folder (path), "
+                   "schema (pgvector) or namespace prefix (turbopuffer); overrides that [store] option")
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -18,9 +23,13 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
 
 
 def config_of(args):
+    from vecgpt.backends.base import location_key
     from vecgpt.config import load_config
 
-    return load_config(args.config, backend=args.backend, metric=args.metric)
+    config = load_config(args.config, backend=args.backend, metric=args.metric)
+    if args.store is not None:
+        config.store[location_key(config.backend)] = args.store
+    return config
 
 
 def cmd_load(args) -> int:
@@ -41,35 +50,91 @@ def cmd_load(args) -> int:
             print(estimate(rows, **{k: v for k, v in config.store.items() if k in accepted}))
         return 0
     store = open_store(config)
-    manifest = push(store, model, config.metric, replace=args.replace, progress=True)
-    store.close()
+    try:
+        manifest = push(store, model, config.metric, progress=True)
+    finally:
+        store.close()
     print(f"{config.backend}: holds {manifest['source']} ({manifest['fingerprint']})")
     return 0
 
 
 def cmd_ls(args) -> int:
     from vecgpt.config import open_store
+    from vecgpt.loading import models
 
     store = open_store(config_of(args))
-    manifest = store.read_manifest()
-    if manifest is None:
+    try:
+        held = models(store)
+    finally:
+        store.close()
+    if not held:
         print("no model")
-    else:
-        print(f"{manifest['fingerprint']}  {manifest['source']}  metric={manifest['metric']}")
-    for name, s in store.stats().items():
-        print(f"  {name:28s} {s['documents']:>8,} docs {s['bytes'] / 1e6:>9.1f} MB")
+    for m in held:
+        print(f"{m['fingerprint']}  {m['source']}  metric={m['metric']}  {m.get('documents', 0):,} docs  "
+              f"{m['bytes'] / 1e6:.1f} MB  loaded {m.get('loaded_at', '?')}")
     return 0
 
 
 def cmd_drop(args) -> int:
     from vecgpt.config import open_store
+    from vecgpt.loading import drop, drop_old_layout
 
-    store = open_store(config_of(args))
-    for name in store.collections():
-        store.drop(name)
-    store.write_manifest(None)
-    print("dropped")
+    config = config_of(args)
+    if not args.old_layout and not args.model:
+        raise VecgptError("name the model to drop: --model M (a folder, name or fingerprint from `vecgpt ls`)")
+    store = open_store(config)
+    try:
+        if args.old_layout:
+            print(f"dropped {len(drop_old_layout(store))} collections of the previous layout")
+            return 0
+        keys = [m["fingerprint"] for m in held_as(store, args.model, args.metric)]
+        for key in keys:
+            drop(store, key)
+    finally:
+        store.close()
+    print("\n".join(f"dropped {key}" for key in keys))
     return 0
+
+
+def held_as(store, model: str, metric: str | None) -> list[dict]:
+    """The models of the store that `model` (a fingerprint or its start, a folder or a name) names."""
+    from vecgpt import weights
+    from vecgpt.loading import models
+
+    held = [m for m in models(store) if metric in (None, m["metric"])]
+    found = [m for m in held if len(model) >= 6 and m["fingerprint"].startswith(model)]
+    if not found:
+        fingerprint = weights.load(model).fingerprint
+        found = [m for m in held if m["model_fingerprint"] == fingerprint]
+    if not found:
+        raise VecgptError(f"the store holds no model {model}{f' in the {metric} encoding' if metric else ''}; "
+                          f"`vecgpt ls` lists what it holds")
+    return found
+
+
+def implicit_load(args, config):
+    """Before `generate` loads a model the store lacks: on a paid service, state the cost and ask (or --yes)."""
+
+    def confirm(store) -> None:
+        from vecgpt import weights
+        from vecgpt.backends.base import extra
+        from vecgpt.loading import plan
+
+        estimate = extra(config.backend, "estimate_cost")
+        if estimate is None:  # not billed: load without asking
+            return
+        accepted = inspect.signature(estimate).parameters
+        cost = estimate(plan(weights.load(args.model or config.model), config.metric),
+                        **{k: v for k, v in config.store.items() if k in accepted})
+        print(f"the store lacks this model; loading it first:\n{cost}", file=sys.stderr)
+        if args.yes:
+            return
+        if not sys.stdin.isatty():
+            raise VecgptError(f"{config.backend} bills this load; pass --yes to load the model, or run `vecgpt load` first")
+        if input("load it? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise VecgptError("not loaded; nothing was written")
+
+    return confirm
 
 
 def cmd_generate(args) -> int:
@@ -81,7 +146,7 @@ def cmd_generate(args) -> int:
     if args.reference:
         out = api.generate_reference(args.prompt, **common)
     else:
-        out = api.generate_text(args.prompt, config=config, progress=True, replace=args.replace, **common)
+        out = api.generate_text(args.prompt, config=config, progress=True, confirm=implicit_load(args, config), **common)
     print(json.dumps(out) if args.json else args.prompt + out["text"])
     return 0
 
@@ -90,7 +155,8 @@ def cmd_compare(args) -> int:
     from vecgpt import api
 
     config = config_of(args)
-    out = api.compare(args.prompt, n=args.n, config=config, model=args.model or config.model)
+    out = api.compare(args.prompt, n=args.n, config=config, model=args.model or config.model,
+                      confirm=implicit_load(args, config))
     if args.json:
         print(json.dumps(out))
         return 0
@@ -109,7 +175,6 @@ def cmd_compare(args) -> int:
 
 def load_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p)
-    p.add_argument("--replace", action="store_true", help="overwrite a store holding another model")
     p.add_argument("--dry-run", action="store_true", help="print what a load would write, write nothing")
 
 
@@ -123,7 +188,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")
-    p.add_argument("--replace", action="store_true", help="load this model over another one the store holds")
+    add_yes(p)
 
 
 def compare_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,3 +196,15 @@ def compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt")
     p.add_argument("-n", type=int, default=8)
     p.add_argument("--json", action="store_true")
+    add_yes(p)
+
+
+def add_yes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--yes", action="store_true", help="on a paid service, load the model without asking if the store lacks it")
+
+
+def drop_arguments(p: argparse.ArgumentParser) -> None:
+    add_store_args(p)
+    p.add_argument("--model", help="the model to remove: a folder, a name, or a fingerprint (or its start) from `vecgpt ls`; "
+                   "with --metric only that encoding")
+    p.add_argument("--old-layout", action="store_true", help="remove a model stored in the previous layout (bare names)")

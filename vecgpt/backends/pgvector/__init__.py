@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from vecgpt.backends.base import user_name
 from vecgpt.backends.pgvector.dsn import ENV_DSN, check_dsn_has_no_password, describe_dsn, dsn_params, scrub
 from vecgpt.backends.pgvector.server import local_server
 from vecgpt.backends.pgvector.store import PgStore
@@ -21,9 +22,12 @@ from vecgpt.errors import VecgptError
 __all__ = ["ENV_DSN", "PgStore", "connect", "describe_dsn", "dsn_params", "local_server", "scrub"]
 
 
-def connect(dsn: str | None = None, schema: str = "vecgpt", data_dir: str | None = None,
+def connect(dsn: str | None = None, schema: str | None = None, data_dir: str | None = None,
             workers: int = 0, keep_server: bool = False, timeout: float = 5.0, max_retries: int = 3) -> PgStore:
     """dsn: a libpq connection string (VECGPT_PG_DSN wins); none: a local pgserver in data_dir.
+
+    schema: where the store's tables go (`--store`); default vecgpt_<user>, so users of one database
+    never share a store by accident.
 
     workers: parallel workers per scan (max_parallel_workers_per_gather); keep_server: leave the
     local server running when this process exits; timeout: seconds to wait for a connection (and, over
@@ -39,4 +43,4 @@ def connect(dsn: str | None = None, schema: str = "vecgpt", data_dir: str | None
         check_dsn_has_no_password(dsn)
     else:
         dsn = local_server(data_dir, cleanup=None if keep_server else "stop")
-    return PgStore(dsn, schema, workers, timeout, max_retries)
+    return PgStore(dsn, schema or f"vecgpt_{user_name()}", workers, timeout, max_retries)

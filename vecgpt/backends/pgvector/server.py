@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from vecgpt.backends.base import cache_dir, first_line
+from vecgpt.backends.base import cache_dir, first_line, user_name
 from vecgpt.backends.pgvector.dsn import ENV_DSN
 from vecgpt.errors import VecgptError
 
@@ -26,8 +26,9 @@ _servers: dict[Path, object] = {}
 def default_data_dir() -> Path:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         # As root pgserver runs postgres as a `pgserver` user and opens every parent folder of the
-        # data directory to others; /var/tmp keeps that away from /root.
-        return Path("/var/tmp/vecgpt/pgserver")
+        # data directory to others; /var/tmp keeps that away from /root. One folder per user name
+        # (base.user_name: $LOGNAME or $USER first), so two users do not share a server by default.
+        return Path(f"/var/tmp/vecgpt-{user_name()}/pgserver")
     return cache_dir("pgserver")
 
 

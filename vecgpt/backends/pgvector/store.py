@@ -247,26 +247,34 @@ class PgStore(Session):
         args = [f[2] for f in filters]
         return text, [queries[0] if single else list(queries), *args]
 
-    # manifest
-    def read_manifest(self) -> dict | None:
+    # manifests, one row each in _manifest (the previous layout's one row had the key 'manifest')
+    def read_manifest(self, key: str) -> dict | None:
         def run():
             self._commit()
-            row = self.conn.execute(sql.SQL("SELECT value FROM {}._manifest WHERE key = 'manifest'")
-                                    .format(sql.Identifier(self.schema))).fetchone()
+            row = self.conn.execute(sql.SQL("SELECT value FROM {}._manifest WHERE key = %s")
+                                    .format(sql.Identifier(self.schema)), (key,)).fetchone()
             return None if row is None else row[0]
         return self._run(run)
 
-    def write_manifest(self, manifest: dict | None) -> None:
+    def write_manifest(self, key: str, manifest: dict | None) -> None:
         def run():
             self._commit()
             table = sql.SQL("{}._manifest").format(sql.Identifier(self.schema))
             if manifest is None:
-                self.conn.execute(sql.SQL("DELETE FROM {} WHERE key = 'manifest'").format(table))
+                self.conn.execute(sql.SQL("DELETE FROM {} WHERE key = %s").format(table), (key,))
             else:
                 json.dumps(manifest)  # fail here, not half-way, on what JSON cannot hold
-                self.conn.execute(sql.SQL("INSERT INTO {} VALUES ('manifest', %s) ON CONFLICT (key) DO UPDATE "
-                                          "SET value = EXCLUDED.value").format(table), (Jsonb(manifest),))
+                self.conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE "
+                                          "SET value = EXCLUDED.value").format(table), (key, Jsonb(manifest)))
         self._run(run)
+
+    def manifests(self) -> list[str]:
+        def run():
+            self._commit()
+            rows = self.conn.execute(sql.SQL("SELECT key FROM {}._manifest WHERE key <> 'manifest'")
+                                     .format(sql.Identifier(self.schema))).fetchall()
+            return [r[0] for r in rows]
+        return self._run(run)
 
     @contextmanager
     def load_lock(self):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from vecgpt.backends.base import user_name
 from vecgpt.backends.turbopuffer.cost import PRICES, dollars, estimate_cost
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_TOP_K, SLOTS, bounded_client_class
 from vecgpt.backends.turbopuffer.store import TurbopufferStore, b64
@@ -24,7 +25,7 @@ __all__ = ["PRICES", "TurbopufferStore", "b64", "connect", "dollars", "estimate_
 LAYOUTS = ("namespace-per-matrix",)
 
 
-def connect(base_url: str | None = None, region: str | None = None, prefix: str = "vecgpt-",
+def connect(base_url: str | None = None, region: str | None = None, prefix: str | None = None,
             layout: str = "namespace-per-matrix", replicas: int = 1, key_replicas: int = 2,
             key_partition: str = "head", max_retries: int = 3, compression: bool = False, timeout: float = 5.0,
             max_top_k: int = MAX_TOP_K, slots: int = SLOTS, write_batch_mb: float = 8.0) -> TurbopufferStore:
@@ -40,7 +41,7 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
                           f"after at most (max_retries + 1) * timeout plus backoff")
     key = os.environ.get("TURBOPUFFER_API_KEY")
     if not key:
-        raise VecgptError("set TURBOPUFFER_API_KEY (any string for a local server: vecgpt tpuf-local)")
+        raise VecgptError("set TURBOPUFFER_API_KEY (for a local server: the key `vecgpt tpuf-local` printed)")
     if base_url is None and region is None:
         base_url = os.environ.get("TURBOPUFFER_BASE_URL")
         region = None if base_url else os.environ.get("TURBOPUFFER_REGION")
@@ -57,5 +58,5 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
     except turbopuffer.TurbopufferError as e:
         raise VecgptError(f"turbopuffer client: {e}") from None
     url = str(client.base_url).rstrip("/")
-    return TurbopufferStore(client, url, prefix, replicas, key_replicas, key_partition or None, max_top_k, slots,
+    return TurbopufferStore(client, url, f"vecgpt-{user_name()}-" if prefix is None else prefix, replicas, key_replicas, key_partition or None, max_top_k, slots,
                             write_batch_mb)

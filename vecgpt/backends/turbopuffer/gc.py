@@ -25,6 +25,8 @@ def run(args) -> int:
     if config.backend != "turbopuffer":
         raise VecgptError(f"tpuf-gc needs a turbopuffer config (backend = \"turbopuffer\"); {args.config} says "
                           f"backend = {config.backend!r} (see configs/turbopuffer.toml)")
+    if getattr(args, "store", None) is not None:
+        config.store["prefix"] = args.store
     store = open_store(config)
     texts = store.leftover_texts()
     if not texts:
@@ -51,6 +53,7 @@ def run(args) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file with backend = \"turbopuffer\" and its [store] options")
+    p.add_argument("--store", metavar="PREFIX", help="the namespace prefix (overrides [store] prefix)")
     p.add_argument("--remove", action="store_true", help="delete them (they are billed for storage)")
     p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
                    help="only texts not written for this long (a running generation keeps writing); default 60")

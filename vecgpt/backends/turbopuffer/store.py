@@ -42,8 +42,8 @@ class TurbopufferStore(Catalog, Searching):
         self._spans: dict[str, tuple[int, int]] = {}
         self._lock, self._parts_lock = threading.Lock(), threading.Lock()
         self.usage: Counter = Counter()
-        self.catalog_ns, self.manifest_ns = prefix + "_catalog", prefix + "_manifest"
-        for ns in (self.catalog_ns, self.manifest_ns):
+        self.catalog_ns, self.models_ns = prefix + "_catalog", prefix + "_models"
+        for ns in (self.catalog_ns, self.models_ns):
             check_namespace(ns)
 
     def __str__(self) -> str:
@@ -133,18 +133,24 @@ class TurbopufferStore(Catalog, Searching):
         return {n: {"documents": c, "bytes": c * specs[n]["dim"] * 4 * specs[n]["replicas"]}
                 for n, c in zip(specs, counts)}
 
-    # manifest -----------------------------------------------------------------------------
-    def read_manifest(self) -> dict | None:
-        out = self._query(self.manifest_ns, {"rank_by": ["id", "asc"], "top_k": 1, "include_attributes": ["json"]},
-                          "reading the manifest", missing=None)
-        rows = [] if out is None else out.get("rows", [])
-        return json.loads(rows[0]["json"]) if rows else None
+    # manifests: one row per loaded model in <prefix>_models, id = its key (the previous layout kept one
+    # row in <prefix>_manifest, which is left alone) ----------------------------------------
+    def _manifests(self) -> dict[str, dict]:
+        out = self._query(self.models_ns, {"rank_by": ["id", "asc"], "top_k": self.max_top_k,
+                                           "include_attributes": ["json"]}, "reading the manifests", missing=None)
+        return {row["id"]: json.loads(row["json"]) for row in ([] if out is None else out.get("rows", []))}
 
-    def write_manifest(self, manifest: dict | None) -> None:
+    def read_manifest(self, key: str) -> dict | None:
+        return self._manifests().get(key)
+
+    def manifests(self) -> list[str]:
+        return sorted(self._manifests())
+
+    def write_manifest(self, key: str, manifest: dict | None) -> None:
         if manifest is None:
-            self._delete_namespace(self.manifest_ns)
+            self._write(self.models_ns, "removing a manifest", deletes=[key])
             return
-        self._write(self.manifest_ns, "writing the manifest", upsert_rows=[{"id": 1, "json": json.dumps(manifest)}],
+        self._write(self.models_ns, "writing the manifest", upsert_rows=[{"id": key, "json": json.dumps(manifest)}],
                     schema={"json": {"type": "string", "filterable": False}})
 
     # housekeeping ---------------------------------------------------------------------------

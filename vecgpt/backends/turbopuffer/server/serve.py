@@ -4,6 +4,7 @@ and benchmarks), `serve` (the foreground), and the command-line options of `vecg
 from __future__ import annotations
 
 import argparse
+import secrets
 import socket
 import threading
 import time
@@ -61,12 +62,16 @@ class Running:
 
 
 def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
-    """Run in the foreground until interrupted."""
+    """Run in the foreground until interrupted. It accepts one key: --api-key, else one it makes and prints
+    (a fixed port is reachable by every user of the machine; a key keeps their data apart)."""
+    made = kw.get("api_key") is None
+    kw["api_key"] = secrets.token_urlsafe(18) if made else kw["api_key"]
     uv = uvicorn_server(Server(**kw))  # before the socket: a missing uvicorn leaves nothing open
     sock = listen(host, port)
     shown = ", ".join(f"{k} {v}" for k, v in kw.items() if v and k not in ("api_key", "fail_kinds", "max_top_k"))
+    key = f"TURBOPUFFER_API_KEY={kw['api_key']}" if made else "TURBOPUFFER_API_KEY to the key given with --api-key"
     print(f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} ({shown or 'defaults'}); "
-          f"set base_url to it and TURBOPUFFER_API_KEY to anything", flush=True)
+          f"set base_url to it and {key}", flush=True)
     uv.run(sockets=[sock])
 
 
@@ -78,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a write (or delete) returns only after this commit delay; the service: up to ~200 ms")
     p.add_argument("--float32", action="store_true",
                    help="accumulate distances in float32, dimension by dimension (default: float64, rounded once)")
-    p.add_argument("--api-key", default=None, help="accept only this bearer token (default: any)")
+    p.add_argument("--api-key", default=None, help="accept only this bearer token (default: one made at start and printed)")
     p.add_argument("--max-top-k", type=int, default=MAX_TOP_K, help="rows per query (the service allows 10,000)")
     p.add_argument("--list-lag-s", type=float, default=0.0,
                    help="namespace listing lags this far behind creates and deletes (the docs: not consistent)")
