@@ -1,7 +1,9 @@
 """The turbopuffer adapter beyond the conformance suite: splitting, concurrency, round trips, errors, cost."""
 
+import json
 import os
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from vecgpt.errors import VecgptError  # noqa: E402
 
 LIVE_KEY = os.environ.get("TURBOPUFFER_API_KEY")  # read at import, before the local setup sets a dummy one
 rng = np.random.default_rng(3)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -317,15 +320,20 @@ def test_output_layer_ann_waits_for_the_index(small_server, monkeypatch, capsys)
         index.close()
 
 
-def test_generate_loads_a_missing_model_only_with_yes_and_states_the_cost(tmp_path, capsys, tiny_model_dir):
-    from vecgpt.cli import main
-
+def tpuf_config(tmp_path):
+    """The test server's store options for this test, and a config file naming them."""
     from conftest import store_options
 
     options = store_options("turbopuffer", tmp_path)
     config = tmp_path / "tp.toml"
-    config.write_text('backend = "turbopuffer"\n[store]\n' + "".join(f'{k} = {v!r}\n'.replace("'", '"')
-                                                                        for k, v in options.items()))
+    config.write_text('backend = "turbopuffer"\n[store]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
+    return options, config
+
+
+def test_generate_loads_a_missing_model_only_with_yes_and_states_the_cost(tmp_path, capsys, tiny_model_dir):
+    from vecgpt.cli import main
+
+    options, config = tpuf_config(tmp_path)
     argv = ["generate", "--config", str(config), "--model", str(tiny_model_dir), "hi", "-n", "1"]
     assert main(argv) == 2  # stdin is no TTY here: nothing is asked, nothing written
     err = capsys.readouterr().err
@@ -364,3 +372,22 @@ def test_the_local_server_makes_a_key_prints_it_and_refuses_others(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_on_a_terminal_an_implicit_load_is_asked_for_on_stderr(tmp_path, tiny_model_dir):
+    import pty
+    import subprocess
+    import sys
+
+    options, config = tpuf_config(tmp_path)
+    for answer, code, loaded in (("n", 2, 0), ("y", 0, 1)):
+        leader, follower = pty.openpty()
+        os.write(leader, f"{answer}\n".encode())
+        proc = subprocess.run([sys.executable, "-m", "vecgpt", "generate", "--config", str(config), "--model",
+                               str(tiny_model_dir), "hi", "-n", "1", "--json"], stdin=follower, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        os.close(leader), os.close(follower)
+        assert proc.returncode == code and "load it? [y/N]" in proc.stderr, proc.stderr
+        assert len(tpb.connect(**options).manifests()) == loaded
+        if code == 0:
+            assert json.loads(proc.stdout)["tokens"]  # stdout: the result alone

@@ -131,7 +131,8 @@ def implicit_load(args, config):
             return
         if not sys.stdin.isatty():
             raise VecgptError(f"{config.backend} bills this load; pass --yes to load the model, or run `vecgpt load` first")
-        if input("load it? [y/N] ").strip().lower() not in ("y", "yes"):
+        print("load it? [y/N] ", end="", file=sys.stderr, flush=True)  # stdout carries only the result
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
             raise VecgptError("not loaded; nothing was written")
 
     return confirm
