@@ -1,5 +1,11 @@
 """Many models in one store, on every backend: filed by store fingerprint, side by side, none touching another."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,9 +16,10 @@ from vecgpt.errors import VecgptError
 from vecgpt.loading import drop, drop_old_layout, models, push, store_fingerprint
 from vecgpt.reference import Reference
 
-from conftest import TINY, tiny_params
+from conftest import TINY, store_options, tiny_params
 
 PROMPT = tokenizer.encode("Hello world")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +118,28 @@ def test_a_store_in_the_previous_layout_is_refused_until_its_collections_go(make
     assert drop_old_layout(store) == ["wte"]
     push(store, tiny_model, metric, progress=False)
     assert [x["source"] for x in models(store)] == [tiny_model.source]
+
+
+def test_two_processes_loading_two_models_at_once_both_land_whole(make_store, backend, tmp_path, tiny_model_dir,
+                                                                  second_model_dir, models64):
+    options = store_options(backend, tmp_path)
+    config = tmp_path / "s.toml"
+    config.write_text(f'backend = "{backend}"\n[store]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
+    loads = [subprocess.Popen([sys.executable, "-m", "vecgpt", "load", "--config", str(config), "--model", str(d)],
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for d in (tiny_model_dir, second_model_dir)]
+    for proc in loads:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    store = make_store(backend)
+    keys = [store_fingerprint(m, "l2") for m in models64]
+    assert sorted(x["fingerprint"] for x in models(store)) == sorted(keys)
+    for m, key in zip(models64, keys):
+        assert not agrees_with_numpy(Engine(store, model=key), m, backend, "l2"), key
+
+
+def test_store_option_sets_each_backends_location():
+    from vecgpt.backends.base import available, location_key
+
+    wanted = {"memory": "path", "faiss": "path", "lancedb": "path", "pgvector": "schema", "turbopuffer": "prefix"}
+    assert {b: location_key(b) for b in wanted if b in available()} == {b: k for b, k in wanted.items() if b in available()}
