@@ -119,40 +119,9 @@ def main():
         _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True))
         print(f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
               f"${tpb.dollars(load_used):.4f} in writes", file=sys.stderr)
-        engine = Engine(store)
-        ids = tokenizer.encode(PROMPT)
-        assert len(ids) == 10, len(ids)
-        text = engine.open()
-        cands, prompt_s, prompt_used = token_usage(store, lambda: text.read(ids))
-        decode = []
-        for _ in range(args.n):
-            text.meter.start_token()
-            cands, s, used = token_usage(store, lambda c=cands: text.read([int(c.ids[0])]))
-            decode.append((s, used))
-        summary = text.meter.summary()
-        text.close()
-        rows = plan(model, "l2")
-        stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * args.replicas
-        first, toks = summary["per_token"][0], summary["per_token"][1:]
-        result.update({
-            "prompt_tokens": len(ids),
-            "prompt": {"round_trips": first["round_trips"], "seconds": prompt_s, "requests": first["total"],
-                       "subqueries": first["subqueries"], "by_kind": first["by_kind"],
-                       "round_trips_by_kind": first["round_trips_by_kind"], "dollars": tpb.dollars(prompt_used)},
-            "per_token": {"round_trips": float(np.mean([t["round_trips"] for t in toks])),
-                          "seconds": float(np.median([s for s, _ in decode])),
-                          "requests": float(np.mean([t["total"] for t in toks])),
-                          "subqueries": float(np.mean([t["subqueries"] for t in toks])),
-                          "by_kind": toks[-1]["by_kind"], "round_trips_by_kind": toks[-1]["round_trips_by_kind"],
-                          "seconds_by_kind": toks[-1]["seconds_by_kind"], "usage": decode[-1][1],
-                          "dollars_each": [tpb.dollars(u) for _, u in decode], "seconds_each": [s for s, _ in decode],
-                          "dollars": float(np.mean([tpb.dollars(u) for _, u in decode]))},
-            "load": {"seconds": load_s, "write_requests": load_used.get("write_requests", 0),
-                     "dollars": tpb.dollars(load_used)},
-            "stored_model": {"documents": sum(n for _, n, _ in rows) * args.replicas, "bytes": stored_bytes,
-                             "dollars_per_month": stored_bytes / 1e9 * tpb.PRICES["storage_gb_month"]},
-            "floor_seconds_per_token": result_floor(toks, args.latency_ms),
-        })
+        result.update(measure_text(store, model))
+        result["load"] = {"seconds": load_s, "write_requests": load_used.get("write_requests", 0),
+                          "dollars": tpb.dollars(load_used)}
         if args.layouts:
             result["layouts"] = measure_layouts(url)
         store.close()
@@ -160,6 +129,47 @@ def main():
         proc.terminate()
         proc.wait(10)
     report(result)
+
+
+def measure_text(store, model) -> dict:
+    """A ten-token prompt, then args.n greedy tokens: round trips, requests, seconds and dollars."""
+    ids = tokenizer.encode(PROMPT)
+    assert len(ids) == 10, len(ids)
+    text = Engine(store).open()
+    cands, prompt_s, prompt_used = token_usage(store, lambda: text.read(ids))
+    decode = []
+    for _ in range(args.n):
+        text.meter.start_token()
+        cands, s, used = token_usage(store, lambda c=cands: text.read([int(c.ids[0])]))
+        decode.append((s, used))
+    summary = text.meter.summary()
+    text.close()
+    first, toks = summary["per_token"][0], summary["per_token"][1:]
+    return {"prompt_tokens": len(ids),
+            "prompt": {"round_trips": first["round_trips"], "seconds": prompt_s, "requests": first["total"],
+                       "subqueries": first["subqueries"], "by_kind": first["by_kind"],
+                       "round_trips_by_kind": first["round_trips_by_kind"], "dollars": tpb.dollars(prompt_used)},
+            "per_token": per_token(toks, decode),
+            "stored_model": stored_model(model),
+            "floor_seconds_per_token": result_floor(toks, args.latency_ms)}
+
+
+def per_token(toks, decode) -> dict:
+    dollars = [tpb.dollars(u) for _, u in decode]
+    return {"round_trips": float(np.mean([t["round_trips"] for t in toks])),
+            "seconds": float(np.median([s for s, _ in decode])),
+            "requests": float(np.mean([t["total"] for t in toks])),
+            "subqueries": float(np.mean([t["subqueries"] for t in toks])),
+            "by_kind": toks[-1]["by_kind"], "round_trips_by_kind": toks[-1]["round_trips_by_kind"],
+            "seconds_by_kind": toks[-1]["seconds_by_kind"], "usage": decode[-1][1],
+            "dollars_each": dollars, "seconds_each": [s for s, _ in decode], "dollars": float(np.mean(dollars))}
+
+
+def stored_model(model) -> dict:
+    rows = plan(model, "l2")
+    stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * args.replicas
+    return {"documents": sum(n for _, n, _ in rows) * args.replicas, "bytes": stored_bytes,
+            "dollars_per_month": stored_bytes / 1e9 * tpb.PRICES["storage_gb_month"]}
 
 
 def result_floor(toks, latency_ms):
