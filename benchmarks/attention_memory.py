@@ -11,6 +11,7 @@ form's figure is its output plus, per thread, one tile of scores).
 
 Writes benchmarks/results/attention_memory.json and attention_memory.png; prints a table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
 
     forms = [("full", None)] + [("streaming", t) for t in args.tiles]
     if att.HAVE_NUMBA and not args.no_numba:
-        att.measure("fused", 1, 16, 8, 16, 8, "float64", trace=False)   # compile once, outside timing
+        att.measure("fused", 1, 16, 8, 16, 8, "float64", trace=False)  # compile once, outside timing
         att.measure("fused", 1, 16, 8, 16, 8, "float32", trace=False)
         forms += [("fused", t) for t in args.tiles[:2]]
     rows = []
@@ -59,12 +60,29 @@ def main(argv=None) -> int:
             peak = att.measure(form, *shape)["peak"]
             mb = att.memory_bytes(*shape)
             pred = {"full": mb["peak_full"], "streaming": mb["peak_streaming"], "fused": mb["output"]}[form]
-            rows.append(dict(context=n, form=form, tile=tile, seconds=secs, peak=peak, predicted_peak=pred,
-                             full_table=mb["full"], streaming_working_set=mb["streaming"]))
+            rows.append(
+                dict(
+                    context=n,
+                    form=form,
+                    tile=tile,
+                    seconds=secs,
+                    peak=peak,
+                    predicted_peak=pred,
+                    full_table=mb["full"],
+                    streaming_working_set=mb["streaming"],
+                )
+            )
             print(f"{n:>8} {form:>10} {tile or '-':>5} {secs:>9.4f} {peak:>14,} {pred:>15,}", flush=True)
-    meta = dict(vars(args), machine=platform.machine(), cpus=os.cpu_count(), python=platform.python_version(),
-                numpy=np.__version__, numba=att.numba.__version__ if att.HAVE_NUMBA else None,
-                causal=True, query_block="context (prefill)")
+    meta = dict(
+        vars(args),
+        machine=platform.machine(),
+        cpus=os.cpu_count(),
+        python=platform.python_version(),
+        numpy=np.__version__,
+        numba=att.numba.__version__ if att.HAVE_NUMBA else None,
+        causal=True,
+        query_block="context (prefill)",
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attention_memory.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
@@ -75,6 +93,7 @@ def main(argv=None) -> int:
 
 def plot(rows, path, args):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -92,8 +111,9 @@ def plot(rows, path, args):
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"attention, {args.heads} head(s), head dim {args.head_dim}, {args.dtype}, "
-                 f"BLAS threads {args.blas_threads}")
+    fig.suptitle(
+        f"attention, {args.heads} head(s), head dim {args.head_dim}, {args.dtype}, BLAS threads {args.blas_threads}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -45,8 +45,10 @@ def run(label, model, model64, metric, folder):
         ids = tokenizer.encode(prompt)
         tokens = generate(Reference(model64, np.float64), ids, 16, stop=False).tokens
         r = tolerance.forced_comparison(engine.open(), model64, ids, tokens, metric, tolerance.U32)
-        print(f"{label:10s} {metric} {prompt!r:16s} max error {r['max_error'].max():.2e}  "
-              f"tolerance {r['tol'].min():.2e}..{r['tol'].max():.2e}  rule broken {len(r['violations'])}")
+        print(
+            f"{label:10s} {metric} {prompt!r:16s} max error {r['max_error'].max():.2e}  "
+            f"tolerance {r['tol'].min():.2e}..{r['tol'].max():.2e}  rule broken {len(r['violations'])}"
+        )
 
 
 def main() -> None:

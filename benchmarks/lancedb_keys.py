@@ -53,9 +53,17 @@ def run(model, compact_every: int, folder: str) -> dict:
         seconds = time.perf_counter() - t
         s = store.stats()[text.name]
         by_kind = text.meter.current["seconds"]
-        rows.append({"step": step, "seconds": seconds, "key_search_s": by_kind["key_search"],
-                     "matrix_s": by_kind["matrix"], "fragments": s["fragments"], "version": s["version"],
-                     "keys": s["documents"]})
+        rows.append(
+            {
+                "step": step,
+                "seconds": seconds,
+                "key_search_s": by_kind["key_search"],
+                "matrix_s": by_kind["matrix"],
+                "fragments": s["fragments"],
+                "version": s["version"],
+                "keys": s["documents"],
+            }
+        )
     text.close()
     store.close()
     return {"compact_every": compact_every, "steps": rows}
@@ -65,9 +73,11 @@ def summary(run_: dict) -> str:
     s = run_["steps"]
     first, last = s[:20], s[-20:]
     ms = lambda rows, key: 1e3 * float(np.median([r[key] for r in rows]))  # noqa: E731
-    return (f"compact_every={run_['compact_every']:3}: per token {ms(first, 'seconds'):7.1f} ms (steps 0-19) -> "
-            f"{ms(last, 'seconds'):7.1f} ms (last 20); key searches {ms(first, 'key_search_s'):6.1f} -> "
-            f"{ms(last, 'key_search_s'):6.1f} ms; fragments at the end {s[-1]['fragments']}, version {s[-1]['version']}")
+    return (
+        f"compact_every={run_['compact_every']:3}: per token {ms(first, 'seconds'):7.1f} ms (steps 0-19) -> "
+        f"{ms(last, 'seconds'):7.1f} ms (last 20); key searches {ms(first, 'key_search_s'):6.1f} -> "
+        f"{ms(last, 'key_search_s'):6.1f} ms; fragments at the end {s[-1]['fragments']}, version {s[-1]['version']}"
+    )
 
 
 def plot(runs: list[dict], path: str) -> None:
@@ -83,7 +93,9 @@ def plot(runs: list[dict], path: str) -> None:
         a.plot(steps, [1e3 * s["seconds"] for s in r["steps"]], lw=0.8, label=f"{label}: whole token")
         a.plot(steps, [1e3 * s["key_search_s"] for s in r["steps"]], lw=0.8, ls="--", label=f"{label}: key searches")
         b.plot(steps, [s["fragments"] for s in r["steps"]], label=label)
-    a.set(xlabel="generated token", ylabel="ms", title=f"LanceDB per-token time, 12 layers x 12 heads, width {args.embd}")
+    a.set(
+        xlabel="generated token", ylabel="ms", title=f"LanceDB per-token time, 12 layers x 12 heads, width {args.embd}"
+    )
     a.set_ylim(bottom=0)
     a.legend(fontsize=8)
     b.set(xlabel="generated token", ylabel="fragments", title="fragments of the keys' table")

@@ -78,37 +78,62 @@ def main():
         summary = text.meter.summary()
         decode = summary["per_token"][1:]
         stats = store.stats()
-        rows.append({
-            "store": f"{config.backend} ({config.metric})", "config": path, "prompt_s": first, "per_token_s": tok,
-            "ratio": tok / ref_tok, "load_s": load_s,
-            "stored_documents": sum(s["documents"] for n, s in stats.items() if not n.startswith("text-")),
-            "stored_bytes": sum(s["bytes"] for n, s in stats.items() if not n.startswith("text-")),
-            "prompt_requests": summary["per_token"][0],
-            "requests_per_token": np.mean([d["total"] for d in decode]),
-            "round_trips_per_token": np.mean([d["round_trips"] for d in decode]),
-            "by_kind_per_token": decode[-1]["by_kind"],
-        })
+        rows.append(
+            {
+                "store": f"{config.backend} ({config.metric})",
+                "config": path,
+                "prompt_s": first,
+                "per_token_s": tok,
+                "ratio": tok / ref_tok,
+                "load_s": load_s,
+                "stored_documents": sum(s["documents"] for n, s in stats.items() if not n.startswith("text-")),
+                "stored_bytes": sum(s["bytes"] for n, s in stats.items() if not n.startswith("text-")),
+                "prompt_requests": summary["per_token"][0],
+                "requests_per_token": np.mean([d["total"] for d in decode]),
+                "round_trips_per_token": np.mean([d["round_trips"] for d in decode]),
+                "by_kind_per_token": decode[-1]["by_kind"],
+            }
+        )
         text.close()
         store.close()
     report(rows, model)
 
 
 def report(rows, model):
-    print(f"\nper generated token, median of {args.n}; prompt of {len(tokenizer.encode(args.prompt))} tokens; "
-          f"{args.threads} threads; {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
-    print(f"{'store':28} {'ms/token':>9} {'x numpy':>8} {'prompt ms':>10} {'req/tok':>8} {'rt/tok':>7} {'load s':>7} {'docs':>9} {'MB':>7}")
+    print(
+        f"\nper generated token, median of {args.n}; prompt of {len(tokenizer.encode(args.prompt))} tokens; "
+        f"{args.threads} threads; {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
+    print(
+        f"{'store':28} {'ms/token':>9} {'x numpy':>8} {'prompt ms':>10} {'req/tok':>8} {'rt/tok':>7} {'load s':>7} {'docs':>9} {'MB':>7}"
+    )
     for r in rows:
-        print(f"{r['store']:28} {r['per_token_s'] * 1e3:9.1f} {r['ratio']:8.2f} {r['prompt_s'] * 1e3:10.1f} "
-              f"{r.get('requests_per_token', 0):8.0f} {r.get('round_trips_per_token', 0):7.0f} {r.get('load_s', 0):7.1f} "
-              f"{r.get('stored_documents', 0):9,} {r.get('stored_bytes', 0) / 1e6:7.0f}")
+        print(
+            f"{r['store']:28} {r['per_token_s'] * 1e3:9.1f} {r['ratio']:8.2f} {r['prompt_s'] * 1e3:10.1f} "
+            f"{r.get('requests_per_token', 0):8.0f} {r.get('round_trips_per_token', 0):7.0f} {r.get('load_s', 0):7.1f} "
+            f"{r.get('stored_documents', 0):9,} {r.get('stored_bytes', 0) / 1e6:7.0f}"
+        )
     for r in rows[1:]:
         print(f"  {r['store']}: requests per token by kind {r['by_kind_per_token']}")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"model": model.source, "hparams": model.hparams.__dict__, "threads": args.threads,
-                   "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                               "python": platform.python_version(), "numpy": np.__version__},
-                   "rows": rows}, f, indent=1, default=float)
+        json.dump(
+            {
+                "model": model.source,
+                "hparams": model.hparams.__dict__,
+                "threads": args.threads,
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(),
+                    "python": platform.python_version(),
+                    "numpy": np.__version__,
+                },
+                "rows": rows,
+            },
+            f,
+            indent=1,
+            default=float,
+        )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from vecgpt import encoding
 
 
 def direct(q, docs, order):  # [m, dim], [n, dim] float32 -> [m, n] float32 distances
-    terms = np.ascontiguousarray((q[:, None, :] - docs[None]) ** 2)  # float32; np.sum is pairwise only along contiguous rows
+    terms = np.ascontiguousarray(
+        (q[:, None, :] - docs[None]) ** 2
+    )  # float32; np.sum is pairwise only along contiguous rows
     return terms.sum(-1, dtype=np.float32) if order == "pairwise" else np.cumsum(terms, -1, dtype=np.float32)[..., -1]
 
 
@@ -38,8 +40,11 @@ def faiss_dists(q, docs):
     return out
 
 
-ORDERS = {"numpy pairwise": lambda q, d: direct(q, d, "pairwise"), "sequential (cumsum)": lambda q, d: direct(q, d, "seq"),
-          "faiss IndexFlatL2": faiss_dists}
+ORDERS = {
+    "numpy pairwise": lambda q, d: direct(q, d, "pairwise"),
+    "sequential (cumsum)": lambda q, d: direct(q, d, "seq"),
+    "faiss IndexFlatL2": faiss_dists,
+}
 
 
 def main() -> None:
@@ -57,15 +62,25 @@ def main() -> None:
         exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
         bound = float(encoding.search_bound(x, m2, "l2", encoding.U32).max())
         for name, dists in ORDERS.items():
-            row = {"x_scale": scale, "order": name, "M": float(np.sqrt(m2)),
-                   "q_norm": float(np.linalg.norm(x, axis=1).mean()), "bound_scaled": bound}
-            for label, q in (("unscaled", encoding.encode_queries(x, "l2")), ("scaled", encoding.encode_queries(x, "l2", m2))):
+            row = {
+                "x_scale": scale,
+                "order": name,
+                "M": float(np.sqrt(m2)),
+                "q_norm": float(np.linalg.norm(x, axis=1).mean()),
+                "bound_scaled": bound,
+            }
+            for label, q in (
+                ("unscaled", encoding.encode_queries(x, "l2")),
+                ("scaled", encoding.encode_queries(x, "l2", m2)),
+            ):
                 y = encoding.decode_dists(dists(q, docs), q, m2, "l2")
                 row[f"error_{label}"] = float(np.abs(y - exact).max())
             row["ratio"] = row["error_unscaled"] / row["error_scaled"]
             results.append(row)
-            print(f"|x|~{row['q_norm']:7.2f} M={row['M']:.3f} {name:20s} unscaled {row['error_unscaled']:.2e} "
-                  f"scaled {row['error_scaled']:.2e}  x{row['ratio']:5.1f}  (bound {bound:.2e})")
+            print(
+                f"|x|~{row['q_norm']:7.2f} M={row['M']:.3f} {name:20s} unscaled {row['error_unscaled']:.2e} "
+                f"scaled {row['error_scaled']:.2e}  x{row['ratio']:5.1f}  (bound {bound:.2e})"
+            )
     out = Path(__file__).parent / "results" / "query_scaling.json"
     out.write_text(json.dumps({"seed": args.seed, "queries": args.queries, "results": results}, indent=1) + "\n")
 

@@ -49,8 +49,20 @@ def start_server(latency_ms: float):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--port", str(port), "--latency-ms",
-                             str(latency_ms), "--api-key", os.environ["TURBOPUFFER_API_KEY"]], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vecgpt.backends.turbopuffer.server",
+            "--port",
+            str(port),
+            "--latency-ms",
+            str(latency_ms),
+            "--api-key",
+            os.environ["TURBOPUFFER_API_KEY"],
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
@@ -84,23 +96,32 @@ def measure_layouts(url: str) -> dict:
     for start in range(0, total, 4000):
         sl = slice(start, min(start + 4000, total))
         v = rng.standard_normal((sl.stop - sl.start, 769)).astype(np.float32)
-        shared.write(upsert_columns={"id": list(range(sl.start, sl.stop)), "vector": tpb.b64(v),
-                                     "matrix": matrix[sl].tolist()}, distance_metric="euclidean_squared")
+        shared.write(
+            upsert_columns={"id": list(range(sl.start, sl.stop)), "vector": tpb.b64(v), "matrix": matrix[sl].tolist()},
+            distance_metric="euclidean_squared",
+        )
     v = rng.standard_normal((3072, 769)).astype(np.float32)
-    own.write(upsert_columns={"id": list(range(3072)), "vector": tpb.b64(v), "row": list(range(3072))},
-              distance_metric="euclidean_squared")
+    own.write(
+        upsert_columns={"id": list(range(3072)), "vector": tpb.b64(v), "row": list(range(3072))},
+        distance_metric="euclidean_squared",
+    )
     q = rng.standard_normal(769).astype(np.float32).tolist()
     out = {}
-    for name, ns, filt in (("namespace per matrix", own, ["row", "Gte", 0]),
-                           ("namespace per dimension + filter", shared, ["matrix", "Eq", 2])):
+    for name, ns, filt in (
+        ("namespace per matrix", own, ["row", "Gte", 0]),
+        ("namespace per dimension + filter", shared, ["matrix", "Eq", 2]),
+    ):
         times = []
         for _ in range(30):
             t = time.perf_counter()
             r = ns.with_raw_response.query(rank_by=["vector", "kNN", q], top_k=10000, filters=filt)
             rows = json.loads(r.read())["rows"]
             times.append(time.perf_counter() - t)
-        out[name] = {"rows": len(rows), "median_ms": 1e3 * float(np.median(times)), "namespace_rows":
-                     3072 if ns is own else total}
+        out[name] = {
+            "rows": len(rows),
+            "median_ms": 1e3 * float(np.median(times)),
+            "namespace_rows": 3072 if ns is own else total,
+        }
     own.delete_all(), shared.delete_all()
     return out
 
@@ -110,18 +131,35 @@ def main():
     os.environ.pop("TURBOPUFFER_REGION", None)
     model = weights.load(model_dir())
     proc, url = start_server(args.latency_ms)
-    result = {"latency_ms": args.latency_ms, "replicas": args.replicas, "key_replicas": args.key_replicas,
-              "key_partition": args.key_partition, "model": model.source}
+    result = {
+        "latency_ms": args.latency_ms,
+        "replicas": args.replicas,
+        "key_replicas": args.key_replicas,
+        "key_partition": args.key_partition,
+        "model": model.source,
+    }
     try:
-        store = get_store("turbopuffer", base_url=url, prefix="bench-", replicas=args.replicas,
-                          key_replicas=args.key_replicas, key_partition=args.key_partition,
-                          max_retries=0)
+        store = get_store(
+            "turbopuffer",
+            base_url=url,
+            prefix="bench-",
+            replicas=args.replicas,
+            key_replicas=args.key_replicas,
+            key_partition=args.key_partition,
+            max_retries=0,
+        )
         _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True))
-        print(f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
-              f"${tpb.dollars(load_used):.4f} in writes", file=sys.stderr)
+        print(
+            f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
+            f"${tpb.dollars(load_used):.4f} in writes",
+            file=sys.stderr,
+        )
         result.update(measure_text(store, model))
-        result["load"] = {"seconds": load_s, "write_requests": load_used.get("write_requests", 0),
-                          "dollars": tpb.dollars(load_used)}
+        result["load"] = {
+            "seconds": load_s,
+            "write_requests": load_used.get("write_requests", 0),
+            "dollars": tpb.dollars(load_used),
+        }
         if args.layouts:
             result["layouts"] = measure_layouts(url)
         store.close()
@@ -145,31 +183,48 @@ def measure_text(store, model) -> dict:
     summary = text.meter.summary()
     text.close()
     first, toks = summary["per_token"][0], summary["per_token"][1:]
-    return {"prompt_tokens": len(ids),
-            "prompt": {"round_trips": first["round_trips"], "seconds": prompt_s, "requests": first["total"],
-                       "subqueries": first["subqueries"], "by_kind": first["by_kind"],
-                       "round_trips_by_kind": first["round_trips_by_kind"], "dollars": tpb.dollars(prompt_used)},
-            "per_token": per_token(toks, decode),
-            "stored_model": stored_model(model),
-            "floor_seconds_per_token": result_floor(toks, args.latency_ms)}
+    return {
+        "prompt_tokens": len(ids),
+        "prompt": {
+            "round_trips": first["round_trips"],
+            "seconds": prompt_s,
+            "requests": first["total"],
+            "subqueries": first["subqueries"],
+            "by_kind": first["by_kind"],
+            "round_trips_by_kind": first["round_trips_by_kind"],
+            "dollars": tpb.dollars(prompt_used),
+        },
+        "per_token": per_token(toks, decode),
+        "stored_model": stored_model(model),
+        "floor_seconds_per_token": result_floor(toks, args.latency_ms),
+    }
 
 
 def per_token(toks, decode) -> dict:
     dollars = [tpb.dollars(u) for _, u in decode]
-    return {"round_trips": float(np.mean([t["round_trips"] for t in toks])),
-            "seconds": float(np.median([s for s, _ in decode])),
-            "requests": float(np.mean([t["total"] for t in toks])),
-            "subqueries": float(np.mean([t["subqueries"] for t in toks])),
-            "by_kind": toks[-1]["by_kind"], "round_trips_by_kind": toks[-1]["round_trips_by_kind"],
-            "seconds_by_kind": toks[-1]["seconds_by_kind"], "usage": decode[-1][1],
-            "dollars_each": dollars, "seconds_each": [s for s, _ in decode], "dollars": float(np.mean(dollars))}
+    return {
+        "round_trips": float(np.mean([t["round_trips"] for t in toks])),
+        "seconds": float(np.median([s for s, _ in decode])),
+        "requests": float(np.mean([t["total"] for t in toks])),
+        "subqueries": float(np.mean([t["subqueries"] for t in toks])),
+        "by_kind": toks[-1]["by_kind"],
+        "round_trips_by_kind": toks[-1]["round_trips_by_kind"],
+        "seconds_by_kind": toks[-1]["seconds_by_kind"],
+        "usage": decode[-1][1],
+        "dollars_each": dollars,
+        "seconds_each": [s for s, _ in decode],
+        "dollars": float(np.mean(dollars)),
+    }
 
 
 def stored_model(model) -> dict:
     rows = plan(model, "l2")
     stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * args.replicas
-    return {"documents": sum(n for _, n, _ in rows) * args.replicas, "bytes": stored_bytes,
-            "dollars_per_month": stored_bytes / 1e9 * tpb.PRICES["storage_gb_month"]}
+    return {
+        "documents": sum(n for _, n, _ in rows) * args.replicas,
+        "bytes": stored_bytes,
+        "dollars_per_month": stored_bytes / 1e9 * tpb.PRICES["storage_gb_month"],
+    }
 
 
 def result_floor(toks, latency_ms):
@@ -178,22 +233,32 @@ def result_floor(toks, latency_ms):
 
 def report(r):
     p, t = r["prompt"], r["per_token"]
-    print(f"\nturbopuffer over HTTP, local server at {r['latency_ms']:.0f} ms a request; GPT-2 small shape, random weights; "
-          f"replicas={r['replicas']} key_replicas={r['key_replicas']} key_partition={r['key_partition']!r}")
-    print(f"  prompt of {r['prompt_tokens']} tokens: {p['round_trips']} round trips, {p['seconds']:.2f} s, "
-          f"{p['requests']} requests ({p['subqueries']} subqueries), ${p['dollars']:.5f}")
-    print(f"  per generated token: {t['round_trips']:.0f} round trips, {t['seconds']:.2f} s "
-          f"(floor {r['floor_seconds_per_token']:.2f} s at {r['latency_ms']:.0f} ms each), {t['requests']:.0f} requests "
-          f"({t['subqueries']:.0f} subqueries), ${t['dollars']:.6f}")
+    print(
+        f"\nturbopuffer over HTTP, local server at {r['latency_ms']:.0f} ms a request; GPT-2 small shape, random weights; "
+        f"replicas={r['replicas']} key_replicas={r['key_replicas']} key_partition={r['key_partition']!r}"
+    )
+    print(
+        f"  prompt of {r['prompt_tokens']} tokens: {p['round_trips']} round trips, {p['seconds']:.2f} s, "
+        f"{p['requests']} requests ({p['subqueries']} subqueries), ${p['dollars']:.5f}"
+    )
+    print(
+        f"  per generated token: {t['round_trips']:.0f} round trips, {t['seconds']:.2f} s "
+        f"(floor {r['floor_seconds_per_token']:.2f} s at {r['latency_ms']:.0f} ms each), {t['requests']:.0f} requests "
+        f"({t['subqueries']:.0f} subqueries), ${t['dollars']:.6f}"
+    )
     print(f"    requests by kind: {t['by_kind']}")
     print(f"    seconds by kind: {t['seconds_by_kind']}")
     print(f"    billed: {t['usage']}")
-    print(f"  load: {r['load']['seconds']:.0f} s, {r['load']['write_requests']:.0f} write requests, "
-          f"${r['load']['dollars']:.3f}; stored model: {r['stored_model']['documents']:,} docs, "
-          f"{r['stored_model']['bytes'] / 1e9:.3f} GB, ${r['stored_model']['dollars_per_month']:.3f} a month")
+    print(
+        f"  load: {r['load']['seconds']:.0f} s, {r['load']['write_requests']:.0f} write requests, "
+        f"${r['load']['dollars']:.3f}; stored model: {r['stored_model']['documents']:,} docs, "
+        f"{r['stored_model']['bytes'] / 1e9:.3f} GB, ${r['stored_model']['dollars_per_month']:.3f} a month"
+    )
     for name, m in r.get("layouts", {}).items():
-        print(f"  layout {name}: {m['median_ms']:.1f} ms median for a {m['rows']}-row exact search "
-              f"(namespace of {m['namespace_rows']:,} rows)")
+        print(
+            f"  layout {name}: {m['median_ms']:.1f} ms median for a {m['rows']}-row exact search "
+            f"(namespace of {m['namespace_rows']:,} rows)"
+        )
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(r, f, indent=1, default=float)

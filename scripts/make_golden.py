@@ -36,12 +36,22 @@ def main() -> None:
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0].numpy()  # [positions, vocab] float64
         top = np.argsort(-logits, axis=1, kind="stable")[:, :TOP_K]
-        rows.append({"prompt": prompt, "ids": ids, "top_ids": top.tolist(),
-                     "top_logits": np.take_along_axis(logits, top, 1).astype(float).tolist()})
-    golden = {"model": "shakespeare", "sha256": hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest(),
-              "produced_by": f"transformers {transformers.__version__}, torch {torch.__version__}, float64, "
-                             f"GPT2LMHeadModel, numpy {np.__version__}, Python {sys.version.split()[0]}",
-              "top_k": TOP_K, "prompts": rows}
+        rows.append(
+            {
+                "prompt": prompt,
+                "ids": ids,
+                "top_ids": top.tolist(),
+                "top_logits": np.take_along_axis(logits, top, 1).astype(float).tolist(),
+            }
+        )
+    golden = {
+        "model": "shakespeare",
+        "sha256": hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest(),
+        "produced_by": f"transformers {transformers.__version__}, torch {torch.__version__}, float64, "
+        f"GPT2LMHeadModel, numpy {np.__version__}, Python {sys.version.split()[0]}",
+        "top_k": TOP_K,
+        "prompts": rows,
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(golden, indent=1) + "\n")
     print(f"wrote {OUT}")

@@ -19,8 +19,9 @@ def server_dsn() -> str:
     if _dsn is None:
         from vecgpt.backends.pgvector import ENV_DSN, local_server
 
-        _dsn = os.environ.get(ENV_DSN) or local_server(tempfile.mkdtemp(prefix="vecgpt-pg-"), cleanup="delete",
-                                                       settings={"shared_buffers": "128MB"})
+        _dsn = os.environ.get(ENV_DSN) or local_server(
+            tempfile.mkdtemp(prefix="vecgpt-pg-"), cleanup="delete", settings={"shared_buffers": "128MB"}
+        )
     return _dsn
 
 

@@ -6,6 +6,7 @@ Tolerances (eps = machine epsilon of the dtype, V = max |v|, n = number of keys)
   * general q, k (scores rounded differently by the two matmuls):
         ... + eps * V * 8 (hd + 1) S   with S = max_ij |q_i| |k_j| / sqrt(hd)  (bounds |score|)
 """
+
 import math
 
 import numpy as np
@@ -31,10 +32,20 @@ def attention_tol(q, k, v, dtype):
     return softmax_tol(v, k.shape[-2], dtype) + eps * np.abs(v).max() * 8 * (hd + 1) * S
 
 
-shapes = st.fixed_dictionaries(dict(
-    n_q=st.integers(1, 12), n_k=st.integers(1, 40), hd=st.integers(1, 24), tile=st.integers(1, 12),
-    q_offset=st.integers(0, 12), causal=st.booleans(), heads=st.sampled_from([(), (1,), (3,)]),
-    dtype=st.sampled_from(DTYPES), scale=st.sampled_from([0.1, 1.0, 4.0]), seed=st.integers(0, 2**31)))
+shapes = st.fixed_dictionaries(
+    dict(
+        n_q=st.integers(1, 12),
+        n_k=st.integers(1, 40),
+        hd=st.integers(1, 24),
+        tile=st.integers(1, 12),
+        q_offset=st.integers(0, 12),
+        causal=st.booleans(),
+        heads=st.sampled_from([(), (1,), (3,)]),
+        dtype=st.sampled_from(DTYPES),
+        scale=st.sampled_from([0.1, 1.0, 4.0]),
+        seed=st.integers(0, 2**31),
+    )
+)
 
 
 @SETTINGS
@@ -51,9 +62,16 @@ def test_streaming_equals_full_random_shapes(c):
 
 
 @SETTINGS
-@given(n_q=st.integers(1, 10), n_k=st.integers(1, 40), hd=st.sampled_from([1, 4, 16, 64]),
-       tile=st.integers(1, 9), causal=st.booleans(), dtype=st.sampled_from(DTYPES),
-       size=st.sampled_from([0, 1, 50]), seed=st.integers(0, 2**31))
+@given(
+    n_q=st.integers(1, 10),
+    n_k=st.integers(1, 40),
+    hd=st.sampled_from([1, 4, 16, 64]),
+    tile=st.integers(1, 9),
+    causal=st.booleans(),
+    dtype=st.sampled_from(DTYPES),
+    size=st.sampled_from([0, 1, 50]),
+    seed=st.integers(0, 2**31),
+)
 def test_streaming_equals_full_exact_extreme_scores(n_q, n_k, hd, tile, causal, dtype, size, seed):
     """Integer q, k and hd a power of 4: every score is exact, up to |score| ~ 1e4 (size 50, hd 16/64).
     size 0 makes every score equal (0)."""
@@ -76,11 +94,20 @@ def reference(scores, values, keep):
     return out
 
 
-extreme = st.fixed_dictionaries(dict(
-    n_q=st.integers(1, 5), n=st.integers(1, 30), hd=st.integers(1, 8), tile=st.integers(1, 10),
-    base=st.sampled_from([0.0, 1e4, -1e4, 3e4]), spread=st.sampled_from([0.0, 1.0, 1e4]),
-    p_mask=st.sampled_from([0.0, 0.3, 0.9]), p_neginf=st.sampled_from([0.0, 0.3]),
-    dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**31)))
+extreme = st.fixed_dictionaries(
+    dict(
+        n_q=st.integers(1, 5),
+        n=st.integers(1, 30),
+        hd=st.integers(1, 8),
+        tile=st.integers(1, 10),
+        base=st.sampled_from([0.0, 1e4, -1e4, 3e4]),
+        spread=st.sampled_from([0.0, 1.0, 1e4]),
+        p_mask=st.sampled_from([0.0, 0.3, 0.9]),
+        p_neginf=st.sampled_from([0.0, 0.3]),
+        dtype=st.sampled_from(DTYPES),
+        seed=st.integers(0, 2**31),
+    )
+)
 
 
 def extreme_case(c):
@@ -95,8 +122,8 @@ def extreme_case(c):
 def fold(scores, values, keep, tile, order=None, dtype=np.float64):
     rs = att.RunningSoftmax(scores.shape[0], values.shape[1], dtype)
     starts = list(range(0, scores.shape[1], tile))
-    for j in (starts if order is None else [starts[i] for i in order]):
-        rs.update(scores[:, j:j + tile], values[j:j + tile], keep[:, j:j + tile])
+    for j in starts if order is None else [starts[i] for i in order]:
+        rs.update(scores[:, j : j + tile], values[j : j + tile], keep[:, j : j + tile])
     return rs.finish()
 
 
@@ -106,7 +133,7 @@ def test_running_softmax_extreme_scores_and_masks(c):
     scores, values, keep = extreme_case(c)
     before = scores.copy()
     got = fold(scores, values, keep, c["tile"], dtype=c["dtype"])
-    assert np.array_equal(scores, before)                      # caller's scores untouched
+    assert np.array_equal(scores, before)  # caller's scores untouched
     assert got.dtype == c["dtype"] and np.isfinite(got).all()
     assert np.abs(got - reference(scores, values, keep)).max() <= softmax_tol(values, c["n"], c["dtype"])
 
@@ -129,9 +156,9 @@ def test_all_masked_tile_leaves_state_unchanged():
     keep = np.array([[False, False], [False, False], [True, False]])
     rs.update(np.array([[9.0, 9.0], [3.0, 4.0], [-2.0, 7.0]]), np.full((2, 2), 3.0), keep)
     for a, b in zip(state, (rs.m, rs.l, rs.acc)):
-        assert np.array_equal(a[:2], b[:2])                    # rows 0, 1: bit for bit
-    assert not np.array_equal(state[1][2], rs.l[2])           # row 2 did fold
-    assert np.array_equal(rs.finish()[1], [0.0, 0.0])         # never saw a finite score
+        assert np.array_equal(a[:2], b[:2])  # rows 0, 1: bit for bit
+    assert not np.array_equal(state[1][2], rs.l[2])  # row 2 did fold
+    assert np.array_equal(rs.finish()[1], [0.0, 0.0])  # never saw a finite score
 
 
 def test_decode_equals_full_last_position():
@@ -156,33 +183,42 @@ def test_bad_tile():
 
 # ----------------------------------------------------------------------------- memory
 
+
 def test_memory_bytes_by_hand():
-    mb = att.memory_bytes(12, 1024, 64, 1024, 8, "float32")      # GPT-2 small, one layer, prefill
+    mb = att.memory_bytes(12, 1024, 64, 1024, 8, "float32")  # GPT-2 small, one layer, prefill
     assert mb["full"] == 12 * 1024 * 1024 * 4 == 50_331_648
     assert mb["streaming"] == 12 * 1024 * (8 + 1 + 1 + 64) * 4 == 3_637_248
     assert mb["ratio"] == pytest.approx(50_331_648 / 3_637_248)
     assert mb["tile_scores"] + mb["running_max"] + mb["running_total"] + mb["accumulator"] == mb["streaming"]
     assert mb["peak_full"] == mb["full"] + 12 * 1024 * 64 * 4
     assert mb["peak_streaming"] == mb["streaming"] + 12 * 1024 * (64 + 3) * 4
-    dec = att.memory_bytes(4, 100, 16, 1, 8, np.float64)          # decode: one query
+    dec = att.memory_bytes(4, 100, 16, 1, 8, np.float64)  # decode: one query
     assert (dec["full"], dec["streaming"]) == (4 * 100 * 8, 4 * (8 + 2 + 16) * 8)
     assert att.memory_bytes(1, 5, 4, 5, 8, "float64")["tile_scores"] == 5 * 5 * 8  # tile capped at context
 
 
-MARGIN_REL, MARGIN_ABS = 0.01, 96 * 1024   # measured peak within 1% + 96 KiB of the prediction
+MARGIN_REL, MARGIN_ABS = 0.01, 96 * 1024  # measured peak within 1% + 96 KiB of the prediction
 
 
-@pytest.mark.parametrize("case", [(2, 256, 64, 256, 8, "float64"), (4, 1024, 64, 1024, 8, "float32"),
-                                  (3, 300, 32, 100, 7, "float32"), (2, 512, 32, 512, 64, "float64")])
+@pytest.mark.parametrize(
+    "case",
+    [
+        (2, 256, 64, 256, 8, "float64"),
+        (4, 1024, 64, 1024, 8, "float32"),
+        (3, 300, 32, 100, 7, "float32"),
+        (2, 512, 32, 512, 64, "float64"),
+    ],
+)
 def test_tracemalloc_matches_prediction(case):
     mb = att.memory_bytes(*case)
     for form in ("full", "streaming"):
         peak = att.measure(form, *case)["peak"]
         assert abs(peak - mb["peak_" + form]) <= MARGIN_REL * mb["peak_" + form] + MARGIN_ABS, form
-    assert att.measure("streaming", *case)["peak"] < mb["full"]   # never holds the table
+    assert att.measure("streaming", *case)["peak"] < mb["full"]  # never holds the table
 
 
 # ----------------------------------------------------------------------------- walk and CLI
+
 
 @SETTINGS
 @given(st.lists(st.floats(-1e4, 1e4, allow_nan=False), min_size=1, max_size=40), st.integers(1, 6))
@@ -212,9 +248,18 @@ def test_cli_walk(capsys, tmp_path):
     assert rc == 0 and "0-1" in out and "2-3" in out
 
 
-@pytest.mark.parametrize("argv", [["softmax-walk", "1", "x"], ["softmax-walk"], ["softmax-walk", "--tile", "0", "1"],
-                                  ["softmax-walk", "nan"], ["softmax-walk", "--file", "/no/such/file"],
-                                  ["attention-memory", "--context", "0"], ["attention-memory", "--tile", "-3"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["softmax-walk", "1", "x"],
+        ["softmax-walk"],
+        ["softmax-walk", "--tile", "0", "1"],
+        ["softmax-walk", "nan"],
+        ["softmax-walk", "--file", "/no/such/file"],
+        ["attention-memory", "--context", "0"],
+        ["attention-memory", "--tile", "-3"],
+    ],
+)
 def test_cli_bad_input(argv, capsys):
     rc, out, err = cli(argv, capsys)
     assert rc == 2 and "Traceback" not in err and err.strip()

@@ -47,7 +47,21 @@ def test_generate_json_shape(capsys, store_args, tiny_model_dir):
 
 
 def make_other(capsys, tmp_path) -> str:
-    run(capsys, "make-model", str(tmp_path / "other"), "--layers", "1", "--heads", "2", "--embd", "8", "--ctx", "16", "--vocab", "50257")
+    run(
+        capsys,
+        "make-model",
+        str(tmp_path / "other"),
+        "--layers",
+        "1",
+        "--heads",
+        "2",
+        "--embd",
+        "8",
+        "--ctx",
+        "16",
+        "--vocab",
+        "50257",
+    )
     return str(tmp_path / "other")
 
 
@@ -95,7 +109,9 @@ def test_a_store_in_the_previous_layout_is_one_line(capsys, store_args, tmp_path
 
 
 def test_compare_prints_scores_side_by_side(capsys, store_args, tiny_model_dir):
-    code, out, _ = run(capsys, "compare", *store_args, "--model", str(tiny_model_dir), "Hello world", "-n", "4", "--json")
+    code, out, _ = run(
+        capsys, "compare", *store_args, "--model", str(tiny_model_dir), "Hello world", "-n", "4", "--json"
+    )
     d = json.loads(out)
     assert code == 0 and len(d["scores"]) == 40 and d["max_abs_error"] < 1e-4 and d["identical_steps"] == 4
 
@@ -104,13 +120,16 @@ def test_tokenize(capsys):
     assert run(capsys, "tokenize", "Hello world", "--json")[1].strip() == "[15496, 995]"
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["generate", "--model", "/nonexistent/folder", "hi"], "no such model folder"),
-    (["generate", "--model", "someone/not-on-this-machine", "hi"], "--model PATH"),
-    (["generate", "--backend", "nosuchstore", "hi"], "known backends: "),
-    (["generate", "--top-k", "60000", "hi"], "--top-k 60000"),
-    (["generate", "-n", "100", "hi"], "context of 64"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["generate", "--model", "/nonexistent/folder", "hi"], "no such model folder"),
+        (["generate", "--model", "someone/not-on-this-machine", "hi"], "--model PATH"),
+        (["generate", "--backend", "nosuchstore", "hi"], "known backends: "),
+        (["generate", "--top-k", "60000", "hi"], "--top-k 60000"),
+        (["generate", "-n", "100", "hi"], "context of 64"),
+    ],
+)
 def test_bad_input_one_line(capsys, tiny_model_dir, args, needle, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     if "--model" not in args:
@@ -118,16 +137,21 @@ def test_bad_input_one_line(capsys, tiny_model_dir, args, needle, monkeypatch):
     assert_one_line_error(*run(capsys, *args)[::2], needle)
 
 
-@pytest.mark.parametrize("text, needle", [
-    ('backend = "faiss"\ncolour = "red"\n', "unknown key 'colour'"),
-    ('top_k = "forty"\n', "top_k = 'forty' has the wrong type"),
-    ('metric = "cosine"\n', "metric must be"),
-    ('backend = "faiss"\n[store]\nhost = "x"\n', "takes no option 'host'"),
-    ("backend = \n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('backend = "faiss"\ncolour = "red"\n', "unknown key 'colour'"),
+        ('top_k = "forty"\n', "top_k = 'forty' has the wrong type"),
+        ('metric = "cosine"\n', "metric must be"),
+        ('backend = "faiss"\n[store]\nhost = "x"\n', "takes no option 'host'"),
+        ("backend = \n", "not valid TOML"),
+    ],
+)
 def test_bad_config_one_line(capsys, tmp_path, tiny_model_dir, text, needle):
     config = write_config(tmp_path, text)
-    assert_one_line_error(*run(capsys, "generate", "--config", str(config), "--model", str(tiny_model_dir), "hi")[::2], needle)
+    assert_one_line_error(
+        *run(capsys, "generate", "--config", str(config), "--model", str(tiny_model_dir), "hi")[::2], needle
+    )
 
 
 def test_missing_config_file(capsys, tmp_path):
@@ -136,19 +160,38 @@ def test_missing_config_file(capsys, tmp_path):
 
 def test_compare_loads_the_model_it_is_given_beside_another(capsys, store_args, tiny_model_dir, tmp_path):
     assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
-    code, out, _ = run(capsys, "compare", *store_args, "--model", make_other(capsys, tmp_path), "x", "-n", "1", "--json")
+    code, out, _ = run(
+        capsys, "compare", *store_args, "--model", make_other(capsys, tmp_path), "x", "-n", "1", "--json"
+    )
     assert code == 0 and json.loads(out)["identical_steps"] == 1
 
 
 def test_console_script_stdout_is_only_the_result(tiny_model_dir, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "vecgpt", "generate", "--backend", "memory", "--model", str(tiny_model_dir),
-                           "Hi", "-n", "2", "--json"], capture_output=True, text=True,
-                          env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vecgpt",
+            "generate",
+            "--backend",
+            "memory",
+            "--model",
+            str(tiny_model_dir),
+            "Hi",
+            "-n",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     json.loads(proc.stdout)  # progress bars went to stderr
 
 
 # Cases a new user hit; each once gave a traceback or silently did something else than asked.
+
 
 def test_config_path_that_is_a_folder(capsys, tmp_path):
     assert_one_line_error(*run(capsys, "ls", "--config", str(tmp_path))[::2], "is a folder, not a TOML file")
@@ -156,8 +199,12 @@ def test_config_path_that_is_a_folder(capsys, tmp_path):
 
 def test_ls_into_a_reader_that_closes_early_exits_quietly(tmp_path):
     """`vecgpt ls | head`: the reader is gone before anything is written, so the write meets EPIPE."""
-    proc = subprocess.Popen([sys.executable, "-m", "vecgpt", "ls", "--backend", "memory"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vecgpt", "ls", "--backend", "memory"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait() == 0 and err == "", err
@@ -165,10 +212,14 @@ def test_ls_into_a_reader_that_closes_early_exits_quietly(tmp_path):
 
 def test_both_encodings_of_one_model_sit_side_by_side(capsys, store_args, tiny_model_dir):
     assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
-    code, out, _ = run(capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "ip", "hi", "-n", "1",
-                       "--json")
+    code, out, _ = run(
+        capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "ip", "hi", "-n", "1", "--json"
+    )
     assert code == 0 and json.loads(out)["metric"] == "ip"
-    assert sorted(line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()) == ["ip", "l2"]
+    assert sorted(line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()) == [
+        "ip",
+        "l2",
+    ]
     code, out, _ = run(capsys, "drop", *store_args, "--model", str(tiny_model_dir), "--metric", "ip")
     assert code == 0 and out.strip().endswith("-ip")
     assert [line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()] == ["l2"]
@@ -205,8 +256,24 @@ def test_unknown_model_lists_the_shipped_ones(capsys, monkeypatch):
 def test_make_model_files_follow_the_umask(capsys, tmp_path, umask):
     old = os.umask(umask)
     try:
-        assert run(capsys, "make-model", str(tmp_path / "m"), "--layers", "1", "--heads", "2", "--embd", "8",
-                   "--ctx", "4", "--vocab", "16")[0] == 0
+        assert (
+            run(
+                capsys,
+                "make-model",
+                str(tmp_path / "m"),
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--embd",
+                "8",
+                "--ctx",
+                "4",
+                "--vocab",
+                "16",
+            )[0]
+            == 0
+        )
     finally:
         os.umask(old)
     for name in ("config.json", "model.safetensors"):
@@ -218,9 +285,14 @@ def test_make_model_too_large_is_refused_before_allocating(capsys, tmp_path):
     assert_one_line_error(code, err, "choose smaller")
 
 
-@pytest.mark.parametrize("option, needle", [("path = 5", "path = 5 has the wrong type"),
-                                            ("threads = -2", "threads must be 0 or more"),
-                                            ('path = "a\\u0000b"', "must not contain a NUL")])
+@pytest.mark.parametrize(
+    "option, needle",
+    [
+        ("path = 5", "path = 5 has the wrong type"),
+        ("threads = -2", "threads must be 0 or more"),
+        ('path = "a\\u0000b"', "must not contain a NUL"),
+    ],
+)
 def test_store_option_of_the_wrong_type(capsys, tmp_path, option, needle):
     config = write_config(tmp_path, f'backend = "faiss"\n[store]\n{option}\n')
     assert_one_line_error(*run(capsys, "ls", "--config", str(config))[::2], needle)

@@ -37,16 +37,49 @@ JUNK = "--fuzz-no-such-option"
 
 # Paths are placeholders, resolved per example against the `world` folder (see `resolve`).
 PATHS = ["@fresh", "@fresh/nested/deeper", "@folder", "@file", "@binary", "@missing", "@model", "@garbage_model", ""]
-MODELS = ["@model", "@garbage_model", "@folder", "@file", "@missing", "shakespear", "Shakespeare", "someone/not-here",
-          "gpt2", "", "/nonexistent/model"]
-ODD = ["", " ", "-", "--", "-1", "0", "1", "1e309", "nan", "inf", "-inf", "0x10", "1_000", "١٢", "\udcff", "é" * 3,
-       "-h", "--help", "a" * 300]
+MODELS = [
+    "@model",
+    "@garbage_model",
+    "@folder",
+    "@file",
+    "@missing",
+    "shakespear",
+    "Shakespeare",
+    "someone/not-here",
+    "gpt2",
+    "",
+    "/nonexistent/model",
+]
+ODD = [
+    "",
+    " ",
+    "-",
+    "--",
+    "-1",
+    "0",
+    "1",
+    "1e309",
+    "nan",
+    "inf",
+    "-inf",
+    "0x10",
+    "1_000",
+    "١٢",
+    "\udcff",
+    "é" * 3,
+    "-h",
+    "--help",
+    "a" * 300,
+]
 
 
 def ints(clean: bool):
     small = st.integers(1, 6)
-    return small if clean else st.one_of(small, st.integers(-3, 0), st.integers(10**12, 10**30),
-                                         st.integers(-10**30, -10**12))
+    return (
+        small
+        if clean
+        else st.one_of(small, st.integers(-3, 0), st.integers(10**12, 10**30), st.integers(-(10**30), -(10**12)))
+    )
 
 
 def floats(clean: bool):
@@ -66,12 +99,16 @@ def value_of(action: argparse.Action, clean: bool):
         return odd_or(ints(clean).map(str), clean)
     if action.type is float:
         return odd_or(floats(clean).map(str), clean)
-    named = {"model": st.sampled_from(["@model"] * 3 + MODELS[:1 + 10 * (not clean)]),
-             "config": st.sampled_from(["@config"] if clean else ["@config"] * 4 + PATHS),
-             "backend": st.sampled_from(["faiss", "memory"] if clean else available() + ["nosuch", "", "base"]),
-             "out": st.sampled_from(PATHS), "file": st.sampled_from(PATHS),
-             "prompt": st.text(min_size=1, max_size=12), "text": st.text(max_size=12),
-             "scores": floats(clean).map(str)}
+    named = {
+        "model": st.sampled_from(["@model"] * 3 + MODELS[: 1 + 10 * (not clean)]),
+        "config": st.sampled_from(["@config"] if clean else ["@config"] * 4 + PATHS),
+        "backend": st.sampled_from(["faiss", "memory"] if clean else available() + ["nosuch", "", "base"]),
+        "out": st.sampled_from(PATHS),
+        "file": st.sampled_from(PATHS),
+        "prompt": st.text(min_size=1, max_size=12),
+        "text": st.text(max_size=12),
+        "scores": floats(clean).map(str),
+    }
     return odd_or(named.get(action.dest, st.text(max_size=30)), clean)
 
 
@@ -80,8 +117,11 @@ def words_for(action: argparse.Action, clean: bool):
     if action.nargs == 0:
         return st.sampled_from([[], [action.option_strings[-1]]])
     many = action.nargs in ("*", "+")
-    values = st.lists(value_of(action, clean), min_size=0 if action.nargs == "*" else 1, max_size=3) if many \
+    values = (
+        st.lists(value_of(action, clean), min_size=0 if action.nargs == "*" else 1, max_size=3)
+        if many
         else value_of(action, clean).map(lambda v: [v])
+    )
     if action.option_strings:
         given = values.map(lambda v: [action.option_strings[-1], *v])
         return given if clean and action.dest == "config" else st.one_of(st.just([]), given)
@@ -95,8 +135,9 @@ def commands(root: argparse.ArgumentParser) -> dict[tuple[str, ...], argparse.Ar
         subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
         if not subs:
             out[path] = p
-        for name, child in (subs[0].choices.items() if subs else ()):
+        for name, child in subs[0].choices.items() if subs else ():
             walk(child, path + (name,))
+
     walk(root, ())
     return out
 
@@ -109,8 +150,11 @@ COMMANDS = [p for p in COMMANDS for _ in range(1 if p[0] in REFUSED_ONLY else 4)
 @st.composite
 def argvs(draw, clean: bool):
     path = draw(st.sampled_from(COMMANDS))
-    actions = [a for a in GRAMMAR[path]._actions
-               if not isinstance(a, argparse._HelpAction) and not set(a.option_strings) & SLOW_FLAGS]
+    actions = [
+        a
+        for a in GRAMMAR[path]._actions
+        if not isinstance(a, argparse._HelpAction) and not set(a.option_strings) & SLOW_FLAGS
+    ]
     options = [w for a in actions if a.option_strings for w in draw(words_for(a, clean))]
     positionals = [w for a in actions if not a.option_strings for w in draw(words_for(a, clean))]
     argv = [*path, *options, *(["--"] if positionals else []), *positionals]  # "--": a prompt may start with "-"
@@ -121,9 +165,19 @@ def argvs(draw, clean: bool):
 
 def store_option_values(clean: bool):
     paths = st.sampled_from(["@fresh", "@fresh/nested"] if clean else PATHS)
-    return paths if clean else st.one_of(paths, st.text(max_size=20), ints(False), floats(False), st.booleans(),
-                                         st.lists(st.sampled_from(["layer", "head", "x", ""]), max_size=3),
-                                         st.just("a\x00b"))
+    return (
+        paths
+        if clean
+        else st.one_of(
+            paths,
+            st.text(max_size=20),
+            ints(False),
+            floats(False),
+            st.booleans(),
+            st.lists(st.sampled_from(["layer", "head", "x", ""]), max_size=3),
+            st.just("a\x00b"),
+        )
+    )
 
 
 def store_keys(backend: str) -> list[str]:
@@ -134,12 +188,19 @@ STORE_KEYS = sorted({name for b in available() for name in store_keys(b)} | {"co
 
 
 def config_values(key: str, clean: bool):
-    valid = {"backend": st.sampled_from(["faiss", "memory"] if clean else available() + ["nosuch"]),
-             "metric": st.sampled_from(["l2", "ip"] + ["cosine"] * (not clean)),
-             "model": st.sampled_from(["@model"] if clean else MODELS), "top_k": ints(clean),
-             "prompt_block": st.booleans(), "tile": ints(clean),
-             "store": st.dictionaries(st.just("path") if clean else st.sampled_from(STORE_KEYS),
-                                      store_option_values(clean), max_size=1 if clean else 4)}
+    valid = {
+        "backend": st.sampled_from(["faiss", "memory"] if clean else available() + ["nosuch"]),
+        "metric": st.sampled_from(["l2", "ip"] + ["cosine"] * (not clean)),
+        "model": st.sampled_from(["@model"] if clean else MODELS),
+        "top_k": ints(clean),
+        "prompt_block": st.booleans(),
+        "tile": ints(clean),
+        "store": st.dictionaries(
+            st.just("path") if clean else st.sampled_from(STORE_KEYS),
+            store_option_values(clean),
+            max_size=1 if clean else 4,
+        ),
+    }
     wrong = st.one_of(st.text(max_size=10), ints(False), floats(False), st.booleans())
     return valid[key] if clean else st.one_of(valid.get(key, wrong), wrong)
 
@@ -196,8 +257,11 @@ def resolve(word: str, world: dict, config_text: str) -> str:
         return str(root / f"fresh{n}" / rest)
     if name == "config":
         path = root / f"config{n}.toml"
-        text = re.sub(r"@(fresh|folder|file|binary|missing|model|garbage_model)",
-                      lambda m: resolve(m.group(0), world, ""), config_text)
+        text = re.sub(
+            r"@(fresh|folder|file|binary|missing|model|garbage_model)",
+            lambda m: resolve(m.group(0), world, ""),
+            config_text,
+        )
         path.write_text(text, errors="surrogatepass")
         return str(path)
     return str(world["model"] if name == "model" else root / name)
@@ -208,8 +272,12 @@ def offline(monkeypatch, world):
     """No network: hub offline with an empty cache, PostgreSQL at a closed port, no turbopuffer key."""
     root = world["root"]
     monkeypatch.chdir(root)  # a relative path (make-model's out, a store) lands here, never in the checkout
-    for name, value in {"HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"), "XDG_CACHE_HOME": str(root / "cache"),
-                        "VECGPT_PG_DSN": "postgresql://fuzz@127.0.0.1:1/none?connect_timeout=2"}.items():
+    for name, value in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(root / "hf"),
+        "XDG_CACHE_HOME": str(root / "cache"),
+        "VECGPT_PG_DSN": "postgresql://fuzz@127.0.0.1:1/none?connect_timeout=2",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("TURBOPUFFER_API_KEY", "TURBOPUFFER_BASE_URL", "TURBOPUFFER_REGION"):
         monkeypatch.delenv(name, raising=False)
@@ -227,7 +295,9 @@ def offline(monkeypatch, world):
                 attempts.append(address)
                 raise OSError(f"fuzz: network disabled ({address})")
             return connect(sock, address)
+
         return checked
+
     monkeypatch.setattr(socket.socket, "connect", guard(socket.socket.connect))
     monkeypatch.setattr(socket.socket, "connect_ex", guard(socket.socket.connect_ex))
     return attempts
@@ -247,9 +317,18 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue() + log.stream.getvalue()
 
 
-@settings(max_examples=EXAMPLES or 150, deadline=None, derandomize=not EXAMPLES, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.data_too_large, HealthCheck.large_base_example])
+@settings(
+    max_examples=EXAMPLES or 150,
+    deadline=None,
+    derandomize=not EXAMPLES,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+    ],
+)
 @given(data=st.data())
 def test_any_argv_exits_0_or_2_without_traceback(data, world, offline):
     clean = data.draw(st.booleans(), "clean argv")  # half the examples pass argparse and reach the code behind it

@@ -109,8 +109,10 @@ def test_scaled_queries_decode_within_the_derived_bound(problem, x_scale):
     exact = x.astype(np.float64) @ w.astype(np.float64) + b.astype(np.float64)
     bound = encoding.search_bound(x, m2, "l2", encoding.U32)[:, None]
     assert np.all(np.abs(encoding.decode_dists(sequential32(q, docs), q, m2, "l2") - exact) <= bound)
-    assert np.all(np.abs(encoding.decode_dists(l2(q, docs), q, m2, "l2") - exact) <= encoding.search_bound(
-        x, m2, "l2", encoding.U64)[:, None])
+    assert np.all(
+        np.abs(encoding.decode_dists(l2(q, docs), q, m2, "l2") - exact)
+        <= encoding.search_bound(x, m2, "l2", encoding.U64)[:, None]
+    )
 
 
 @settings(max_examples=100, deadline=None)

@@ -42,8 +42,10 @@ def test_logits_match_reference_by_token(make_store, backend, metric, tiny_model
         text = engine.open()
         r = tolerance.forced_comparison(text, model64, ids, greedy, metric, tolerance.unit_roundoff(backend))
         text.close()
-        print(f"{backend}-{metric} {prompt!r}: tol {r['tol'].min():.2e}..{r['tol'].max():.2e}, "
-              f"max error {r['max_error'].max():.2e}")
+        print(
+            f"{backend}-{metric} {prompt!r}: tol {r['tol'].min():.2e}..{r['tol'].max():.2e}, "
+            f"max error {r['max_error'].max():.2e}"
+        )
         assert not r["violations"], (prompt, r["violations"][:5])
 
 

@@ -16,13 +16,15 @@ from vecgpt.reference import Reference
 from vecgpt.weights import load
 
 EXPERIMENTS = experiments()  # experiments/NN_name/run.py by NAME
-agreement, numpy_comparison, requests, storage = (EXPERIMENTS[name] for name in
-                                                  ("agreement", "numpy-comparison", "requests", "storage"))
+agreement, numpy_comparison, requests, storage = (
+    EXPERIMENTS[name] for name in ("agreement", "numpy-comparison", "requests", "storage")
+)
 
 HAVE_FAISS = importlib.util.find_spec("faiss") is not None
 
 
 # ------------------------------------------------------------ metric functions
+
 
 def test_first_divergence():
     assert agreement.first_divergence([1, 2, 3], [1, 2, 3]) is None
@@ -73,8 +75,11 @@ def test_typical_error_is_the_median():
 def score_steps(last_ref, last_cands):
     """Two steps where the subject is exact, then the step given."""
     exact_ref, exact = np.array([0.0, 1.0, 0.5]), (np.array([1, 2]), np.array([1.0, 0.5]))
-    ref = {"tokens": [1, 1, int(np.argmax(last_ref))], "logits": [exact_ref, exact_ref, np.array(last_ref)],
-           "residual": [np.ones((1, 2))]}
+    ref = {
+        "tokens": [1, 1, int(np.argmax(last_ref))],
+        "logits": [exact_ref, exact_ref, np.array(last_ref)],
+        "residual": [np.ones((1, 2))],
+    }
     return agreement.score([exact, exact, last_cands], [np.ones((1, 2))], ref, 2)
 
 
@@ -92,7 +97,9 @@ def test_score_divergence_not_at_a_tie():
     # the reference prefers token 1 by 0.5; a subject exact elsewhere but wrong here is not excused
     s = score_steps([0.0, 1.0, 0.5], (np.array([2, 1]), np.array([1.2, 1.1])))
     assert s["first_divergence"] == 2 and not s["divergence"]["near_tie"]
-    assert s["divergence"]["typical_logit_error"] == 0.0 and s["divergence"]["logit_error_at_step"] == pytest.approx(0.7)
+    assert s["divergence"]["typical_logit_error"] == 0.0 and s["divergence"]["logit_error_at_step"] == pytest.approx(
+        0.7
+    )
     assert s["logit_error_max"] == pytest.approx(0.7)
 
 
@@ -113,21 +120,36 @@ def test_storage_kinds():
     assert storage.kind_of("h.11.attn.c_attn") == "attn.c_attn"
     assert storage.kind_of("h.0.mlp.c_proj") == "mlp.c_proj"
     assert storage.kind_of("wte") == "wte" and storage.kind_of("manifest") == "other"
-    kinds = storage.by_kind({"h.0.mlp.c_fc": {"documents": 3, "bytes": 30}, "h.1.mlp.c_fc": {"documents": 3, "bytes": 30},
-                             "wte": {"documents": 5, "bytes": 50}, "text-abc": {"documents": 9, "bytes": 90}})
-    assert kinds == {"mlp.c_fc": {"documents": 6, "bytes": 60, "collections": 2},
-                     "wte": {"documents": 5, "bytes": 50, "collections": 1}}
+    kinds = storage.by_kind(
+        {
+            "h.0.mlp.c_fc": {"documents": 3, "bytes": 30},
+            "h.1.mlp.c_fc": {"documents": 3, "bytes": 30},
+            "wte": {"documents": 5, "bytes": 50},
+            "text-abc": {"documents": 9, "bytes": 90},
+        }
+    )
+    assert kinds == {
+        "mlp.c_fc": {"documents": 6, "bytes": 60, "collections": 2},
+        "wte": {"documents": 5, "bytes": 50, "collections": 1},
+    }
 
 
 def test_storage_plan_of_gpt2_small_shape():
     from vecgpt.weights import HParams, Model
 
     hp = HParams(**agreement.GPT2_SMALL)
-    shapes = {"wte": (hp.n_vocab, 768), "c_attn": (768, 2304), "c_proj": (768, 768), "c_fc": (768, 3072),
-              "m_proj": (3072, 768)}
+    shapes = {
+        "wte": (hp.n_vocab, 768),
+        "c_attn": (768, 2304),
+        "c_proj": (768, 768),
+        "c_fc": (768, 3072),
+        "m_proj": (3072, 768),
+    }
     z = {k: np.zeros(s, np.float32) for k, s in shapes.items()}  # plan reads shapes only
-    block = {"attn": {"c_attn": {"weight": z["c_attn"]}, "c_proj": {"weight": z["c_proj"]}},
-             "mlp": {"c_fc": {"weight": z["c_fc"]}, "c_proj": {"weight": z["m_proj"]}}}
+    block = {
+        "attn": {"c_attn": {"weight": z["c_attn"]}, "c_proj": {"weight": z["c_proj"]}},
+        "mlp": {"c_fc": {"weight": z["c_fc"]}, "c_proj": {"weight": z["m_proj"]}},
+    }
     model = Model(hp, {"wte": {"weight": z["wte"]}, "h": [block] * 12}, "shape only")
     kinds = storage.planned(model, "l2")
     assert sum(k["documents"] for k in kinds.values()) == 134_275
@@ -136,8 +158,15 @@ def test_storage_plan_of_gpt2_small_shape():
 
 def test_per_token_counts():
     def tok(total, rounds, by_kind):
-        return {"total": total, "subqueries": 1, "round_trips": rounds, "by_kind": by_kind,
-                "subqueries_by_kind": {}, "round_trips_by_kind": {"matrix": rounds}, "seconds": 0.0}
+        return {
+            "total": total,
+            "subqueries": 1,
+            "round_trips": rounds,
+            "by_kind": by_kind,
+            "subqueries_by_kind": {},
+            "round_trips_by_kind": {"matrix": rounds},
+            "seconds": 0.0,
+        }
 
     summary = {"per_token": [tok(10, 4, {"open": 2, "matrix": 8}), tok(6, 3, {"matrix": 6}), tok(8, 5, {"matrix": 8})]}
     c = requests.per_token_counts(summary)
@@ -149,6 +178,7 @@ def test_per_token_counts():
 
 
 # ------------------------------------------------------------ traces
+
 
 def test_traced_reference_equals_the_reference(tiny_model_dir):
     model = load(str(tiny_model_dir), dtype=np.float64)
@@ -188,8 +218,9 @@ def write_configs(tmp_path) -> list[str]:
 def test_variants_add_the_other_encoding_at_its_own_path(tmp_path):
     configs = write_configs(tmp_path)
     vs = agreement.variants(configs, str(tmp_path / "stores"))
-    assert [(v.config.backend, v.config.metric) for v in vs] == \
-        [(b, m) for b in ["memory"] + (["faiss"] if HAVE_FAISS else []) for m in ("l2", "ip")]
+    assert [(v.config.backend, v.config.metric) for v in vs] == [
+        (b, m) for b in ["memory"] + (["faiss"] if HAVE_FAISS else []) for m in ("l2", "ip")
+    ]
     paths = [v.config.store["path"] for v in vs]
     assert len(set(paths)) == len(paths) and all(p.startswith(str(tmp_path / "stores")) for p in paths)
     assert len(agreement.variants(configs, str(tmp_path / "stores"), both_metrics=False)) == len(configs)
@@ -197,14 +228,29 @@ def test_variants_add_the_other_encoding_at_its_own_path(tmp_path):
 
 # ------------------------------------------------------------ end to end, tiny
 
+
 @pytest.fixture
 def run_experiment(tmp_path, tiny_model_dir, capsys):
     configs = write_configs(tmp_path)
 
     def run(name, *extra):
         out = tmp_path / "out" / name
-        code = main(["experiment", name, "--model", str(tiny_model_dir), "--configs", *configs, "--store-root",
-                     str(tmp_path / "stores"), "--out", str(out), "--quiet", *extra])
+        code = main(
+            [
+                "experiment",
+                name,
+                "--model",
+                str(tiny_model_dir),
+                "--configs",
+                *configs,
+                "--store-root",
+                str(tmp_path / "stores"),
+                "--out",
+                str(out),
+                "--quiet",
+                *extra,
+            ]
+        )
         printed = capsys.readouterr().out
         assert code == 0
         return out, printed
@@ -281,12 +327,27 @@ def test_requests_end_to_end(run_experiment, tiny_model_dir):
 
 # ------------------------------------------------------------ where experiments run and write
 
+
 def test_each_run_gets_a_new_folder_under_the_current_one(tmp_path, tiny_model_dir, monkeypatch, capsys):
     configs = write_configs(tmp_path)[:1]
     monkeypatch.chdir(tmp_path)
     for _ in range(2):
-        assert main(["experiment", "storage", "--model", str(tiny_model_dir), "--configs", *configs,
-                     "--store-root", str(tmp_path / "stores"), "--quiet"]) == 0
+        assert (
+            main(
+                [
+                    "experiment",
+                    "storage",
+                    "--model",
+                    str(tiny_model_dir),
+                    "--configs",
+                    *configs,
+                    "--store-root",
+                    str(tmp_path / "stores"),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
     runs = sorted((tmp_path / "results" / "storage").iterdir())
     assert len(runs) == 2 and all((r / "storage.json").is_file() for r in runs)
     prov = json.loads((runs[0] / "storage.json").read_text())["provenance"]
@@ -302,14 +363,35 @@ def test_run_py_runs_from_any_folder(tmp_path, tiny_model_dir):
     run_py = Path(__file__).resolve().parents[1] / "experiments" / "03_storage" / "run.py"
     configs = write_configs(tmp_path)[:1]
     env = {**os.environ, "PYTHONPATH": str(run_py.parents[2])}  # this checkout's vecgpt
-    done = subprocess.run([sys.executable, str(run_py), "--model", str(tiny_model_dir), "--configs", *configs,
-                           "--store-root", str(tmp_path / "stores"), "--quiet"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(run_py),
+            "--model",
+            str(tiny_model_dir),
+            "--configs",
+            *configs,
+            "--store-root",
+            str(tmp_path / "stores"),
+            "--quiet",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     (run,) = (tmp_path / "results" / "storage").iterdir()
     assert "run.py" in json.loads((run / "storage.json").read_text())["provenance"]["command"]
-    bad = subprocess.run([sys.executable, str(run_py), "--model", str(tmp_path / "nowhere")], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, str(run_py), "--model", str(tmp_path / "nowhere")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("vecgpt: error:") and len(bad.stderr.splitlines()) == 1
 
 

@@ -57,8 +57,14 @@ def env() -> dict:  # read at each start: a store's test setup may have set TURB
 
 
 def cli(*argv: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vecgpt.cli", *argv], env=env(), cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "vecgpt.cli", *argv],
+        env=env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
@@ -127,8 +133,13 @@ def kill_midway(load: tuple, store, tries: int = 3) -> int:
         assert proc.returncode in (0, -signal.SIGKILL), err
         if proc.returncode == -signal.SIGKILL and not store.manifests():
             return attempt
-        subprocess.run([sys.executable, "-m", "vecgpt.cli", "drop", *load[1:]], env=env(), cwd=ROOT, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "vecgpt.cli", "drop", *load[1:]],
+            env=env(),
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
     pytest.fail(f"the load finished before the kill in {tries} tries")
 
 
@@ -161,8 +172,11 @@ def test_default_timeout_and_retries_give_up_within_30_seconds(backend):
     import importlib
     import inspect
 
-    defaults = {k: p.default for k, p in inspect.signature(importlib.import_module(
-        f"vecgpt.backends.{backend}").connect).parameters.items() if k in ("timeout", "max_retries")}
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(importlib.import_module(f"vecgpt.backends.{backend}").connect).parameters.items()
+        if k in ("timeout", "max_retries")
+    }
     assert worst_case_s(**defaults) < 30
 
 
@@ -170,8 +184,11 @@ def wait_for_text(proc: subprocess.Popen, backend: str, options: dict) -> None:
     """Until the generation has opened its text and gone some tokens into it."""
     observer = get_store(backend, **options)
     try:
-        assert wait_for(lambda: proc.poll() is not None or any(n.startswith("text-") for n in observer.collections()),
-                        timeout=60, step=0.05)
+        assert wait_for(
+            lambda: proc.poll() is not None or any(n.startswith("text-") for n in observer.collections()),
+            timeout=60,
+            step=0.05,
+        )
     finally:
         observer.close()
     time.sleep(0.3)
@@ -199,8 +216,9 @@ def pg_ctl(server, action: str, mode: str = "fast") -> None:
     pgserver.pg_ctl(["-w", "-m", mode, action], pgdata=server.pgdata, user=server.system_user)
 
 
-def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_in_one_line(tmp_path, long_model,
-                                                                                             monkeypatch):
+def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_in_one_line(
+    tmp_path, long_model, monkeypatch
+):
     needs("pgvector")
     import tempfile
     import warnings
@@ -215,8 +233,9 @@ def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_i
     try:  # restarted within the retries (6: up to 15.75 s of backoff): the text goes on where it was
         path = write_config(tmp_path / "s.toml", "pgvector", {**options, "timeout": 1.0, "max_retries": 6})
         api.open_engine(load_config(path), weights.load(str(long_model)), progress=False).store.close()
-        proc = cli("generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop", "--json",
-                   PROMPT)
+        proc = cli(
+            "generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop", "--json", PROMPT
+        )
         wait_for_text(proc, "pgvector", options)
         pg_ctl(server, "restart")
         rc, out, err = finish(proc)
@@ -231,8 +250,9 @@ def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_i
         assert_one_line_error(rc, err)
         assert "lost keys" in err
         # stopped for good: one line once the retries are spent
-        err = generate_until_stopped("pgvector", tmp_path, {**options, **STOP_OPTIONS}, long_model,
-                                     lambda: pg_ctl(server, "stop"))
+        err = generate_until_stopped(
+            "pgvector", tmp_path, {**options, **STOP_OPTIONS}, long_model, lambda: pg_ctl(server, "stop")
+        )
     finally:
         server.cleanup()
     assert "PostgreSQL" in err
@@ -245,8 +265,13 @@ def test_local_turbopuffer_killed_mid_text_is_a_one_line_error_in_bounded_time(t
     server = cli("tpuf-local", "--port", "0", "--api-key", "local-test-key")
     try:
         url = server.stdout.readline().split(" on ")[1].split()[0]
-        err = generate_until_stopped("turbopuffer", tmp_path, {"base_url": url, "prefix": "fault-", **STOP_OPTIONS},
-                                     long_model, lambda: server.send_signal(signal.SIGKILL))
+        err = generate_until_stopped(
+            "turbopuffer",
+            tmp_path,
+            {"base_url": url, "prefix": "fault-", **STOP_OPTIONS},
+            long_model,
+            lambda: server.send_signal(signal.SIGKILL),
+        )
     finally:
         server.kill()
         server.communicate()
@@ -265,20 +290,26 @@ def test_two_generations_at_once_each_get_the_tokens_they_get_alone(backend, tmp
         api.open_engine(load_config(path), weights.load(str(tiny_model_dir)), progress=False)
     argv = ("generate", "--config", str(path), "--model", str(tiny_model_dir), "-n", "8", "--no-stop", "--json")
     # prompt blocks of 20+ tokens: 20+ kNN subqueries per matrix search, more slots than a namespace has
-    prompts = ("But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.",
-               "Now is the winter of our discontent made glorious summer by this sun of York.")
+    prompts = (
+        "But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.",
+        "Now is the winter of our discontent made glorious summer by this sun of York.",
+    )
     runs = [cli(*argv, prompt) for prompt in prompts]
     results = [finish(p, timeout=120) for p in runs]
     for rc, _, err in results:
         assert rc == 0, err
-    alone = [api.generate_text(prompt, n=8, config=load_config(path), model=str(tiny_model_dir), stop=False)["tokens"]
-             for prompt in prompts]
+    alone = [
+        api.generate_text(prompt, n=8, config=load_config(path), model=str(tiny_model_dir), stop=False)["tokens"]
+        for prompt in prompts
+    ]
     assert [json.loads(out)["tokens"] for _, out, _ in results] == alone
 
 
 # 4. a damaged store folder ------------------------------------------------------------------------------------
 def largest_file(folder: Path) -> Path:
-    return max((p for p in folder.rglob("*") if p.is_file() and p.parent.name != "manifests"), key=lambda p: p.stat().st_size)
+    return max(
+        (p for p in folder.rglob("*") if p.is_file() and p.parent.name != "manifests"), key=lambda p: p.stat().st_size
+    )
 
 
 def truncate(path: Path) -> None:
@@ -308,10 +339,14 @@ def loaded(tmp_path_factory, tiny_model_dir):
     def get_folder(backend: str) -> Path:
         if backend not in folders:
             folder = tmp_path_factory.mktemp(backend) / "store"
-            api.open_engine(load_config(write_config(folder.parent / "s.toml", backend, {"path": str(folder)})),
-                            weights.load(str(tiny_model_dir)), progress=False).store.close()
+            api.open_engine(
+                load_config(write_config(folder.parent / "s.toml", backend, {"path": str(folder)})),
+                weights.load(str(tiny_model_dir)),
+                progress=False,
+            ).store.close()
             folders[backend] = folder
         return folders[backend]
+
     return get_folder
 
 

@@ -46,7 +46,7 @@ def test_distances_are_float64_and_as_precise_as_float32_allows(make_store, metr
     got = np.take_along_axis(hits.dists, np.argsort(hits.ids, 1), 1)
     # float32 arithmetic: an error of a few ulps of the terms' size, (|q|^2 + |x|^2) or (1 + |q||x|)
     qn, xn = np.linalg.norm(q64, axis=1)[:, None], np.linalg.norm(x64, axis=1)[None]
-    scale = qn ** 2 + xn ** 2 if metric == "l2" else 1 + qn * xn
+    scale = qn**2 + xn**2 if metric == "l2" else 1 + qn * xn
     assert np.all(np.abs(got - truth) <= 8 * EPS32 * scale)
     if metric == "ip":  # LanceDB's dot is 1 - x.y; off by one would be far outside the tolerance
         assert np.all(np.abs(got - truth) < 0.01)
@@ -81,7 +81,9 @@ def test_versions_and_fragments_stay_bounded_under_small_writes(make_store):
     for pos in range(60):  # like one layer's keys per token: 12 heads at one position
         rows = np.arange(pos * 12, pos * 12 + 12)
         for s in (store, never):
-            s.upsert("text-k", rows, x[rows], {"layer": np.zeros(12), "head": np.arange(12), "position": np.full(12, pos)})
+            s.upsert(
+                "text-k", rows, x[rows], {"layer": np.zeros(12), "head": np.arange(12), "position": np.full(12, pos)}
+            )
     assert fragments(never, "text-k") == 60  # one fragment a write, left alone
     assert fragments(store, "text-k") <= 12
     table = store._table("text-k").handle
@@ -104,7 +106,11 @@ def test_prefiltered_search_is_exact_with_a_vector_index_present(make_store):
     where = Where(eq={"layer": 1}, ge={"position": 10})
     keep = np.flatnonzero(where.mask(attrs, 1000))
     # the index is there and, used, would lose rows: probing one partition of 16 sees a few
-    ann = handle.search(q[0], vector_column_name="vector").nprobes(1).where("layer = 1 AND position >= 10", prefilter=True)
+    ann = (
+        handle.search(q[0], vector_column_name="vector")
+        .nprobes(1)
+        .where("layer = 1 AND position >= 10", prefilter=True)
+    )
     assert len(ann.limit(1000).to_arrow()) < len(keep)
     everything = store.search("c", q, where=where)  # an ANN index would return a few partitions' rows
     assert everything.ids.shape == (3, len(keep))
@@ -131,8 +137,12 @@ def test_compaction_does_not_break_searches_from_other_threads(make_store):
     for t in threads:
         t.start()
     for pos in range(20, 50):
-        store.upsert("text-k", np.arange(pos * 12, pos * 12 + 12), rng.standard_normal((12, 16)).astype(np.float32),
-                     {"layer": np.arange(12) % 3, "head": np.arange(12) % 4, "position": np.full(12, pos)})
+        store.upsert(
+            "text-k",
+            np.arange(pos * 12, pos * 12 + 12),
+            rng.standard_normal((12, 16)).astype(np.float32),
+            {"layer": np.arange(12) % 3, "head": np.arange(12) % 4, "position": np.full(12, pos)},
+        )
     for t in threads:
         t.join()
     assert not errors, errors[0]

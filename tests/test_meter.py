@@ -11,8 +11,9 @@ def test_calls_are_rounds_and_together_is_one(make_store):
     store.create("h.0.mlp.c_fc", 3, "l2")
     store.upsert("h.0.mlp.c_fc", np.arange(2), np.eye(2, 3, dtype=np.float32))
     store.create("text-abc", 3, "l2", ("layer",))
-    hits, rows = store.together(later.search("h.0.mlp.c_fc", np.ones((1, 3), np.float32)),
-                                later.fetch("h.0.mlp.c_fc", np.arange(2)))
+    hits, rows = store.together(
+        later.search("h.0.mlp.c_fc", np.ones((1, 3), np.float32)), later.fetch("h.0.mlp.c_fc", np.arange(2))
+    )
     assert sorted(hits.ids[0].tolist()) == [0, 1] and rows.shape == (2, 3)
     store.search_many([Search("text-abc", np.ones((1, 3), np.float32))])
     counted = store.meter.summary()

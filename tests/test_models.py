@@ -112,7 +112,11 @@ def test_a_store_in_the_previous_layout_is_refused_until_its_collections_go(make
     store = make_store(backend)
     metric = offered(store)[0]
     store.create("wte", 8, metric, attrs=("row",))  # what the previous layout named a model's token table
-    for attempt in (lambda: push(store, tiny_model, metric, progress=False), lambda: models(store), lambda: Engine(store)):
+    for attempt in (
+        lambda: push(store, tiny_model, metric, progress=False),
+        lambda: models(store),
+        lambda: Engine(store),
+    ):
         with pytest.raises(VecgptError, match="previous layout.*drop --old-layout"):
             attempt()
     assert drop_old_layout(store) == ["wte"]
@@ -120,14 +124,24 @@ def test_a_store_in_the_previous_layout_is_refused_until_its_collections_go(make
     assert [x["source"] for x in models(store)] == [tiny_model.source]
 
 
-def test_two_processes_loading_two_models_at_once_both_land_whole(make_store, backend, tmp_path, tiny_model_dir,
-                                                                  second_model_dir, models64):
+def test_two_processes_loading_two_models_at_once_both_land_whole(
+    make_store, backend, tmp_path, tiny_model_dir, second_model_dir, models64
+):
     options = store_options(backend, tmp_path)
     config = tmp_path / "s.toml"
-    config.write_text(f'backend = "{backend}"\n[store]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
-    loads = [subprocess.Popen([sys.executable, "-m", "vecgpt", "load", "--config", str(config), "--model", str(d)],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for d in (tiny_model_dir, second_model_dir)]
+    config.write_text(
+        f'backend = "{backend}"\n[store]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
+    )
+    loads = [
+        subprocess.Popen(
+            [sys.executable, "-m", "vecgpt", "load", "--config", str(config), "--model", str(d)],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d in (tiny_model_dir, second_model_dir)
+    ]
     for proc in loads:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
@@ -142,4 +156,6 @@ def test_store_option_sets_each_backends_location():
     from vecgpt.backends.base import available, location_key
 
     wanted = {"memory": "path", "faiss": "path", "lancedb": "path", "pgvector": "schema", "turbopuffer": "prefix"}
-    assert {b: location_key(b) for b in wanted if b in available()} == {b: k for b, k in wanted.items() if b in available()}
+    assert {b: location_key(b) for b in wanted if b in available()} == {
+        b: k for b, k in wanted.items() if b in available()
+    }

@@ -30,15 +30,19 @@ def exact_ids(W, Q, k):
     return [set(top_k(W @ q, k).ids) for q in Q]
 
 
-KINDS = [("hnswlib", {"M": 16, "ef_construction": 100, "ef": 400}),
-         ("hnswlib", {"M": 16, "ef_construction": 100, "ef": 400, "transform": "padded"}),
-         ("faiss-hnsw", {"M": 16, "ef_construction": 100, "ef": 400}),
-         ("faiss-hnsw", {"M": 16, "ef_construction": 100, "ef": 400, "transform": "padded"}),
-         ("faiss-ivf", {"nlist": 16, "nprobe": 16}),
-         ("faiss-ivfpq", {"nlist": 16, "nprobe": 16, "m": 8})]
+KINDS = [
+    ("hnswlib", {"M": 16, "ef_construction": 100, "ef": 400}),
+    ("hnswlib", {"M": 16, "ef_construction": 100, "ef": 400, "transform": "padded"}),
+    ("faiss-hnsw", {"M": 16, "ef_construction": 100, "ef": 400}),
+    ("faiss-hnsw", {"M": 16, "ef_construction": 100, "ef": 400, "transform": "padded"}),
+    ("faiss-ivf", {"nlist": 16, "nprobe": 16}),
+    ("faiss-ivfpq", {"nlist": 16, "nprobe": 16, "m": 8}),
+]
 
 
-@pytest.mark.parametrize("kind,params", KINDS, ids=lambda p: p if isinstance(p, str) else "-".join(map(str, p.values())))
+@pytest.mark.parametrize(
+    "kind,params", KINDS, ids=lambda p: p if isinstance(p, str) else "-".join(map(str, p.values()))
+)
 def test_index_kinds_find_the_exact_top(kind, params, vectors):
     pytest.importorskip("hnswlib" if kind == "hnswlib" else "faiss")
     W, Q = vectors
@@ -93,8 +97,15 @@ def test_sampling_with_index_candidates(tiny_model):
         assert ann.tokens == exact.tokens
     # a poor index: every drawn token is one of the candidates the head returned at that step
     poor = make("faiss-ivf", threads=1, nlist=32, nprobe=1).build(W)
-    gen = generate(AnnReader(Reference(tiny_model), Head(poor, W, k=20, always=[tokenizer.ENDOFTEXT])), ids, 12, 1.0, 40,
-                   seed=1, stop=False)
+    gen = generate(
+        AnnReader(Reference(tiny_model), Head(poor, W, k=20, always=[tokenizer.ENDOFTEXT])),
+        ids,
+        12,
+        1.0,
+        40,
+        seed=1,
+        stop=False,
+    )
     assert len(gen.tokens) == 12
     for tok, step in zip(gen.tokens, gen.steps):
         assert tok in [c for c, _ in step["candidates"]] and tok < 2000
@@ -134,8 +145,12 @@ def test_experiment_runs_a_small_grid(tiny_model_dir, tmp_path):
     grid.write_text(GRID)
     corpus.write_text("ROMEO:\nBut soft, what light through yonder window breaks?\n" * 40)
     out = tmp_path / "out"
-    assert output_layer.main(["--config", str(grid), "--model", str(tiny_model_dir), "--corpus", str(corpus),
-                              "--out", str(out)]) == 0
+    assert (
+        output_layer.main(
+            ["--config", str(grid), "--model", str(tiny_model_dir), "--corpus", str(corpus), "--out", str(out)]
+        )
+        == 0
+    )
     result = json.loads((out / "results.json").read_text())
     rows = result["rows"]
     assert [r["label"].split()[0] for r in rows] == ["hnswlib", "hnswlib", "faiss-ivf", "faiss-ivf"]
@@ -144,7 +159,9 @@ def test_experiment_runs_a_small_grid(tiny_model_dir, tmp_path):
         assert r["ppl_floor"] >= 1 and r["ppl_full"] >= 1 and 0 <= r["target_miss"] <= 1
     assert rows[3]["recall@40"] == 1.0 and rows[3]["top1_agreement"] == 1.0  # nprobe = nlist is exhaustive
     assert rows[3]["identical_steps"] == [6, 6]
-    assert any(s["what"].startswith("turbopuffer") for s in result["skipped"]) or any(r["kind"] == "turbopuffer" for r in rows)
+    assert any(s["what"].startswith("turbopuffer") for s in result["skipped"]) or any(
+        r["kind"] == "turbopuffer" for r in rows
+    )
     assert (out / "output_layer.png").stat().st_size > 0
     assert "Published figures" in (out / "results.md").read_text()
     assert output_layer.pareto([(1, 0.5), (2, 0.4), (0.5, 0.9), (1, 0.4)]) == [0, 1, 2]
@@ -169,8 +186,16 @@ def test_pgvector_exact_searches_never_use_the_ann_index(tmp_path):
         store.create("wte", 17, "ip", attrs=("row",))
         store.upsert("wte", np.arange(500), np.hstack([W, np.zeros((500, 1), np.float32)]), {"row": np.arange(500)})
         try:
-            index = make("pgvector", threads=1, method="hnsw", m=8, ef_construction=32, ef_search=40,
-                         dsn=options["dsn"], schema=options["schema"]).build(W)
+            index = make(
+                "pgvector",
+                threads=1,
+                method="hnsw",
+                m=8,
+                ef_construction=32,
+                ef_search=40,
+                dsn=options["dsn"],
+                schema=options["schema"],
+            ).build(W)
         except Unavailable as e:
             pytest.skip(str(e))
         try:

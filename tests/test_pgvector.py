@@ -46,7 +46,11 @@ def test_weight_searches_scan_every_row_even_beside_an_hnsw_index(store, metric)
             text = plan(store, "w", queries, k)
             assert "Seq Scan" in text and "Index" not in text, text
             hits = store.search("w", queries, k=k)
-            want = ((queries[:, None].astype(np.float64) - x[None]) ** 2).sum(-1) if metric == "l2" else -(queries.astype(np.float64) @ x.T)
+            want = (
+                ((queries[:, None].astype(np.float64) - x[None]) ** 2).sum(-1)
+                if metric == "l2"
+                else -(queries.astype(np.float64) @ x.T)
+            )
             for row in range(len(queries)):
                 got = np.empty(400) if k is None else None
                 if k is None:
@@ -106,8 +110,11 @@ def test_keys_overwrite_by_position_and_drop_with_the_text(store):
     hits = store.search(name, k2[:1], where=Where(eq={"layer": 0, "head": 0}, lt={"position": 8}))
     assert hits.ids.tolist() == [[7]] and abs(hits.dists[0, 0]) < 1e-6
     table = store._col(name).table
-    kind = store.conn.execute("SELECT relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                              "WHERE n.nspname = %s AND c.relname = %s", (store.schema, table)).fetchone()
+    kind = store.conn.execute(
+        "SELECT relpersistence FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s",
+        (store.schema, table),
+    ).fetchone()
     assert kind == ("u",)  # unlogged: keys belong to one run
     store.drop(name)
     assert store.conn.execute("SELECT to_regclass(%s)", (f'"{store.schema}"."{table}"',)).fetchone() == (None,)
@@ -119,10 +126,13 @@ def test_wide_vectors_stay_inline_and_the_widest_go_out_of_line_uncompressed(sto
         x = rng.standard_normal((3, dim)).astype(np.float32)
         store.upsert(f"d{dim}", np.arange(3), x)
         np.testing.assert_array_equal(store.fetch(f"d{dim}", np.arange(3)), x)
-    storage = dict(store.conn.execute(
-        "SELECT c.relname, a.attstorage FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND a.attname = 'embedding'",
-        (store.schema,)).fetchall())
+    storage = dict(
+        store.conn.execute(
+            "SELECT c.relname, a.attstorage FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND a.attname = 'embedding'",
+            (store.schema,),
+        ).fetchall()
+    )
     assert storage == {"d770": "p", "d3074": "e"}
 
 

@@ -35,11 +35,13 @@ def example_package(tmp_path, monkeypatch):
     info = root / "vecgpt_example_store-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vecgpt-example-store\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(textwrap.dedent("""\
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent("""\
         [vecgpt.stores]
         example = vecgpt_example_store:connect
         broken = vecgpt_example_store_missing:connect
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(root))
     return root
 

@@ -46,8 +46,11 @@ def test_every_store_reads_as_numpy(make_store, backend, shipped, model64, refer
     engine = Engine(store)
     for prompt in PROMPTS:
         text = engine.open()
-        r = tolerance.forced_comparison(text, model64, tokenizer.encode(prompt), reference_tokens[prompt], "l2",
-                                        tolerance.unit_roundoff(backend))
+        r = tolerance.forced_comparison(
+            text, model64, tokenizer.encode(prompt), reference_tokens[prompt], "l2", tolerance.unit_roundoff(backend)
+        )
         text.close()
-        print(f"{backend} {prompt!r}: tol {r['tol'].min():.2e}..{r['tol'].max():.2e}, max error {r['max_error'].max():.2e}")
+        print(
+            f"{backend} {prompt!r}: tol {r['tol'].min():.2e}..{r['tol'].max():.2e}, max error {r['max_error'].max():.2e}"
+        )
         assert not r["violations"], (prompt, r["violations"][:5])

@@ -65,8 +65,12 @@ def test_filters_exclude_what_they_must(make_store, backend):
     store = make_store(backend)
     x, attrs = filled(store)
     q = rng.standard_normal((2, 24)).astype(np.float32)
-    cases = [Where(eq={"layer": 1, "head": 2}, lt={"position": 9}), Where(ge={"position": 20}),
-             Where(eq={"layer": 0}, lt={"position": 5}, ge={"position": 2}), Where(eq={"layer": 2, "head": 3}, lt={"position": 0})]
+    cases = [
+        Where(eq={"layer": 1, "head": 2}, lt={"position": 9}),
+        Where(ge={"position": 20}),
+        Where(eq={"layer": 0}, lt={"position": 5}, ge={"position": 2}),
+        Where(eq={"layer": 2, "head": 3}, lt={"position": 0}),
+    ]
     for where in cases:
         keep = where.mask(attrs, 300)
         hits = store.search("c", q, where=where)
@@ -94,7 +98,9 @@ def test_upsert_overwrites_by_id_and_fetch_round_trips(make_store, backend):
     store = make_store(backend)
     x, _ = filled(store)
     new = rng.standard_normal((2, 24)).astype(np.float32)
-    store.upsert("c", np.array([5, 12]), new, {"layer": np.array([0, 1]), "head": np.array([0, 0]), "position": np.array([0, 0])})
+    store.upsert(
+        "c", np.array([5, 12]), new, {"layer": np.array([0, 1]), "head": np.array([0, 0]), "position": np.array([0, 0])}
+    )
     assert store.count("c") == 300
     np.testing.assert_array_equal(store.fetch("c", np.array([12, 5, 19])), np.vstack([new[1], new[0], x[2]]))
     hits = store.search("c", new[:1], k=1)

@@ -33,10 +33,17 @@ def test_write_forms_and_exact_float32_distances(client):
     ns = client.namespace("forms")
     rng = np.random.default_rng(1)
     x = rng.standard_normal((6, 5)).astype(np.float32)
-    ns.write(upsert_rows=[{"id": i, "vector": x[i].tolist(), "g": i % 2} for i in range(3)],  # client sends base64
-             distance_metric="euclidean_squared")
-    ns.write(upsert_columns={"id": [3, 4, 5], "vector": [base64.b64encode(v.tobytes()).decode() for v in x[3:]],
-                             "g": [1, 0, 1]})
+    ns.write(
+        upsert_rows=[{"id": i, "vector": x[i].tolist(), "g": i % 2} for i in range(3)],  # client sends base64
+        distance_metric="euclidean_squared",
+    )
+    ns.write(
+        upsert_columns={
+            "id": [3, 4, 5],
+            "vector": [base64.b64encode(v.tobytes()).decode() for v in x[3:]],
+            "g": [1, 0, 1],
+        }
+    )
     q = rng.standard_normal(5).astype(np.float32)
     res = ns.query(rank_by=("vector", "kNN", q.tolist()), top_k=10, filters=["g", "In", [0, 1]])
     got = {r.id: r["$dist"] for r in res.rows}
@@ -51,16 +58,29 @@ def test_write_forms_and_exact_float32_distances(client):
 def test_filters_multi_query_and_deletes(client):
     ns = client.namespace("filters")
     ids = list(range(20))
-    ns.write(upsert_columns={"id": ids, "vector": [[float(i), 0.0] for i in ids], "a": [i % 4 for i in ids],
-                             "s": ["x" if i < 10 else "y" for i in ids]}, distance_metric="euclidean_squared")
+    ns.write(
+        upsert_columns={
+            "id": ids,
+            "vector": [[float(i), 0.0] for i in ids],
+            "a": [i % 4 for i in ids],
+            "s": ["x" if i < 10 else "y" for i in ids],
+        },
+        distance_metric="euclidean_squared",
+    )
+
     def ask(f):
         return sorted(r.id for r in ns.query(rank_by=("vector", "kNN", [0.0, 0.0]), top_k=50, filters=f).rows)
+
     assert ask(["a", "Eq", 1]) == [1, 5, 9, 13, 17]
     assert ask(["And", [["a", "In", [1, 2]], ["id", "Lt", 6]]]) == [1, 2, 5]
     assert ask(["Or", [["id", "Lte", 1], ["id", "Gte", 18]]]) == [0, 1, 18, 19]
     assert ask(["And", [["id", "Gt", 16], ["s", "Eq", "y"], ["Not", ["a", "Eq", 3]]]]) == [17, 18]
-    out = ns.multi_query(queries=[{"rank_by": ("vector", "kNN", [3.0, 0.0]), "top_k": 2, "filters": ["a", "Eq", 3]},
-                                  {"rank_by": ("vector", "ANN", [0.0, 0.0]), "top_k": 1}])
+    out = ns.multi_query(
+        queries=[
+            {"rank_by": ("vector", "kNN", [3.0, 0.0]), "top_k": 2, "filters": ["a", "Eq", 3]},
+            {"rank_by": ("vector", "ANN", [0.0, 0.0]), "top_k": 1},
+        ]
+    )
     assert [[r.id for r in res.rows] for res in out.results] == [[3, 7], [0]]
     ns.write(deletes=[0, 1])
     assert ask(["id", "Lt", 3]) == [2]
@@ -81,7 +101,9 @@ def test_limits_and_errors(client, server):
     with pytest.raises(turbopuffer.BadRequestError, match="dimension"):
         ns.write(upsert_rows=[{"id": 2, "vector": [1.0, 2.0, 3.0]}])
     with pytest.raises(turbopuffer.BadRequestError, match="10752"):
-        client.namespace("wide").write(upsert_rows=[{"id": 1, "vector": [0.0] * 10753}], distance_metric="euclidean_squared")
+        client.namespace("wide").write(
+            upsert_rows=[{"id": 1, "vector": [0.0] * 10753}], distance_metric="euclidean_squared"
+        )
     with pytest.raises(turbopuffer.BadRequestError, match="namespace name"):
         client.namespace("bad name!").write(upsert_rows=[{"id": 1}])
     with pytest.raises(turbopuffer.NotFoundError):
@@ -112,11 +134,15 @@ def test_concurrency_limit_queues_then_refuses(server, client):
 
 
 def test_gzip_bodies_query_strings_and_branching(server, client):
-    body = gzip.compress(json.dumps({"upsert_rows": [{"id": 7, "vector": [0.5, 0.5]}],
-                                     "distance_metric": "euclidean_squared"}).encode())
-    req = urllib.request.Request(f"{server.url}/v2/namespaces/gz?stainless_overload=x", data=body, method="POST",
-                                 headers={"Authorization": "Bearer k", "Content-Encoding": "gzip",
-                                          "Content-Type": "application/json"})
+    body = gzip.compress(
+        json.dumps({"upsert_rows": [{"id": 7, "vector": [0.5, 0.5]}], "distance_metric": "euclidean_squared"}).encode()
+    )
+    req = urllib.request.Request(
+        f"{server.url}/v2/namespaces/gz?stainless_overload=x",
+        data=body,
+        method="POST",
+        headers={"Authorization": "Bearer k", "Content-Encoding": "gzip", "Content-Type": "application/json"},
+    )
     assert json.loads(urllib.request.urlopen(req).read())["rows_upserted"] == 1
     zipped = turbopuffer.Turbopuffer(api_key="k", base_url=server.url, max_retries=0, compression=True)
     zipped.namespace("gz").write(upsert_rows=[{"id": i, "vector": [0.1 * i, 0.0]} for i in range(100)])
@@ -259,6 +285,10 @@ def test_python_dash_m_runs_the_server_module():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--help"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "--latency-ms" in out and "--fail-rate" in out

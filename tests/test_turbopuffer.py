@@ -95,7 +95,9 @@ def test_text_keys_live_in_one_namespace_per_head_and_go_away(local, small_serve
     store.upsert("text-0123abcd", np.arange(n), rng.standard_normal((n, 4)).astype(np.float32), attrs)
     spaces = store._owned("text-0123abcd")
     assert len(spaces) == 3 * 2 and set(spaces) <= set(small_server.server.namespaces)  # 3 heads x 2 copies
-    hits = store.search("text-0123abcd", np.zeros((1, 4), np.float32), where=Where(eq={"layer": 0, "head": 1}, lt={"position": 5}))
+    hits = store.search(
+        "text-0123abcd", np.zeros((1, 4), np.float32), where=Where(eq={"layer": 0, "head": 1}, lt={"position": 5})
+    )
     assert sorted(hits.ids[0].tolist()) == [1, 4, 7, 10, 13]
     assert store.count("text-0123abcd") == n
     assert [t["text"] for t in store.leftover_texts()] == ["text-0123abcd"]
@@ -120,7 +122,9 @@ def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_ser
     assert store.usage["write_requests"] - before == H * 2  # the heads are known: no catalog write
     spaces = store._owned("text-0badcafe")
     assert len(spaces) == H * 2 and all(store._rows(ns) == L for ns in spaces)  # a head's keys of every layer
-    hits = store.search("text-0badcafe", x[[2 * H + 1]], k=1, where=Where(eq={"layer": 2, "head": 1}, lt={"position": 8}))
+    hits = store.search(
+        "text-0badcafe", x[[2 * H + 1]], k=1, where=Where(eq={"layer": 2, "head": 1}, lt={"position": 8})
+    )
     assert hits.ids[0].tolist() == [(2 * H + 1) * 100 + 7]
     store.drop("text-0badcafe")
 
@@ -172,13 +176,20 @@ def test_gc_command_lists_and_removes_leftover_texts(small_server, local, tmp_pa
 
     store = local(small_server.url)
     store.create("text-deadbeef", 4, "l2", ("layer", "head", "position"))
-    store.upsert("text-deadbeef", np.arange(2), np.ones((2, 4), np.float32),
-                 {"layer": np.zeros(2, int), "head": np.zeros(2, int), "position": np.arange(2)})
+    store.upsert(
+        "text-deadbeef",
+        np.arange(2),
+        np.ones((2, 4), np.float32),
+        {"layer": np.zeros(2, int), "head": np.zeros(2, int), "position": np.arange(2)},
+    )
     config = tmp_path / "tp.toml"
-    config.write_text(f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\nprefix = "{store.prefix}"\nmax_top_k = 50\n')
+    config.write_text(
+        f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\nprefix = "{store.prefix}"\nmax_top_k = 50\n'
+    )
 
     class Args:
         remove, older_than = False, 0.0
+
     Args.config = str(config)
     assert gc.run(Args) == 0
     assert "text-deadbeef" in capsys.readouterr().out
@@ -189,8 +200,10 @@ def test_gc_command_lists_and_removes_leftover_texts(small_server, local, tmp_pa
 
 
 @pytest.mark.live
-@pytest.mark.skipif(not LIVE_KEY or not os.environ.get("TURBOPUFFER_REGION"),
-                    reason="live turbopuffer test: needs TURBOPUFFER_API_KEY and TURBOPUFFER_REGION")
+@pytest.mark.skipif(
+    not LIVE_KEY or not os.environ.get("TURBOPUFFER_REGION"),
+    reason="live turbopuffer test: needs TURBOPUFFER_API_KEY and TURBOPUFFER_REGION",
+)
 def test_live_service_round_trip():
     store = tpb.connect(prefix=f"vecgpt-test-{uuid.uuid4().hex[:8]}-")
     try:
@@ -233,11 +246,14 @@ def test_namespaces_are_named_by_the_catalog_not_a_listing(small_server, local, 
         assert store.count("text-00aa") == 24 and store.fetch("text-00aa", [5]).shape == (1, 4)
         store.drop("text-00aa")
         config = tmp_path / "tp.toml"
-        config.write_text(f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\n'
-                          f'prefix = "{store.prefix}"\nmax_top_k = 50\nmax_retries = 0\n')
+        config.write_text(
+            f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\n'
+            f'prefix = "{store.prefix}"\nmax_top_k = 50\nmax_retries = 0\n'
+        )
 
         class Args:
             remove, older_than, config_ = True, 0.0, None
+
         Args.config = str(config)
         assert gc.run(Args) == 0
         assert "removed 1 of 1" in capsys.readouterr().out
@@ -301,8 +317,9 @@ def test_output_layer_ann_waits_for_the_index(small_server, monkeypatch, capsys)
     monkeypatch.setenv("TURBOPUFFER_API_KEY", "local")
     monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
     W = rng.standard_normal((30, 8)).astype(np.float32)
-    index = make("turbopuffer", threads=1, base_url=small_server.url, prefix=f"o{uuid.uuid4().hex[:8]}-",
-                 index_timeout_s=0.2)
+    index = make(
+        "turbopuffer", threads=1, base_url=small_server.url, prefix=f"o{uuid.uuid4().hex[:8]}-", index_timeout_s=0.2
+    )
     small_server.server.index_lag = 3600.0
     try:
         with pytest.raises(Unavailable, match="not indexed 'wte.ann'"):
@@ -326,7 +343,9 @@ def tpuf_config(tmp_path):
 
     options = store_options("turbopuffer", tmp_path)
     config = tmp_path / "tp.toml"
-    config.write_text('backend = "turbopuffer"\n[store]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
+    config.write_text(
+        'backend = "turbopuffer"\n[store]\n' + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items())
+    )
     return options, config
 
 
@@ -360,7 +379,9 @@ def test_the_local_server_makes_a_key_prints_it_and_refuses_others(tmp_path):
 
     import turbopuffer
 
-    proc = subprocess.Popen([sys.executable, "-m", "vecgpt", "tpuf-local", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vecgpt", "tpuf-local", "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()
         url, key = line.split(" on ")[1].split(" ")[0], line.split("TURBOPUFFER_API_KEY=")[1].strip()
@@ -383,9 +404,27 @@ def test_on_a_terminal_an_implicit_load_is_asked_for_on_stderr(tmp_path, tiny_mo
     for answer, code, loaded in (("n", 2, 0), ("y", 0, 1)):
         leader, follower = pty.openpty()
         os.write(leader, f"{answer}\n".encode())
-        proc = subprocess.run([sys.executable, "-m", "vecgpt", "generate", "--config", str(config), "--model",
-                               str(tiny_model_dir), "hi", "-n", "1", "--json"], stdin=follower, capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "vecgpt",
+                "generate",
+                "--config",
+                str(config),
+                "--model",
+                str(tiny_model_dir),
+                "hi",
+                "-n",
+                "1",
+                "--json",
+            ],
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=120,
+        )
         os.close(leader), os.close(follower)
         assert proc.returncode == code and "load it? [y/N]" in proc.stderr, proc.stderr
         assert len(tpb.connect(**options).manifests()) == loaded

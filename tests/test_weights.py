@@ -26,9 +26,16 @@ def hf_checkpoint(folder, hp=HP, prefix="transformer.", buffers=True, lm_head=Tr
         tweak(tensors)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
-    config = {"model_type": "gpt2", "n_layer": hp.n_layer, "n_head": hp.n_head, "n_embd": hp.n_embd,
-              "n_positions": hp.n_ctx, "vocab_size": hp.n_vocab, "layer_norm_epsilon": 1e-5,
-              "activation_function": "gelu_new"}
+    config = {
+        "model_type": "gpt2",
+        "n_layer": hp.n_layer,
+        "n_head": hp.n_head,
+        "n_embd": hp.n_embd,
+        "n_positions": hp.n_ctx,
+        "vocab_size": hp.n_vocab,
+        "layer_norm_epsilon": 1e-5,
+        "activation_function": "gelu_new",
+    }
     (folder / "config.json").write_text(json.dumps(config))
     return folder, tensors
 
@@ -37,7 +44,9 @@ def test_loads_hf_layout_with_prefix_buffers_and_tied_head(tmp_path):
     folder, tensors = hf_checkpoint(tmp_path / "m")
     model = weights.load(str(folder))
     assert model.hparams == HP
-    np.testing.assert_array_equal(model.params["h"][1]["attn"]["c_attn"]["weight"], tensors["transformer.h.1.attn.c_attn.weight"])
+    np.testing.assert_array_equal(
+        model.params["h"][1]["attn"]["c_attn"]["weight"], tensors["transformer.h.1.attn.c_attn.weight"]
+    )
     np.testing.assert_array_equal(model.params["wte"]["weight"], tensors["transformer.wte.weight"])
     assert "bias" not in model.params["h"][0]["attn"]  # mask buffers are ignored
 
@@ -47,12 +56,21 @@ def test_loads_without_prefix(tmp_path):
     assert weights.load(str(folder)).hparams.n_layer == 2
 
 
-@pytest.mark.parametrize("tweak, message", [
-    (lambda t: t.update({"lm_head.weight": t["lm_head.weight"] + 1}), "lm_head.weight differs"),
-    (lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"), "missing tensor h.1.mlp.c_fc.bias"),
-    (lambda t: t.update({"transformer.h.0.attn.c_proj.weight": np.zeros((8, 9), np.float32)}), "h.0.attn.c_proj.weight has shape"),
-    (lambda t: t.update({"transformer.h.2.ln_1.weight": np.zeros(8, np.float32)}), "unexpected tensor h.2.ln_1.weight"),
-])
+@pytest.mark.parametrize(
+    "tweak, message",
+    [
+        (lambda t: t.update({"lm_head.weight": t["lm_head.weight"] + 1}), "lm_head.weight differs"),
+        (lambda t: t.pop("transformer.h.1.mlp.c_fc.bias"), "missing tensor h.1.mlp.c_fc.bias"),
+        (
+            lambda t: t.update({"transformer.h.0.attn.c_proj.weight": np.zeros((8, 9), np.float32)}),
+            "h.0.attn.c_proj.weight has shape",
+        ),
+        (
+            lambda t: t.update({"transformer.h.2.ln_1.weight": np.zeros(8, np.float32)}),
+            "unexpected tensor h.2.ln_1.weight",
+        ),
+    ],
+)
 def test_bad_tensors_are_named(tmp_path, tweak, message):
     folder, _ = hf_checkpoint(tmp_path / "m", tweak=tweak)
     with pytest.raises(VecgptError, match=message):

@@ -34,8 +34,11 @@ def build_gpt2_tokenizer():
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # read the local files directly
     ranks = data_gym_to_mergeable_bpe_ranks(str(data_dir / "vocab.bpe"), str(data_dir / "encoder.json"))
     enc = tiktoken.Encoding(
-        name="gpt2_offline", explicit_n_vocab=50257, pat_str=GPT2_PAT,
-        mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256},
+        name="gpt2_offline",
+        explicit_n_vocab=50257,
+        pat_str=GPT2_PAT,
+        mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": 50256},
     )
     assert enc.encode("Hello world") == [15496, 995]
     return enc
@@ -88,7 +91,7 @@ class NumpyGPT2:
     def generate(self, ids, n, temperature=0.0, top_k=None, rng=None):
         ids = list(ids)
         for _ in range(n):
-            logits = self.forward(np.array(ids[-self.ctx:]))[-1].astype(np.float64)
+            logits = self.forward(np.array(ids[-self.ctx :]))[-1].astype(np.float64)
             if temperature == 0.0:
                 nxt = int(np.argmax(logits))
             else:
@@ -125,7 +128,7 @@ def main():
 
     # --- validation loss (same split and windows as train_demo.py) ---
     text = text_path.read_text(encoding="utf-8")
-    val = np.array(enc.encode_ordinary(text[int(len(text) * 0.9):]))
+    val = np.array(enc.encode_ordinary(text[int(len(text) * 0.9) :]))
     T = m.ctx
     total, count = 0.0, 0
     for i in range(args.val_windows):
@@ -136,8 +139,10 @@ def main():
         total += float((lse - logits[np.arange(T), y]).sum())
         count += T
     np_loss = total / count
-    out(f"model: {model_dir} ({m.cfg['n_layer']} layers, {m.cfg['n_head']} heads, width {m.cfg['n_embd']}, "
-        f"context {m.ctx}, vocab {m.cfg['vocab_size']})")
+    out(
+        f"model: {model_dir} ({m.cfg['n_layer']} layers, {m.cfg['n_head']} heads, width {m.cfg['n_embd']}, "
+        f"context {m.ctx}, vocab {m.cfg['vocab_size']})"
+    )
     out(f"numpy val loss, first {count} validation tokens: {np_loss:.4f} nats/token")
     if "val_loss_nats_first_4096_tokens" in meta and count == 4096:
         ref = meta["val_loss_nats_first_4096_tokens"]

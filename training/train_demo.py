@@ -92,9 +92,7 @@ class Conv1D(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, x):
-        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(
-            *x.shape[:-1], self.weight.shape[1]
-        )
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], self.weight.shape[1])
 
 
 def gelu_new(x):
@@ -117,9 +115,7 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_head, hs).transpose(1, 2)
         k = k.view(B, T, self.n_head, hs).transpose(1, 2)
         v = v.view(B, T, self.n_head, hs).transpose(1, 2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_drop(self.c_proj(y))
 
@@ -267,9 +263,18 @@ def export(model, out_dir: Path, cfg: dict, meta: dict):
     expected = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"}
     for i in range(cfg["n_layer"]):
         for s in (
-            "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-            "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-            "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+            "ln_1.weight",
+            "ln_1.bias",
+            "attn.c_attn.weight",
+            "attn.c_attn.bias",
+            "attn.c_proj.weight",
+            "attn.c_proj.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.weight",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.weight",
+            "mlp.c_proj.bias",
         ):
             expected.add(f"h.{i}.{s}")
     assert set(tensors) == expected, sorted(set(tensors) ^ expected)
@@ -319,10 +324,10 @@ Standard GPT-2 (Hugging Face `GPT2LMHeadModel` layout, `model_type: gpt2`):
 
 | | |
 |---|---|
-| layers (`n_layer`) | {cfg['n_layer']} |
-| heads (`n_head`) | {cfg['n_head']} |
-| width (`n_embd`) | {cfg['d']} (MLP {4 * cfg['d']}) |
-| context (`n_positions`) | {cfg['ctx']} |
+| layers (`n_layer`) | {cfg["n_layer"]} |
+| heads (`n_head`) | {cfg["n_head"]} |
+| width (`n_embd`) | {cfg["d"]} (MLP {4 * cfg["d"]}) |
+| context (`n_positions`) | {cfg["ctx"]} |
 | vocabulary | 50,257 (the real GPT-2 BPE; `<\\|endoftext\\|>` = 50256) |
 | activation | `gelu_new` (tanh GELU) |
 | layer norm eps | 1e-5 |
@@ -340,25 +345,25 @@ no `lm_head` tensor (tied) and no attention-mask buffers.
 Tiny Shakespeare (1,115,394 characters), public-domain Shakespeare as published in
 karpathy/char-rnn at `data/tinyshakespeare/input.txt`. The last 10% of the characters are held
 out as validation (train and validation tokenized separately):
-{meta['train_tokens']:,} training tokens, {meta['val_tokens']:,} validation tokens.
+{meta["train_tokens"]:,} training tokens, {meta["val_tokens"]:,} validation tokens.
 
 ## Training
 
 ```
-{meta['command']}
+{meta["command"]}
 ```
 
-AdamW (lr {meta['lr']}, betas (0.9, 0.95), weight decay {meta['weight_decay']} on matrices and
-embeddings), linear warm-up then cosine decay, batch {meta['batch_size']} x {cfg['ctx']} tokens,
-dropout {cfg['dropout']} (embeddings, residual branches; none on attention weights), gradient clipping 1.0, seed {meta['seed']}, 2 CPU threads.
-Validation loss (first {meta['training_eval_tokens']:,} validation tokens) was measured every
-{meta['eval_interval']} steps; the best checkpoint was kept
-(early stopping patience {meta['patience']} evaluations).
+AdamW (lr {meta["lr"]}, betas (0.9, 0.95), weight decay {meta["weight_decay"]} on matrices and
+embeddings), linear warm-up then cosine decay, batch {meta["batch_size"]} x {cfg["ctx"]} tokens,
+dropout {cfg["dropout"]} (embeddings, residual branches; none on attention weights), gradient clipping 1.0, seed {meta["seed"]}, 2 CPU threads.
+Validation loss (first {meta["training_eval_tokens"]:,} validation tokens) was measured every
+{meta["eval_interval"]} steps; the best checkpoint was kept
+(early stopping patience {meta["patience"]} evaluations).
 
-- steps run: {meta['steps_run']} (best checkpoint at step {meta['best_step']})
-- tokens seen: {meta['tokens_seen']:,} (to the best checkpoint: {meta['tokens_at_best']:,})
-- training wall time: {meta['train_seconds'] / 60:.1f} min
-- **validation loss: {meta['val_loss_nats']:.4f} nats/token** (perplexity {math.exp(meta['val_loss_nats']):.1f}),
+- steps run: {meta["steps_run"]} (best checkpoint at step {meta["best_step"]})
+- tokens seen: {meta["tokens_seen"]:,} (to the best checkpoint: {meta["tokens_at_best"]:,})
+- training wall time: {meta["train_seconds"] / 60:.1f} min
+- **validation loss: {meta["val_loss_nats"]:.4f} nats/token** (perplexity {math.exp(meta["val_loss_nats"]):.1f}),
   full validation set, exported float16 weights
 
 ## Files
@@ -388,14 +393,22 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--eval-interval", type=int, default=50)
-    p.add_argument("--eval-windows", type=int, default=48,
-                   help="validation windows scored during training (the final figure uses all of them)")
+    p.add_argument(
+        "--eval-windows",
+        type=int,
+        default=48,
+        help="validation windows scored during training (the final figure uses all of them)",
+    )
     p.add_argument("--patience", type=int, default=4, help="evals without improvement before stopping")
     p.add_argument("--max-minutes", type=float, default=28.0, help="safety cap on training wall time")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=False,
-                   help="bfloat16 autocast (slower than float32 on the CPUs we used)")
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="bfloat16 autocast (slower than float32 on the CPUs we used)",
+    )
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -415,8 +428,11 @@ def main(argv=None):
     print(f"corpus {text_path} ({len(text):,} chars): train {len(train):,} tokens, val {len(val):,} tokens", flush=True)
 
     vocab = CompactVocab(train)
-    print(f"{vocab.S:,} distinct tokens in the training text; the other {vocab.n_unseen:,} share one "
-          f"trainable embedding during training (exact full-vocabulary loss, see CompactVocab)", flush=True)
+    print(
+        f"{vocab.S:,} distinct tokens in the training text; the other {vocab.n_unseen:,} share one "
+        f"trainable embedding during training (exact full-vocabulary loss, see CompactVocab)",
+        flush=True,
+    )
     train_c = vocab.to_compact[train]
     val_c = vocab.to_compact[val]
 
@@ -431,7 +447,9 @@ def main(argv=None):
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
 
     def lr_at(step):
@@ -461,7 +479,10 @@ def main(argv=None):
                 bad_evals = 0
             else:
                 bad_evals += 1
-            print(f"  eval step {step}: val[:{args.eval_windows * T}] {vl:.4f} nats/token{' (best)' if improved else ''}", flush=True)
+            print(
+                f"  eval step {step}: val[:{args.eval_windows * T}] {vl:.4f} nats/token{' (best)' if improved else ''}",
+                flush=True,
+            )
             if bad_evals >= args.patience:
                 stop_reason = f"early stop (no improvement in {args.patience} evals)"
                 break
@@ -495,7 +516,10 @@ def main(argv=None):
         improved = vl < best[0]
         if improved:
             best = (vl, step, {k: v.detach().clone() for k, v in model.state_dict().items()}, tokens_seen)
-        print(f"  eval step {step}: val[:{args.eval_windows * T}] {vl:.4f} nats/token{' (best)' if improved else ''}", flush=True)
+        print(
+            f"  eval step {step}: val[:{args.eval_windows * T}] {vl:.4f} nats/token{' (best)' if improved else ''}",
+            flush=True,
+        )
     train_seconds = time.time() - t0
     print(f"stopped: {stop_reason}; {step} steps, {tokens_seen:,} tokens, {train_seconds / 60:.1f} min", flush=True)
 
@@ -514,8 +538,11 @@ def main(argv=None):
     val_fp16 = evaluate(model, fx, fy)
     n_check = 16  # first 16 windows (4,096 predicted tokens): what check_demo.py recomputes in numpy
     val_first = evaluate(model, fx, fy, limit=n_check)
-    print(f"best step {best[1]}: val[:{args.eval_windows * T}] {best[0]:.4f} (float32); full val {val_fp16:.4f} (float16 export), "
-          f"first {n_check * T} tokens {val_first:.4f}", flush=True)
+    print(
+        f"best step {best[1]}: val[:{args.eval_windows * T}] {best[0]:.4f} (float32); full val {val_fp16:.4f} (float16 export), "
+        f"first {n_check * T} tokens {val_first:.4f}",
+        flush=True,
+    )
 
     cmd_args = " ".join(sys.argv[1:])
     meta = {

@@ -30,8 +30,9 @@ class Generation:
         return tokenizer.decode([t for t in self.tokens if t != tokenizer.ENDOFTEXT])
 
 
-def check_request(hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: int,
-                  temperature: float = 0.0, seed: int = 0) -> None:
+def check_request(
+    hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: int, temperature: float = 0.0, seed: int = 0
+) -> None:
     if n < 0:
         raise VecgptError(f"-n must be 0 or more, not {n}")
     if not 0 <= temperature < float("inf"):  # also refuses NaN
@@ -41,14 +42,22 @@ def check_request(hp: weights.HParams, prompt_tokens: list[int], n: int, top_k: 
     if not 1 <= top_k <= hp.n_vocab:
         raise VecgptError(f"--top-k {top_k} must be between 1 and the vocabulary size {hp.n_vocab}")
     if len(prompt_tokens) + n > hp.n_ctx:
-        raise VecgptError(f"the prompt's {len(prompt_tokens)} tokens plus -n {n} exceed the model's context of "
-                          f"{hp.n_ctx} tokens")
+        raise VecgptError(
+            f"the prompt's {len(prompt_tokens)} tokens plus -n {n} exceed the model's context of {hp.n_ctx} tokens"
+        )
     if max(prompt_tokens) >= hp.n_vocab:
         raise VecgptError(f"token id {max(prompt_tokens)} is outside the model's vocabulary of {hp.n_vocab}")
 
 
-def generate(reader, prompt_tokens: list[int], n: int, temperature: float = 0.0, top_k: int = 40,
-             seed: int = 0, stop: bool = True) -> Generation:
+def generate(
+    reader,
+    prompt_tokens: list[int],
+    n: int,
+    temperature: float = 0.0,
+    top_k: int = 40,
+    seed: int = 0,
+    stop: bool = True,
+) -> Generation:
     """Greedy or sampled continuation; `reader.read(ids, k)` feeds tokens and returns Candidates."""
     rng, out = np.random.default_rng(seed), Generation(list(prompt_tokens))
     if n == 0:
@@ -83,9 +92,18 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
     return Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key)
 
 
-def generate_text(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None,
-                  temperature: float = 0.0, top_k: int | None = None, seed: int = 0, stop: bool = True,
-                  progress: bool = False, confirm=None) -> dict:
+def generate_text(
+    prompt: str,
+    n: int = 8,
+    config: Config | None = None,
+    model: str | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    stop: bool = True,
+    progress: bool = False,
+    confirm=None,
+) -> dict:
     """Generate through a store; the dict of `vecgpt generate --json`."""
     config = config or Config()
     m = weights.load(model or config.model)
@@ -100,19 +118,40 @@ def generate_text(prompt: str, n: int = 8, config: Config | None = None, model: 
     finally:
         text.close()
         engine.store.close()
-    return {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text, "steps": gen.steps,
-            "requests": text.meter.summary(), "backend": config.backend, "metric": engine.metric,
-            "model_fingerprint": m.fingerprint}
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "tokens": gen.tokens,
+        "text": gen.text,
+        "steps": gen.steps,
+        "requests": text.meter.summary(),
+        "backend": config.backend,
+        "metric": engine.metric,
+        "model_fingerprint": m.fingerprint,
+    }
 
 
-def generate_reference(prompt: str, n: int = 8, model: str | None = None, temperature: float = 0.0,
-                       top_k: int = 40, seed: int = 0, stop: bool = True, dtype=np.float64) -> dict:
+def generate_reference(
+    prompt: str,
+    n: int = 8,
+    model: str | None = None,
+    temperature: float = 0.0,
+    top_k: int = 40,
+    seed: int = 0,
+    stop: bool = True,
+    dtype=np.float64,
+) -> dict:
     m = weights.load(model, dtype=dtype)
     ids = tokenizer.encode(prompt)
     check_request(m.hparams, ids, n, top_k, temperature, seed)
     gen = generate(Reference(m, dtype), ids, n, temperature, top_k, seed, stop)
-    return {"prompt_tokens": gen.prompt_tokens, "tokens": gen.tokens, "text": gen.text, "steps": gen.steps,
-            "backend": f"numpy-{np.dtype(dtype).name}", "model_fingerprint": m.fingerprint}
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "tokens": gen.tokens,
+        "text": gen.text,
+        "steps": gen.steps,
+        "backend": f"numpy-{np.dtype(dtype).name}",
+        "model_fingerprint": m.fingerprint,
+    }
 
 
 def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | None = None, confirm=None) -> dict:
@@ -124,15 +163,30 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
     full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]  # numpy's score for any store token
     s, r = store_run["steps"][0]["candidates"], ref.steps[0]["candidates"] if ref.steps else []
     ref_logits = dict(map(tuple, r))
-    rows = [{"rank": i + 1, "token": tok, "store": logit, "numpy": float(full[tok]),
-             "abs_error": abs(logit - float(full[tok])), "numpy_rank": _rank(tok, r)} for i, (tok, logit) in enumerate(s)]
+    rows = [
+        {
+            "rank": i + 1,
+            "token": tok,
+            "store": logit,
+            "numpy": float(full[tok]),
+            "abs_error": abs(logit - float(full[tok])),
+            "numpy_rank": _rank(tok, r),
+        }
+        for i, (tok, logit) in enumerate(s)
+    ]
     first_diff = next((i for i, (a, b) in enumerate(zip(store_run["tokens"], ref.tokens)) if a != b), None)
-    return {"prompt_tokens": store_run["prompt_tokens"], "scores": rows,
-            "max_abs_error": max((row["abs_error"] for row in rows), default=0.0),
-            "same_top_set": {t for t, _ in s} == set(ref_logits),
-            "store_tokens": store_run["tokens"], "numpy_tokens": ref.tokens,
-            "identical_steps": len(store_run["tokens"]) if first_diff is None else first_diff,
-            "backend": config.backend, "metric": store_run["metric"], "model_fingerprint": store_run["model_fingerprint"]}
+    return {
+        "prompt_tokens": store_run["prompt_tokens"],
+        "scores": rows,
+        "max_abs_error": max((row["abs_error"] for row in rows), default=0.0),
+        "same_top_set": {t for t, _ in s} == set(ref_logits),
+        "store_tokens": store_run["tokens"],
+        "numpy_tokens": ref.tokens,
+        "identical_steps": len(store_run["tokens"]) if first_diff is None else first_diff,
+        "backend": config.backend,
+        "metric": store_run["metric"],
+        "model_fingerprint": store_run["model_fingerprint"],
+    }
 
 
 def _rank(token: int, candidates: list) -> int | None:

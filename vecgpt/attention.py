@@ -14,6 +14,7 @@ After the last tile acc / l equals softmax(S) v, without the table ever existing
 All arrays may carry leading batch (head) dimensions: q [..., n_q, hd], k, v [..., n_k, hd].
 The tolerance of "equal" is stated in docs/attention.md and checked in tests/test_attention.py.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,6 +34,7 @@ def _check_tile(tile: int) -> None:
 
 # ----------------------------------------------------------------------------- streaming core
 
+
 def _fold(m: np.ndarray, l: np.ndarray, acc: np.ndarray, s: np.ndarray, v: np.ndarray) -> None:
     """Fold one tile into the state, in place.
 
@@ -40,15 +42,15 @@ def _fold(m: np.ndarray, l: np.ndarray, acc: np.ndarray, s: np.ndarray, v: np.nd
     with exp(s - m_new)); v [..., t, hd].  A row with no finite score so far keeps m = -inf,
     l = 0, acc = 0; a row whose tile is all -inf keeps its state bit for bit (alpha = 1, p = 0).
     """
-    m_new = np.maximum(m, s.max(axis=-1))                     # [..., r]
-    shift = np.where(m_new == -np.inf, 0.0, m_new)            # [..., r] avoid (-inf) - (-inf)
-    alpha = np.exp(m - shift)                                 # [..., r] rescale factor, 0 on first read
+    m_new = np.maximum(m, s.max(axis=-1))  # [..., r]
+    shift = np.where(m_new == -np.inf, 0.0, m_new)  # [..., r] avoid (-inf) - (-inf)
+    alpha = np.exp(m - shift)  # [..., r] rescale factor, 0 on first read
     s -= shift[..., None]
-    p = np.exp(s, out=s)                                      # [..., r, t] exp(s - m_new)
+    p = np.exp(s, out=s)  # [..., r, t] exp(s - m_new)
     l *= alpha
     l += p.sum(axis=-1)
     acc *= alpha[..., None]
-    acc += p @ v                                              # [..., r, hd]
+    acc += p @ v  # [..., r, hd]
     m[...] = m_new
 
 
@@ -61,13 +63,13 @@ class RunningSoftmax:
     def __init__(self, n_query, head_dim: int, dtype=np.float64):
         shape = (n_query,) if np.ndim(n_query) == 0 else tuple(n_query)
         self.dtype = np.dtype(dtype)
-        self.m = np.full(shape, -np.inf, self.dtype)               # [n_query] running maximum
-        self.l = np.zeros(shape, self.dtype)                       # [n_query] running total
-        self.acc = np.zeros(shape + (head_dim,), self.dtype)       # [n_query, head_dim] accumulator
+        self.m = np.full(shape, -np.inf, self.dtype)  # [n_query] running maximum
+        self.l = np.zeros(shape, self.dtype)  # [n_query] running total
+        self.acc = np.zeros(shape + (head_dim,), self.dtype)  # [n_query, head_dim] accumulator
 
     def update(self, scores: np.ndarray, values: np.ndarray, mask: np.ndarray | None = None) -> None:
         """scores [n_query, t] (already scaled, may be -inf); values [t, head_dim]; mask True = keep."""
-        s = np.array(scores, dtype=self.dtype)                     # [n_query, t] private copy
+        s = np.array(scores, dtype=self.dtype)  # [n_query, t] private copy
         if mask is not None:
             np.copyto(s, -np.inf, where=~np.asarray(mask, bool))
         self.update_rows(0, s, np.asarray(values, self.dtype))
@@ -78,11 +80,12 @@ class RunningSoftmax:
 
     def finish(self) -> np.ndarray:
         """[n_query, head_dim] = sum softmax(scores) * values; a query that saw no finite score gives 0."""
-        out = np.zeros_like(self.acc)                              # [n_query, head_dim]
+        out = np.zeros_like(self.acc)  # [n_query, head_dim]
         return np.divide(self.acc, self.l[..., None], out=out, where=self.l[..., None] > 0)
 
 
 # ----------------------------------------------------------------------------- the two forms
+
 
 def _mask_causal_rows(s: np.ndarray, first_pos: int, key0: int) -> None:
     """-inf where key key0+c lies after query first_pos+r, in s [..., r, t], in place.
@@ -90,7 +93,7 @@ def _mask_causal_rows(s: np.ndarray, first_pos: int, key0: int) -> None:
     Only the first rows can see part of the tile; they form a small [d, t] block.
     """
     t = s.shape[-1]
-    d = min(s.shape[-2], max(0, key0 + t - 1 - first_pos))        # rows that see part of the tile
+    d = min(s.shape[-2], max(0, key0 + t - 1 - first_pos))  # rows that see part of the tile
     keep = key0 + np.arange(t) <= first_pos + np.arange(d)[:, None]  # [d, t]
     np.copyto(s[..., :d, :], -np.inf, where=~keep)
 
@@ -102,15 +105,15 @@ def full_attention(q, k, v, causal: bool = True, q_offset: int = 0) -> np.ndarra
     Holds exactly one table: masking and softmax run in place.
     """
     n_q = q.shape[-2]
-    s = q @ k.swapaxes(-1, -2)                                   # [..., n_q, n_k] the full table
-    s *= q.shape[-1] ** -0.5                                      # python float: no upcast
+    s = q @ k.swapaxes(-1, -2)  # [..., n_q, n_k] the full table
+    s *= q.shape[-1] ** -0.5  # python float: no upcast
     if causal:
-        for i in range(n_q):                                      # row by row: no boolean table
-            s[..., i, q_offset + i + 1:] = -np.inf
+        for i in range(n_q):  # row by row: no boolean table
+            s[..., i, q_offset + i + 1 :] = -np.inf
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)                            # [..., n_q, n_k] weights
-    return s @ v                                                  # [..., n_q, hd]
+    s /= s.sum(axis=-1, keepdims=True)  # [..., n_q, n_k] weights
+    return s @ v  # [..., n_q, hd]
 
 
 def streaming_attention(q, k, v, causal: bool = True, q_offset: int = 0, tile: int = DEFAULT_TILE) -> np.ndarray:
@@ -121,18 +124,18 @@ def streaming_attention(q, k, v, causal: bool = True, q_offset: int = 0, tile: i
     """
     _check_tile(tile)
     n_q, n_k = q.shape[-2], k.shape[-2]
-    scale = q.shape[-1] ** -0.5                                   # python float keeps the dtype
+    scale = q.shape[-1] ** -0.5  # python float keeps the dtype
     state = RunningSoftmax(q.shape[:-1], v.shape[-1], np.result_type(q, k, v))
     for j in range(0, n_k, tile):
-        first = max(0, j - q_offset) if causal else 0             # earlier queries see none of it
+        first = max(0, j - q_offset) if causal else 0  # earlier queries see none of it
         if first >= n_q:
             break
-        s = q[..., first:, :] @ k[..., j:j + tile, :].swapaxes(-1, -2)  # [..., n_q - first, t]
+        s = q[..., first:, :] @ k[..., j : j + tile, :].swapaxes(-1, -2)  # [..., n_q - first, t]
         s *= scale
         if causal:
             _mask_causal_rows(s, q_offset + first, j)
-        state.update_rows(first, s, v[..., j:j + tile, :])
-        del s                                                     # free it before the next tile's
+        state.update_rows(first, s, v[..., j : j + tile, :])
+        del s  # free it before the next tile's
     return state.finish()
 
 
@@ -142,6 +145,7 @@ def streaming_decode(q, k, v, tile: int = DEFAULT_TILE) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- memory accounting
+
 
 def memory_bytes(n_head, n_ctx, head_dim, n_query, tile, dtype) -> dict:
     """Exact bytes for one layer of attention (all heads at once).
@@ -169,8 +173,14 @@ def memory_bytes(n_head, n_ctx, head_dim, n_query, tile, dtype) -> dict:
     full = parts["table"]
     streaming = parts["tile_scores"] + parts["running_max"] + parts["running_total"] + parts["accumulator"]
     scratch = rows * head_dim * item + 3 * rows * item
-    return dict(parts, full=full, streaming=streaming, ratio=full / streaming,
-                peak_full=full + parts["output"], peak_streaming=streaming + scratch)
+    return dict(
+        parts,
+        full=full,
+        streaming=streaming,
+        ratio=full / streaming,
+        peak_full=full + parts["output"],
+        peak_streaming=streaming + scratch,
+    )
 
 
 def random_qkv(n_head, n_ctx, head_dim, n_query, dtype, seed=0):
@@ -207,6 +217,7 @@ def measure(form, n_head, n_ctx, head_dim, n_query, tile, dtype, seed=0, trace=T
 
 # ----------------------------------------------------------------------------- walk-through
 
+
 def softmax_walk(scores, tile: int = 1):
     """Fold 1-D scores tile by tile; return (steps, weights).
 
@@ -215,17 +226,24 @@ def softmax_walk(scores, tile: int = 1):
     exp(s - m) / l from the final running maximum and total.
     """
     _check_tile(tile)
-    s = np.asarray(scores, np.float64)                           # [n]
+    s = np.asarray(scores, np.float64)  # [n]
     m, l, steps = -np.inf, 0.0, []
     for j in range(0, len(s), tile):
-        part = s[j:j + tile]                                      # [t]
+        part = s[j : j + tile]  # [t]
         m_new = max(m, part.max())
         rescale = None if m == -np.inf else float(np.exp(m - m_new))
         if m_new > -np.inf:
             l = l * (rescale or 0.0) + float(np.exp(part - m_new).sum())
         m = m_new
-        steps.append(dict(positions=(j, j + len(part)), tile_max=float(part.max()),
-                          running_max=float(m), rescale=rescale, running_total=l))
+        steps.append(
+            dict(
+                positions=(j, j + len(part)),
+                tile_max=float(part.max()),
+                running_max=float(m),
+                rescale=rescale,
+                running_total=l,
+            )
+        )
     return steps, np.exp(s - m) / l
 
 
@@ -240,34 +258,35 @@ except ImportError:  # pragma: no cover
 
 
 if HAVE_NUMBA:
+
     @numba.njit(fastmath={"reassoc", "contract"}, cache=True)
     def _fused_row(q, k, v, h, i, stop, tile, out):  # pragma: no cover - compiled
         """One query row: dot products, online softmax and accumulation in one pass over keys."""
         hd = q.shape[2]
         zero = q[h, i, 0] * 0
         scale = zero + 1.0 / np.sqrt(hd)
-        qi = q[h, i]                                                 # [hd]
-        s = np.empty(tile, q.dtype)                                  # [tile] scores of one tile
-        acc = np.zeros(hd, q.dtype)                                  # [hd] output accumulator
+        qi = q[h, i]  # [hd]
+        s = np.empty(tile, q.dtype)  # [tile] scores of one tile
+        acc = np.zeros(hd, q.dtype)  # [hd] output accumulator
         m, l = zero, zero
         for j0 in range(0, stop, tile):
             t = min(tile, stop - j0)
             m_new = m if j0 > 0 else -np.inf
             for c in range(t):
-                kc = k[h, j0 + c]                                    # [hd]
+                kc = k[h, j0 + c]  # [hd]
                 dot = zero
                 for d in range(hd):
                     dot += qi[d] * kc[d]
                 s[c] = dot * scale
                 m_new = max(m_new, s[c])
-            alpha = np.exp(m - m_new) if j0 > 0 else zero            # rescale what we have
+            alpha = np.exp(m - m_new) if j0 > 0 else zero  # rescale what we have
             l *= alpha
             for d in range(hd):
                 acc[d] *= alpha
             for c in range(t):
                 w = np.exp(s[c] - m_new)
                 l += w
-                vc = v[h, j0 + c]                                    # [hd]
+                vc = v[h, j0 + c]  # [hd]
                 for d in range(hd):
                     acc[d] += w * vc[d]
             m = m_new
@@ -279,8 +298,8 @@ if HAVE_NUMBA:
         n_head, n_q = q.shape[0], q.shape[1]
         n_k = k.shape[1]
         n_pair = (n_q + 1) // 2
-        for task in numba.prange(n_head * n_pair):                 # row p with row n_q-1-p:
-            h, p = task // n_pair, task % n_pair                     # equal causal work per task
+        for task in numba.prange(n_head * n_pair):  # row p with row n_q-1-p:
+            h, p = task // n_pair, task % n_pair  # equal causal work per task
             for r in range(2):
                 i = p if r == 0 else n_q - 1 - p
                 if r == 1 and i == p:

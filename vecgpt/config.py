@@ -33,8 +33,15 @@ class Config:
             raise VecgptError(f"tile must be at least 1, not {self.tile}")
 
 
-TYPES = {"backend": str, "metric": str, "model": (str, type(None)), "top_k": int, "prompt_block": bool,
-         "tile": int, "store": dict}
+TYPES = {
+    "backend": str,
+    "metric": str,
+    "model": (str, type(None)),
+    "top_k": int,
+    "prompt_block": bool,
+    "tile": int,
+    "store": dict,
+}
 
 
 def read_toml(path: str | Path, what: str = "config file", hint: str = "") -> dict:
@@ -62,8 +69,10 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
             raise VecgptError(f"{path or 'config'}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
         expected = TYPES[key]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise VecgptError(f"{path or 'config'}: {key} = {value!r} has the wrong type "
-                              f"(expected {getattr(expected, '__name__', 'string')})")
+            raise VecgptError(
+                f"{path or 'config'}: {key} = {value!r} has the wrong type "
+                f"(expected {getattr(expected, '__name__', 'string')})"
+            )
     return Config(**values)
 
 

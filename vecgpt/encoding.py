@@ -116,8 +116,9 @@ def key_queries(q: np.ndarray, key_norms2: np.ndarray, metric: Metric) -> tuple[
     return q32 * s[:, None].astype(np.float32), s
 
 
-def decode_key_dists(dists: np.ndarray, queries: np.ndarray, key_norms2: np.ndarray, metric: Metric,
-                     scale: np.ndarray | float = 1.0) -> np.ndarray:
+def decode_key_dists(
+    dists: np.ndarray, queries: np.ndarray, key_norms2: np.ndarray, metric: Metric, scale: np.ndarray | float = 1.0
+) -> np.ndarray:
     """q.k from distances [m, n] between sent queries [m, hd] (s q, s = scale [m]) and keys whose |k|^2
     is key_norms2 [m, n] or [n]."""
     dists, s = np.asarray(dists, np.float64), np.reshape(np.asarray(scale, np.float64), (-1, 1))
@@ -161,8 +162,14 @@ def search_bound(x: np.ndarray, m2: float, metric: Metric, u: float, stored: flo
     return (distance_bound(np.sqrt(q2), m, n, metric, u) + decode) / (2 * s if metric == "l2" else s) + rounding
 
 
-def key_bound(q: np.ndarray, key_norms2: np.ndarray, metric: Metric, u: float,
-              searched_norms2: np.ndarray | None = None, stored: float = U32) -> np.ndarray:
+def key_bound(
+    q: np.ndarray,
+    key_norms2: np.ndarray,
+    metric: Metric,
+    u: float,
+    searched_norms2: np.ndarray | None = None,
+    stored: float = U32,
+) -> np.ndarray:
     """Bound on |q.k' - q.k| for queries q [m, hd] against keys of |k|^2 key_norms2 [n]: [m, n].
     The query is scaled toward the searched keys (searched_norms2, default all of them)."""
     qs, s = key_queries(q, key_norms2 if searched_norms2 is None else searched_norms2, metric)

@@ -30,14 +30,17 @@ from vecgpt.weights import HParams
 class Engine:
     """A store holding a model, ready to open decoding sessions."""
 
-    def __init__(self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 8,
-                 model: str | None = None):
+    def __init__(
+        self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 8, model: str | None = None
+    ):
         """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
         self.key = model or only_model(store)
         manifest = store.read_manifest(self.key)
         if manifest is None:
-            raise VecgptError(f"the store holds no model {self.key}; run `vecgpt load` first (`vecgpt ls` lists the models)")
+            raise VecgptError(
+                f"the store holds no model {self.key}; run `vecgpt load` first (`vecgpt ls` lists the models)"
+            )
         self.manifest = manifest
         self.metric = manifest["metric"]
         self.hparams = HParams(**manifest["hparams"])
@@ -58,8 +61,11 @@ def only_model(store: Store) -> str:
     check_layout(store)
     keys = sorted(store.manifests())
     if len(keys) != 1:
-        raise VecgptError("the store holds no model; run `vecgpt load` first" if not keys else
-                          f"the store holds {len(keys)} models ({', '.join(keys)}); name one")
+        raise VecgptError(
+            "the store holds no model; run `vecgpt load` first"
+            if not keys
+            else f"the store holds {len(keys)} models ({', '.join(keys)}); name one"
+        )
     return keys[0]
 
 
@@ -77,11 +83,18 @@ class Session:
         self.pending: list[tuple] = []  # a decode step's keys, written together with the next round
         self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd))  # [L, ctx, H, hd]
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
-        _, table = self.store.together(later.create(self.name, hd, self.metric, ("layer", "head", "position")),
-                                       later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)))
+        _, table = self.store.together(
+            later.create(self.name, hd, self.metric, ("layer", "head", "position")),
+            later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)),
+        )
         table = table.astype(np.float64)
-        self.ln = [{"ln_1": {"weight": table[4 * i], "bias": table[4 * i + 1]},
-                    "ln_2": {"weight": table[4 * i + 2], "bias": table[4 * i + 3]}} for i in range(hp.n_layer)]
+        self.ln = [
+            {
+                "ln_1": {"weight": table[4 * i], "bias": table[4 * i + 1]},
+                "ln_2": {"weight": table[4 * i + 2], "bias": table[4 * i + 3]},
+            }
+            for i in range(hp.n_layer)
+        ]
         self.ln_f = {"weight": table[-2], "bias": table[-1]}
 
     @property
@@ -99,7 +112,9 @@ class Session:
         """Feed tokens; the best k next tokens after the last one."""
         ids = [int(i) for i in ids]
         if self.position + len(ids) > self.hp.n_ctx:
-            raise VecgptError(f"the text would reach {self.position + len(ids)} tokens; the context holds {self.hp.n_ctx}")
+            raise VecgptError(
+                f"the text would reach {self.position + len(ids)} tokens; the context holds {self.hp.n_ctx}"
+            )
         # a store that reads a manifest for free is asked each time (it may serve a dropped model from
         # memory); any other is asked when a read fails
         if getattr(self.engine.store, "local", False) and self.engine.dropped():
@@ -114,8 +129,10 @@ class Session:
             raise
 
     def dropped(self) -> VecgptError:
-        return VecgptError(f"model {self.engine.key} was dropped from the store while this text was open; "
-                           f"load it again and start the text again")
+        return VecgptError(
+            f"model {self.engine.key} was dropped from the store while this text was open; "
+            f"load it again and start the text again"
+        )
 
     # ------------------------------------------------------------ the forward pass, in reference.py's order
 
@@ -135,17 +152,19 @@ class Session:
         query_pos = np.arange(start, start + m)[:, None]
         for pos, dots in columns:  # pos [m, n] key positions, dots q.k [H, m, n]; a tile of keys at a time
             for t in range(0, pos.shape[1], tile):
-                p = pos[:, t:t + tile]  # [m, tile]
+                p = pos[:, t : t + tile]  # [m, tile]
                 values = self.values[layer, p[0]].transpose(1, 0, 2)  # [H, tile, hd]
-                state.update(dots[:, :, t:t + tile] / math.sqrt(hd), values, mask=p <= query_pos)
+                state.update(dots[:, :, t : t + tile] / math.sqrt(hd), values, mask=p <= query_pos)
         return state.finish()
 
     def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store, values in memory
         hp, m = self.hp, len(x)
         q, k, v = (a.reshape(m, hp.n_head, -1) for a in np.split(self.linear(x, f"h.{layer}.attn.c_attn"), 3, axis=1))
         k32 = k.astype(np.float32)  # the keys as the store holds them
-        self.values[layer, start:start + m] = v
-        self.key_norms[layer, :, start:start + m] = np.einsum("mhd,mhd->hm", k32.astype(np.float64), k32.astype(np.float64))
+        self.values[layer, start : start + m] = v
+        self.key_norms[layer, :, start : start + m] = np.einsum(
+            "mhd,mhd->hm", k32.astype(np.float64), k32.astype(np.float64)
+        )
         if m == 1:  # decode: earlier keys from the store, the own key from memory; it is written with the next round
             self.pending.append((layer, start, k32))
             own = (np.array([[start]]), np.einsum("hd,hd->h", q[0], k32[0].astype(np.float64)).reshape(-1, 1, 1))
@@ -163,8 +182,11 @@ class Session:
 
     def hidden(self, ids: list[int]) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x)
         start, d = self.position, self.hp.n_embd
-        *_, wte, wpe = self.store.together(*self.flush(), later.fetch(self.engine.name("wte"), np.asarray(ids)),
-                                           later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))))
+        *_, wte, wpe = self.store.together(
+            *self.flush(),
+            later.fetch(self.engine.name("wte"), np.asarray(ids)),
+            later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))),
+        )
         x = wte[:, :d].astype(np.float64) + wpe.astype(np.float64)  # [m, d]
         xs = [x]
         for layer in range(self.hp.n_layer):
@@ -183,16 +205,28 @@ class Session:
     # ------------------------------------------------------------ the keys in the store
 
     def key_scores(self, q, layer, end):  # q [m, H, hd] -> key positions [m, n] < end, q.k [H, m, n]
-        sent = [encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)]
-        found = self.store.search_many([Search(self.name, qs, where=Where(
-            eq={"layer": layer, "head": h}, lt={"position": end})) for h, (qs, _) in enumerate(sent)])
+        sent = [
+            encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)
+        ]
+        found = self.store.search_many(
+            [
+                Search(self.name, qs, where=Where(eq={"layer": layer, "head": h}, lt={"position": end}))
+                for h, (qs, _) in enumerate(sent)
+            ]
+        )
         if any(hits.ids.shape[1] != end for hits in found):  # e.g. a crashed server emptied its unlogged tables
-            raise VecgptError(f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
-                              f"positions found in layer {layer}); start the text again")
+            raise VecgptError(
+                f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
+                f"positions found in layer {layer}); start the text again"
+            )
         order = [np.argsort(hits.ids, axis=1) for hits in found]  # each head: its keys in position order
         pos = np.take_along_axis(found[0].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
-        dots = [encoding.decode_key_dists(np.take_along_axis(hits.dists, o, 1), qs, self.key_norms[layer, h][pos],
-                                          self.metric, s) for h, ((qs, s), hits, o) in enumerate(zip(sent, found, order))]
+        dots = [
+            encoding.decode_key_dists(
+                np.take_along_axis(hits.dists, o, 1), qs, self.key_norms[layer, h][pos], self.metric, s
+            )
+            for h, ((qs, s), hits, o) in enumerate(zip(sent, found, order))
+        ]
         return pos, np.stack(dots)
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd])] -> one upsert's arguments
@@ -204,7 +238,12 @@ class Session:
             vectors.append(k32.reshape(m * n_head, -1))
             for name, column in (("layer", np.full(m * n_head, layer)), ("head", head), ("position", pos)):
                 attrs[name].append(column)
-        return self.name, np.concatenate(ids), np.vstack(vectors), {name: np.concatenate(c) for name, c in attrs.items()}
+        return (
+            self.name,
+            np.concatenate(ids),
+            np.vstack(vectors),
+            {name: np.concatenate(c) for name, c in attrs.items()},
+        )
 
     def flush(self) -> list:  # the pending key write, to ride along with another round
         if not self.pending:

@@ -49,8 +49,9 @@ def plan(model: Model, metric: str) -> list[tuple[str, int, int]]:
     """(collection, documents, dimension) of everything a load writes."""
     hp = model.hparams
     rows = [(name, get(model.params, name)["weight"].shape) for name in matrices(hp)]
-    out = [(n, s[0] if n == "wte" else s[1], encoding.doc_dim(hp.n_embd if n == "wte" else s[0], metric))
-           for n, s in rows]
+    out = [
+        (n, s[0] if n == "wte" else s[1], encoding.doc_dim(hp.n_embd if n == "wte" else s[0], metric)) for n, s in rows
+    ]
     return out + [("wpe", hp.n_ctx, hp.n_embd), ("ln", 4 * hp.n_layer + 2, hp.n_embd)]
 
 
@@ -72,13 +73,21 @@ def _push(store: Store, model: Model, metric: str, progress: bool) -> dict:
     check_layout(store)
     offers = getattr(store, "metrics", (metric,))
     if metric not in offers:
-        raise VecgptError(f"this store cannot rank by {metric!r} (it offers {', '.join(offers)}); "
-                          f"use --metric {offers[0]}")
+        raise VecgptError(
+            f"this store cannot rank by {metric!r} (it offers {', '.join(offers)}); use --metric {offers[0]}"
+        )
     m2 = _write_all(store, model, metric, key, progress)
-    manifest = {"fingerprint": key, "model_fingerprint": model.fingerprint, "source": model.source,
-                "encoding_version": encoding.ENCODING_VERSION, "metric": metric,
-                "hparams": model.hparams.__dict__, "m2": m2, "documents": sum(n for _, n, _ in plan(model, metric)),
-                "loaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    manifest = {
+        "fingerprint": key,
+        "model_fingerprint": model.fingerprint,
+        "source": model.source,
+        "encoding_version": encoding.ENCODING_VERSION,
+        "metric": metric,
+        "hparams": model.hparams.__dict__,
+        "m2": m2,
+        "documents": sum(n for _, n, _ in plan(model, metric)),
+        "loaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     store.write_manifest(key, manifest)
     return manifest
 
@@ -107,8 +116,10 @@ def models(store: Store) -> list[dict]:
 def check_layout(store: Store) -> None:
     """A store written before models were filed by fingerprint (one model under bare names) is refused."""
     if BARE & set(store.collections()):
-        raise VecgptError(f"{store} holds a model in the previous layout (one model per store); "
-                          f"run `vecgpt drop --old-layout` with the same options, then load again")
+        raise VecgptError(
+            f"{store} holds a model in the previous layout (one model per store); "
+            f"run `vecgpt drop --old-layout` with the same options, then load again"
+        )
 
 
 def drop_old_layout(store: Store) -> list[str]:

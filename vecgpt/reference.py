@@ -47,8 +47,10 @@ def mha(x, c_attn, c_proj, n_head, cache, perturb=None):  # [m, d] -> [m, d]; ca
     q, k, v = np.split(linear(x, **c_attn, perturb=perturb), 3, axis=-1)  # [m, d] each
     cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
-    heads = [attention(qh, kh, vh, mask, perturb) for qh, kh, vh in
-             zip(*(np.split(a, n_head, axis=-1) for a in (q, cache["k"], cache["v"])))]  # n_head x [m, hd]
+    heads = [
+        attention(qh, kh, vh, mask, perturb)
+        for qh, kh, vh in zip(*(np.split(a, n_head, axis=-1) for a in (q, cache["k"], cache["v"])))
+    ]  # n_head x [m, hd]
     return linear(np.hstack(heads), **c_proj, perturb=perturb)  # [m, d]
 
 
@@ -58,7 +60,7 @@ def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache, perturb=None
 
 
 def hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, perturb=None):  # [m] -> [m, d], ln_f(x)
-    x = wte["weight"][ids] + wpe["weight"][start:start + len(ids)]  # [m, d]
+    x = wte["weight"][ids] + wpe["weight"][start : start + len(ids)]  # [m, d]
     xs = [x]
     for block, cache in zip(h, caches):
         x = transformer_block(x, **block, n_head=n_head, eps=eps, cache=cache, perturb=perturb)
@@ -86,8 +88,9 @@ class Reference:
 
     def reset(self) -> None:
         d = self.hparams.n_embd
-        self.caches = [{"k": np.zeros((0, d), self.dtype), "v": np.zeros((0, d), self.dtype)}
-                       for _ in range(self.hparams.n_layer)]
+        self.caches = [
+            {"k": np.zeros((0, d), self.dtype), "v": np.zeros((0, d), self.dtype)} for _ in range(self.hparams.n_layer)
+        ]
 
     @property
     def position(self) -> int:
@@ -99,8 +102,16 @@ class Reference:
 
     def hidden(self, ids) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x) of the m new positions
         ids = np.asarray(ids, dtype=np.int64)
-        return hidden(ids, self.position, **self.params, n_head=self.hparams.n_head, eps=self.hparams.eps,
-                      caches=self.caches, trace=self.trace, perturb=self.perturb)
+        return hidden(
+            ids,
+            self.position,
+            **self.params,
+            n_head=self.hparams.n_head,
+            eps=self.hparams.eps,
+            caches=self.caches,
+            trace=self.trace,
+            perturb=self.perturb,
+        )
 
     def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
         return linear(self.hidden(ids), self.params["wte"]["weight"].T, 0, self.perturb)

@@ -44,8 +44,11 @@ def encoding():
     import tiktoken
 
     return tiktoken.Encoding(
-        "gpt2", pat_str=PATTERN, mergeable_ranks=ranks(),
-        special_tokens={"<|endoftext|>": ENDOFTEXT}, explicit_n_vocab=N_VOCAB,
+        "gpt2",
+        pat_str=PATTERN,
+        mergeable_ranks=ranks(),
+        special_tokens={"<|endoftext|>": ENDOFTEXT},
+        explicit_n_vocab=N_VOCAB,
     )
 
 
@@ -74,7 +77,7 @@ def pack_ranks(built: dict[bytes, int]) -> bytes:
 def unpack_ranks(data: bytes) -> dict[bytes, int]:
     n, out, at = N_VOCAB - 1, {}, N_VOCAB - 1  # every token but <|endoftext|>, each at most 255 bytes
     for rank, length in enumerate(data[:n]):
-        out[data[at:at + length]] = rank
+        out[data[at : at + length]] = rank
         at += length
     return out
 

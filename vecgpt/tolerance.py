@@ -57,7 +57,9 @@ class Perturbation:
     def scores(self, q, k, scores):  # a decode step's own key is not searched: it is computed in memory
         norms2 = np.einsum("ij,ij->i", k, k)
         searched = norms2[:-1] if len(q) == 1 and len(k) > 1 else norms2
-        return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(scores.shape)
+        return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(
+            scores.shape
+        )
 
 
 def teacher_forced(reader, prompt: list[int], tokens: list[int], k: int) -> list[Candidates]:
@@ -74,30 +76,50 @@ def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=
     return np.stack(rows)
 
 
-def logit_tolerance(model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float,
-                    exact: np.ndarray | None = None, stored: float = U32) -> np.ndarray:
+def logit_tolerance(
+    model64: Model,
+    prompt: list[int],
+    tokens: list[int],
+    metric: str,
+    u: float,
+    exact: np.ndarray | None = None,
+    stored: float = U32,
+) -> np.ndarray:
     """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
     (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way)."""
     exact = forced_logits(model64, prompt, tokens) if exact is None else exact
-    moved = [np.abs(forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored))
-                    - exact).max(1) for seed in range(PATTERNS)]
+    moved = [
+        np.abs(
+            forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored)) - exact
+        ).max(1)
+        for seed in range(PATTERNS)
+    ]
     return SAFETY * np.max(moved, axis=0)
 
 
-def forced_comparison(reader, model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float,
-                      k: int = 40) -> dict:
+def forced_comparison(
+    reader, model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float, k: int = 40
+) -> dict:
     """A store's reader and float64 numpy fed the same tokens: the rule at every step, the derived
     tolerance and the largest error seen."""
     cands = teacher_forced(reader, prompt, tokens, k)
     exact = forced_logits(model64, prompt, tokens)
     tol = logit_tolerance(model64, prompt, tokens, metric, u, exact)
-    broken = [f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)]
-    return {"candidates": cands, "exact": exact, "tol": tol, "violations": broken,
-            "max_error": np.array([max_error(c, row) for c, row in zip(cands, exact)])}
+    broken = [
+        f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)
+    ]
+    return {
+        "candidates": cands,
+        "exact": exact,
+        "tol": tol,
+        "violations": broken,
+        "max_error": np.array([max_error(c, row) for c, row in zip(cands, exact)]),
+    }
 
 
-def block_tolerance(model64: Model, ids: list[int], metric: str, u: float,
-                    stored: float = U32) -> tuple[np.ndarray, np.ndarray]:
+def block_tolerance(
+    model64: Model, ids: list[int], metric: str, u: float, stored: float = U32
+) -> tuple[np.ndarray, np.ndarray]:
     """float64 numpy's logits [positions, vocab] for one block of ids, and the tolerance per position
     (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way)."""
     exact = Reference(model64, np.float64).logits(ids)
@@ -114,14 +136,20 @@ def disagreements(c: Candidates, ref: np.ndarray, k: int, tol: float) -> list[st
     ids, got = np.asarray(c.ids, np.int64), np.asarray(c.logits, np.float64)
     want, k = ref[ids], min(k, len(ref))
     out = [] if len(ids) == k else [f"{len(ids)} candidates, not {k}"]
-    out += [f"token {ids[i]}: logit {got[i]:.9g}, numpy {want[i]:.9g}, error above {tol:.3g}"
-            for i in np.flatnonzero(np.abs(got - want) > tol)]
+    out += [
+        f"token {ids[i]}: logit {got[i]:.9g}, numpy {want[i]:.9g}, error above {tol:.3g}"
+        for i in np.flatnonzero(np.abs(got - want) > tol)
+    ]
     before = np.triu(want[None, :] - want[:, None] > 2 * tol, 1)  # [i, j]: i ranked first, numpy's j higher
-    out += [f"token {ids[i]} before {ids[j]}, numpy {want[i]:.9g} < {want[j]:.9g} by over 2 tol"
-            for i, j in np.argwhere(before)]
+    out += [
+        f"token {ids[i]} before {ids[j]}, numpy {want[i]:.9g} < {want[j]:.9g} by over 2 tol"
+        for i, j in np.argwhere(before)
+    ]
     kth = np.partition(ref, len(ref) - k)[len(ref) - k]
-    out += [f"token {ids[i]}: numpy {want[i]:.9g}, more than 2 tol below numpy's k-th {kth:.9g}"
-            for i in np.flatnonzero(want < kth - 2 * tol)]
+    out += [
+        f"token {ids[i]}: numpy {want[i]:.9g}, more than 2 tol below numpy's k-th {kth:.9g}"
+        for i in np.flatnonzero(want < kth - 2 * tol)
+    ]
     return out
 
 
@@ -148,7 +176,7 @@ def sure_draw(ref: np.ndarray, u: float, temperature: float, k: int, tol: float)
     sorted list moves by at most what each entry moves), so its CDF over ranks, F = A / (A + B),
     is within F (1 - F) (e^(2 tol / T) - 1) <= (e^(2 tol / T) - 1) / 4 of numpy's; and its token at
     the drawn rank is numpy's if that token's logit stands more than 2 tol from both neighbours."""
-    order = np.lexsort((np.arange(len(ref)), -ref))[:k + 1]  # numpy's top k + 1, best first
+    order = np.lexsort((np.arange(len(ref)), -ref))[: k + 1]  # numpy's top k + 1, best first
     top = ref[order]
     z = top[:k] / temperature
     cdf = np.cumsum(np.exp(z - z.max()))

@@ -33,11 +33,18 @@ class HParams:
 
     def config_json(self) -> dict:
         return {
-            "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
-            "n_layer": self.n_layer, "n_head": self.n_head, "n_embd": self.n_embd,
-            "n_positions": self.n_ctx, "n_ctx": self.n_ctx, "vocab_size": self.n_vocab,
-            "layer_norm_epsilon": self.eps, "activation_function": "gelu_new",
-            "bos_token_id": 50256, "eos_token_id": 50256,
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_embd": self.n_embd,
+            "n_positions": self.n_ctx,
+            "n_ctx": self.n_ctx,
+            "vocab_size": self.n_vocab,
+            "layer_norm_epsilon": self.eps,
+            "activation_function": "gelu_new",
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
         }
 
 
@@ -62,11 +69,18 @@ def expected_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
     d, shapes = hp.n_embd, {"wte.weight": (hp.n_vocab, hp.n_embd), "wpe.weight": (hp.n_ctx, hp.n_embd)}
     for i in range(hp.n_layer):
         for name, shape in {
-            "ln_1.weight": (d,), "ln_1.bias": (d,), "ln_2.weight": (d,), "ln_2.bias": (d,),
-            "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
-            "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
-            "mlp.c_fc.weight": (d, 4 * d), "mlp.c_fc.bias": (4 * d,),
-            "mlp.c_proj.weight": (4 * d, d), "mlp.c_proj.bias": (d,),
+            "ln_1.weight": (d,),
+            "ln_1.bias": (d,),
+            "ln_2.weight": (d,),
+            "ln_2.bias": (d,),
+            "attn.c_attn.weight": (d, 3 * d),
+            "attn.c_attn.bias": (3 * d,),
+            "attn.c_proj.weight": (d, d),
+            "attn.c_proj.bias": (d,),
+            "mlp.c_fc.weight": (d, 4 * d),
+            "mlp.c_fc.bias": (4 * d,),
+            "mlp.c_proj.weight": (4 * d, d),
+            "mlp.c_proj.bias": (d,),
         }.items():
             shapes[f"h.{i}.{name}"] = shape
     shapes["ln_f.weight"] = shapes["ln_f.bias"] = (d,)
@@ -76,8 +90,11 @@ def expected_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
 def read_hparams(config: dict, where: str) -> HParams:
     try:
         hp = HParams(
-            n_layer=int(config["n_layer"]), n_head=int(config["n_head"]), n_embd=int(config["n_embd"]),
-            n_ctx=int(config.get("n_positions", config.get("n_ctx"))), n_vocab=int(config["vocab_size"]),
+            n_layer=int(config["n_layer"]),
+            n_head=int(config["n_head"]),
+            n_embd=int(config["n_embd"]),
+            n_ctx=int(config.get("n_positions", config.get("n_ctx"))),
+            n_vocab=int(config["vocab_size"]),
             eps=float(config.get("layer_norm_epsilon", 1e-5)),
         )
     except (KeyError, TypeError, ValueError) as e:
@@ -101,7 +118,9 @@ def resolve(model: str | None) -> Path:
         raise VecgptError(f"{model}: no such model folder (a GPT-2 folder holds config.json and model.safetensors)")
     close = difflib.get_close_matches(model, shipped_names(), n=1, cutoff=0.75) if "/" not in model else []
     if close:  # a typo of a shipped name is not sent to the hub
-        raise VecgptError(f"no model {model!r}; did you mean {close[0]!r}? Shipped models: {', '.join(shipped_names())}")
+        raise VecgptError(
+            f"no model {model!r}; did you mean {close[0]!r}? Shipped models: {', '.join(shipped_names())}"
+        )
     return download(model)
 
 
@@ -154,7 +173,9 @@ def check_tensors(tensors: dict[str, np.ndarray], hp: HParams, where: str) -> di
     shapes = expected_shapes(hp)
     missing = sorted(set(shapes) - set(flat))
     if missing:
-        raise VecgptError(f"{where}: missing tensor {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        raise VecgptError(
+            f"{where}: missing tensor {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
     extra = sorted(set(flat) - set(shapes))
     if extra:
         raise VecgptError(f"{where}: unexpected tensor {extra[0]} (not part of GPT-2 with {hp.n_layer} layers)")
@@ -229,12 +250,20 @@ def make_params(hp: HParams, seed: int = 0) -> dict:
         return {"weight": normal((n_in, n_out), s), "bias": normal((n_out,), s)}
 
     blocks = [
-        {"ln_1": ln(), "attn": {"c_attn": dense(d, 3 * d), "c_proj": dense(d, d, res_std)},
-         "ln_2": ln(), "mlp": {"c_fc": dense(d, 4 * d), "c_proj": dense(4 * d, d, res_std)}}
+        {
+            "ln_1": ln(),
+            "attn": {"c_attn": dense(d, 3 * d), "c_proj": dense(d, d, res_std)},
+            "ln_2": ln(),
+            "mlp": {"c_fc": dense(d, 4 * d), "c_proj": dense(4 * d, d, res_std)},
+        }
         for _ in range(hp.n_layer)
     ]
-    return {"wte": {"weight": normal((hp.n_vocab, d))}, "wpe": {"weight": normal((hp.n_ctx, d), 0.01)},
-            "h": blocks, "ln_f": ln()}
+    return {
+        "wte": {"weight": normal((hp.n_vocab, d))},
+        "wpe": {"weight": normal((hp.n_ctx, d), 0.01)},
+        "h": blocks,
+        "ln_f": ln(),
+    }
 
 
 def make_model(out: str | Path, hp: HParams, seed: int = 0) -> Path:

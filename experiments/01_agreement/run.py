@@ -43,12 +43,16 @@ from common.tracing import NumpyReader, stack_trace, traced, traced_reference
 
 NAME = "agreement"
 HELP = "greedy tokens, top-40 sets, logit and per-layer errors of every store against numpy float64"
-DEFAULT_PROMPTS = ["ROMEO:", "The history of the vector database begins",
-                   "First Citizen:\nBefore we proceed any further, hear me speak."]
+DEFAULT_PROMPTS = [
+    "ROMEO:",
+    "The history of the vector database begins",
+    "First Citizen:\nBefore we proceed any further, hear me speak.",
+]
 TIE_FACTOR, TIE_FLOOR = 2.0, 1e-3
 
 
 # ---------------------------------------------------------------- metric functions (pure)
+
 
 def first_divergence(tokens, ref_tokens) -> int | None:
     """The first step where the tokens differ from the reference's, or None if they agree throughout."""
@@ -102,12 +106,17 @@ def residual_error(layers, ref_layers) -> list[dict]:
     for x, r in zip(layers, ref_layers):
         d = np.asarray(x, np.float64) - np.asarray(r, np.float64)
         norm = float(np.linalg.norm(r))
-        out.append({"max_abs": float(np.abs(d).max()) if d.size else 0.0,
-                    "relative": float(np.linalg.norm(d)) / norm if norm else 0.0})
+        out.append(
+            {
+                "max_abs": float(np.abs(d).max()) if d.size else 0.0,
+                "relative": float(np.linalg.norm(d)) / norm if norm else 0.0,
+            }
+        )
     return out
 
 
 # ---------------------------------------------------------------- the experiment
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_arguments(p, NAME)
@@ -152,18 +161,32 @@ def score(cands, residual, ref, k) -> dict:
     ref_ids = [top_k(r, k).ids for r in ref["logits"]]
     overlap = [topk_overlap(i, r) for (i, _), r in zip(cands, ref_ids)]
     missing = [[rank for rank, t in enumerate(r, 1) if t not in set(i.tolist())] for (i, _), r in zip(cands, ref_ids)]
-    out = {"own_tokens": own, "ref_tokens": ref["tokens"], "identical_steps": len(own) if div is None else div,
-           "first_divergence": div, "agreeing_steps": sum(a == b for a, b in zip(own, ref["tokens"])),
-           "topk_overlap": overlap, "missing_reference_ranks": missing, "logit_error_max_by_step": [float(e.max()) for e in errs],
-           "logit_error_mean_by_step": [float(e.mean()) for e in errs],
-           "logit_error_max": float(max(e.max() for e in errs)),
-           "logit_error_mean": float(np.mean(np.concatenate(errs))),
-           "residual_error": residual_error(residual, ref["residual"])}
+    out = {
+        "own_tokens": own,
+        "ref_tokens": ref["tokens"],
+        "identical_steps": len(own) if div is None else div,
+        "first_divergence": div,
+        "agreeing_steps": sum(a == b for a, b in zip(own, ref["tokens"])),
+        "topk_overlap": overlap,
+        "missing_reference_ranks": missing,
+        "logit_error_max_by_step": [float(e.max()) for e in errs],
+        "logit_error_mean_by_step": [float(e.mean()) for e in errs],
+        "logit_error_max": float(max(e.max() for e in errs)),
+        "logit_error_mean": float(np.mean(np.concatenate(errs))),
+        "residual_error": residual_error(residual, ref["residual"]),
+    }
     if div is not None:
         gap, err = top2_gap(ref["logits"][div]), typical_error(out["logit_error_max_by_step"])
-        out["divergence"] = {"step": div, "reference_top2_gap": gap, "typical_logit_error": err,
-                             "logit_error_at_step": float(errs[div].max()), "threshold": tie_threshold(err),
-                             "near_tie": near_tie(gap, err), "reference_token": ref["tokens"][div], "token": own[div]}
+        out["divergence"] = {
+            "step": div,
+            "reference_top2_gap": gap,
+            "typical_logit_error": err,
+            "logit_error_at_step": float(errs[div].max()),
+            "threshold": tie_threshold(err),
+            "near_tie": near_tie(gap, err),
+            "reference_token": ref["tokens"][div],
+            "token": own[div],
+        }
     return out
 
 
@@ -171,9 +194,11 @@ def summarize_subject(label, metric, per_prompt, n_layer) -> dict:
     divs = [p["divergence"] for p in per_prompt if "divergence" in p]
     res = [[p["residual_error"][layer] for p in per_prompt] for layer in range(n_layer + 1)]
     return {
-        "subject": label, "metric": metric,
+        "subject": label,
+        "metric": metric,
         "identical_steps": [p["identical_steps"] for p in per_prompt],
-        "divergences": len(divs), "near_ties": sum(d["near_tie"] for d in divs),
+        "divergences": len(divs),
+        "near_ties": sum(d["near_tie"] for d in divs),
         "topk_overlap_mean": float(np.mean([o for p in per_prompt for o in p["topk_overlap"]])),
         "topk_overlap_min": float(min(o for p in per_prompt for o in p["topk_overlap"])),
         "logit_error_max": max(p["logit_error_max"] for p in per_prompt),
@@ -184,19 +209,25 @@ def summarize_subject(label, metric, per_prompt, n_layer) -> dict:
 
 
 def table_rows(summaries, n) -> list[dict]:
-    return [{"subject": s["subject"],
-             f"identical steps (of {n}) per prompt": ", ".join(map(str, s["identical_steps"])),
-             "divergences (near ties)": f"{s['divergences']} ({s['near_ties']})",
-             "top-k overlap mean / min": f"{s['topk_overlap_mean']:.3f} / {s['topk_overlap_min']:.3f}",
-             "logit err max": f"{s['logit_error_max']:.2e}", "logit err mean": f"{s['logit_error_mean']:.2e}",
-             "residual err, last layer (max abs / rel)":
-                 f"{s['residual_max_abs_by_layer'][-1]:.2e} / {s['residual_relative_by_layer'][-1]:.2e}"}
-            for s in summaries]
+    return [
+        {
+            "subject": s["subject"],
+            f"identical steps (of {n}) per prompt": ", ".join(map(str, s["identical_steps"])),
+            "divergences (near ties)": f"{s['divergences']} ({s['near_ties']})",
+            "top-k overlap mean / min": f"{s['topk_overlap_mean']:.3f} / {s['topk_overlap_min']:.3f}",
+            "logit err max": f"{s['logit_error_max']:.2e}",
+            "logit err mean": f"{s['logit_error_mean']:.2e}",
+            "residual err, last layer (max abs / rel)": f"{s['residual_max_abs_by_layer'][-1]:.2e} / {s['residual_relative_by_layer'][-1]:.2e}",
+        }
+        for s in summaries
+    ]
 
 
 def plot(summaries, path: Path, title: str) -> Path:
-    curves = [(s["subject"], np.arange(len(s["residual_max_abs_by_layer"])), s["residual_max_abs_by_layer"])
-              for s in summaries]
+    curves = [
+        (s["subject"], np.arange(len(s["residual_max_abs_by_layer"])), s["residual_max_abs_by_layer"])
+        for s in summaries
+    ]
     return log_error_plot(curves, path, "layer (0 = embedding)", "max |residual - float64 numpy|", title)
 
 
@@ -249,8 +280,9 @@ def store_subject(v, model, prompts, refs, args) -> list[dict]:
         session = engine.open()
         trace = traced(session)
         try:
-            scores.append(score(forced_run(session, ids, ref["tokens"], args.top_k), stack_trace(trace), ref,
-                                args.top_k))
+            scores.append(
+                score(forced_run(session, ids, ref["tokens"], args.top_k), stack_trace(trace), ref, args.top_k)
+            )
         finally:
             session.close()
     v.stats["run_s"] = time.perf_counter() - t
@@ -267,22 +299,40 @@ def write(out, args, model, vs, prompts, refs, subjects) -> None:
     n, k = args.n, args.top_k
     summaries = [summarize_subject(label, metric, pp, model.hparams.n_layer) for label, metric, pp in subjects]
     rows, what = table_rows(summaries, n), model_label(model, args.model)
-    near_tie = (f"reference top-2 gap at the divergence < max({TIE_FACTOR} x the subject's typical logit error "
-                f"(median over the prompt's steps of the largest top-k error), {TIE_FLOOR})")
+    near_tie = (
+        f"reference top-2 gap at the divergence < max({TIE_FACTOR} x the subject's typical logit error "
+        f"(median over the prompt's steps of the largest top-k error), {TIE_FLOOR})"
+    )
     data = {
-        "experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
+        "experiment": NAME,
+        "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
         "settings": {"prompts": args.prompts, "n": n, "top_k": k, "near_tie": near_tie, "teacher_forced": True},
         "variants": [{**describe_variant(v), **v.stats} for v in vs],
-        "prompts": [{"prompt": p, "ids": ids, "reference_tokens": r["tokens"],
-                     "reference_text": tokenizer.decode(r["tokens"]),
-                     "reference_top2_gap_by_step": [top2_gap(row) for row in r["logits"]]}
-                    for (p, ids), r in zip(prompts, refs)],
-        "summary": summaries, "per_prompt": {label: pp for label, _, pp in subjects}, "table": rows,
+        "prompts": [
+            {
+                "prompt": p,
+                "ids": ids,
+                "reference_tokens": r["tokens"],
+                "reference_text": tokenizer.decode(r["tokens"]),
+                "reference_top2_gap_by_step": [top2_gap(row) for row in r["logits"]],
+            }
+            for (p, ids), r in zip(prompts, refs)
+        ],
+        "summary": summaries,
+        "per_prompt": {label: pp for label, _, pp in subjects},
+        "table": rows,
     }
-    header = (f"Agreement with numpy float64, {len(prompts)} prompts x {n} greedy steps (teacher-forced), "
-              f"top-{k}; model {what}\n\n")
-    publish(out, "agreement", data, header + markdown_table(rows),
-            lambda path: plot(summaries, path, f"residual stream error per layer\n{what}"))
+    header = (
+        f"Agreement with numpy float64, {len(prompts)} prompts x {n} greedy steps (teacher-forced), "
+        f"top-{k}; model {what}\n\n"
+    )
+    publish(
+        out,
+        "agreement",
+        data,
+        header + markdown_table(rows),
+        lambda path: plot(summaries, path, f"residual stream error per layer\n{what}"),
+    )
 
 
 if __name__ == "__main__":

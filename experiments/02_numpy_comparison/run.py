@@ -63,10 +63,18 @@ def summary_row(label, metric, cands, ref_full, tokens, ref_tokens) -> dict:
     err = np.abs(np.array([x for _, x in cands]) - ref_full[ids])
     ref_ids = [int(t) for t, _ in ref_top(ref_full, len(ids))]
     same = identical_prefix(tokens, ref_tokens)
-    return {"subject": label, "metric": metric, "max_abs_error": float(err.max()), "mean_abs_error": float(err.mean()),
-            "same_top_set": set(ids.tolist()) == set(ref_ids), "same_order": ids.tolist() == ref_ids,
-            f"first_{WRITEUP_IDENTICAL}_identical": same >= min(WRITEUP_IDENTICAL, len(ref_tokens)),
-            "identical_steps": same, "steps": len(ref_tokens), "tokens": [int(t) for t in tokens]}
+    return {
+        "subject": label,
+        "metric": metric,
+        "max_abs_error": float(err.max()),
+        "mean_abs_error": float(err.mean()),
+        "same_top_set": set(ids.tolist()) == set(ref_ids),
+        "same_order": ids.tolist() == ref_ids,
+        f"first_{WRITEUP_IDENTICAL}_identical": same >= min(WRITEUP_IDENTICAL, len(ref_tokens)),
+        "identical_steps": same,
+        "steps": len(ref_tokens),
+        "tokens": [int(t) for t in tokens],
+    }
 
 
 def ref_top(full, k):
@@ -137,23 +145,49 @@ def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
 
     (ref_cands, ref_gen), n, k = ref, args.n, args.top_k
     scores, what = side_by_side(ref_cands, subjects), model_label(model, args.model)
-    score_rows = [{"rank": r["rank"], "token": r["token"], "text": repr(tokenizer.decode([r["token"]])),
-                   "numpy float64": f"{r['numpy float64']:.6f}",
-                   **{label: ("-" if r[label] is None else f"{r[label]:.6f}") for label in subjects}} for r in scores]
-    rows = [{"subject": s["subject"], "max abs err (40 scores)": f"{s['max_abs_error']:.2e}",
-             "same top-40 set / order": f"{s['same_top_set']} / {s['same_order']}",
-             f"first {WRITEUP_IDENTICAL} identical": s[f"first_{WRITEUP_IDENTICAL}_identical"],
-             f"identical greedy steps (of {n})": s["identical_steps"]} for s in summaries]
-    data = {"experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
-            "settings": {"prompt": args.prompt, "prompt_ids": ids, "n": n, "top_k": k, "free_running": True},
-            "variants": [{**describe_variant(v), **v.stats} for v in vs],
-            "numpy_float64": {"candidates": ref_cands, "tokens": ref_gen.tokens, "text": ref_gen.text},
-            "scores": scores, "summary": summaries, "table": rows}
+    score_rows = [
+        {
+            "rank": r["rank"],
+            "token": r["token"],
+            "text": repr(tokenizer.decode([r["token"]])),
+            "numpy float64": f"{r['numpy float64']:.6f}",
+            **{label: ("-" if r[label] is None else f"{r[label]:.6f}") for label in subjects},
+        }
+        for r in scores
+    ]
+    rows = [
+        {
+            "subject": s["subject"],
+            "max abs err (40 scores)": f"{s['max_abs_error']:.2e}",
+            "same top-40 set / order": f"{s['same_top_set']} / {s['same_order']}",
+            f"first {WRITEUP_IDENTICAL} identical": s[f"first_{WRITEUP_IDENTICAL}_identical"],
+            f"identical greedy steps (of {n})": s["identical_steps"],
+        }
+        for s in summaries
+    ]
+    data = {
+        "experiment": NAME,
+        "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
+        "settings": {"prompt": args.prompt, "prompt_ids": ids, "n": n, "top_k": k, "free_running": True},
+        "variants": [{**describe_variant(v), **v.stats} for v in vs],
+        "numpy_float64": {"candidates": ref_cands, "tokens": ref_gen.tokens, "text": ref_gen.text},
+        "scores": scores,
+        "summary": summaries,
+        "table": rows,
+    }
     header = f"Prompt {args.prompt!r} ({len(ids)} tokens); model {what}\n\n"
-    md = (header + markdown_table(rows) + f"\n\nnumpy float64 greedy: {ref_gen.text!r}\n\nThe {k} scores after the "
-          f"prompt, keyed by numpy float64's ranking ('-': outside that subject's top {k}):\n\n" + markdown_table(score_rows))
-    publish(out, "numpy_comparison", data, md,
-            lambda path: plot(ref_cands, subjects, path, f"scores after the prompt vs numpy float64\n{what}"))
+    md = (
+        header + markdown_table(rows) + f"\n\nnumpy float64 greedy: {ref_gen.text!r}\n\nThe {k} scores after the "
+        f"prompt, keyed by numpy float64's ranking ('-': outside that subject's top {k}):\n\n"
+        + markdown_table(score_rows)
+    )
+    publish(
+        out,
+        "numpy_comparison",
+        data,
+        md,
+        lambda path: plot(ref_cands, subjects, path, f"scores after the prompt vs numpy float64\n{what}"),
+    )
 
 
 if __name__ == "__main__":

@@ -126,33 +126,64 @@ def measure(v, model, args) -> dict:
     finally:
         store.close()
     kinds = by_kind(stats)
-    return {"subject": v.label, "config": v.config_path, "metric": v.config.metric, "load_s": load_s,
-            "documents": sum(k["documents"] for k in kinds.values()),
-            "bytes": sum(k["bytes"] for k in kinds.values()), "disk_bytes": disk,
-            "by_kind": kinds, "collections": stats, "planned": planned(model, v.config.metric)}
+    return {
+        "subject": v.label,
+        "config": v.config_path,
+        "metric": v.config.metric,
+        "load_s": load_s,
+        "documents": sum(k["documents"] for k in kinds.values()),
+        "bytes": sum(k["bytes"] for k in kinds.values()),
+        "disk_bytes": disk,
+        "by_kind": kinds,
+        "collections": stats,
+        "planned": planned(model, v.config.metric),
+    }
 
 
 def write(out, args, model, vs, results) -> None:
     """storage.json, .md and .png in out; the tables on stdout."""
     from common.record import markdown_table, provenance, publish
 
-    rows = [{"subject": r["subject"], "documents": f"{r['documents']:,}", "MB held": f"{r['bytes'] / 1e6:,.1f}",
-             "MB on disk": "-" if r["disk_bytes"] is None else f"{r['disk_bytes'] / 1e6:,.1f}",
-             "planned documents / MB (float32)": f"{sum(k['documents'] for k in r['planned'].values()):,} / "
-                                                  f"{sum(k['bytes'] for k in r['planned'].values()) / 1e6:,.1f}",
-             "load s": f"{r['load_s']:.1f}",
-             "documents / s": f"{r['documents'] / r['load_s']:,.0f}" if r["load_s"] else "-"} for r in results]
-    kind_rows = [{"kind": kind, "collections": r0["by_kind"][kind]["collections"],
-                  "documents": f"{r0['by_kind'][kind]['documents']:,}",
-                  **{f"{r['subject']} MB": f"{r['by_kind'].get(kind, {}).get('bytes', 0) / 1e6:,.2f}" for r in results}}
-                 for r0 in results[:1] for kind in r0["by_kind"]]
+    rows = [
+        {
+            "subject": r["subject"],
+            "documents": f"{r['documents']:,}",
+            "MB held": f"{r['bytes'] / 1e6:,.1f}",
+            "MB on disk": "-" if r["disk_bytes"] is None else f"{r['disk_bytes'] / 1e6:,.1f}",
+            "planned documents / MB (float32)": f"{sum(k['documents'] for k in r['planned'].values()):,} / "
+            f"{sum(k['bytes'] for k in r['planned'].values()) / 1e6:,.1f}",
+            "load s": f"{r['load_s']:.1f}",
+            "documents / s": f"{r['documents'] / r['load_s']:,.0f}" if r["load_s"] else "-",
+        }
+        for r in results
+    ]
+    kind_rows = [
+        {
+            "kind": kind,
+            "collections": r0["by_kind"][kind]["collections"],
+            "documents": f"{r0['by_kind'][kind]['documents']:,}",
+            **{f"{r['subject']} MB": f"{r['by_kind'].get(kind, {}).get('bytes', 0) / 1e6:,.2f}" for r in results},
+        }
+        for r0 in results[:1]
+        for kind in r0["by_kind"]
+    ]
     what = model_label(model, args.model)
-    data = {"experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
-            "writeup_gpt2_small": WRITEUP, "variants": [describe_variant(v) for v in vs], "results": results,
-            "table": rows, "by_kind_table": kind_rows}
-    md = (f"Storage after a fresh load; model {what}. The write-up (GPT-2 small): "
-          f"{WRITEUP['documents']:,} documents, {WRITEUP['megabytes']} MB.\n\n" + markdown_table(rows)
-          + "\n\nBy kind:\n\n" + (markdown_table(kind_rows) if kind_rows else "(nothing stored)"))
+    data = {
+        "experiment": NAME,
+        "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
+        "writeup_gpt2_small": WRITEUP,
+        "variants": [describe_variant(v) for v in vs],
+        "results": results,
+        "table": rows,
+        "by_kind_table": kind_rows,
+    }
+    md = (
+        f"Storage after a fresh load; model {what}. The write-up (GPT-2 small): "
+        f"{WRITEUP['documents']:,} documents, {WRITEUP['megabytes']} MB.\n\n"
+        + markdown_table(rows)
+        + "\n\nBy kind:\n\n"
+        + (markdown_table(kind_rows) if kind_rows else "(nothing stored)")
+    )
     publish(out, "storage", data, md, lambda path: plot(results, path, f"bytes held by kind\n{what}"))
 
 

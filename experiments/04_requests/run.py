@@ -42,20 +42,29 @@ def per_token_counts(summary: dict) -> dict:
     tokens = summary["per_token"]
 
     def counts(t):
-        return {"requests": t["total"], "subqueries": t["subqueries"], "round_trips": t["round_trips"],
-                "round_trips_sequential": t["total"],
-                "requests_by_kind": t["by_kind"], "subqueries_by_kind": t["subqueries_by_kind"],
-                "round_trips_by_kind": t["round_trips_by_kind"], "seconds": t["seconds"]}
+        return {
+            "requests": t["total"],
+            "subqueries": t["subqueries"],
+            "round_trips": t["round_trips"],
+            "round_trips_sequential": t["total"],
+            "requests_by_kind": t["by_kind"],
+            "subqueries_by_kind": t["subqueries_by_kind"],
+            "round_trips_by_kind": t["round_trips_by_kind"],
+            "seconds": t["seconds"],
+        }
 
     first = counts(tokens[0])
     rest = [counts(t) for t in tokens[1:]]
     mean = None
     if rest:
-        mean = {key: float(np.mean([r[key] for r in rest]))
-                for key in ("requests", "subqueries", "round_trips", "round_trips_sequential", "seconds")}
+        mean = {
+            key: float(np.mean([r[key] for r in rest]))
+            for key in ("requests", "subqueries", "round_trips", "round_trips_sequential", "seconds")
+        }
         for key in ("requests_by_kind", "subqueries_by_kind", "round_trips_by_kind"):
-            mean[key] = {k: float(np.mean([r[key].get(k, 0) for r in rest])) for k in KINDS
-                         if any(k in r[key] for r in rest)}
+            mean[key] = {
+                k: float(np.mean([r[key].get(k, 0) for r in rest])) for k in KINDS if any(k in r[key] for r in rest)
+            }
     return {"first_token": first, "per_generated_token": mean, "generated_tokens": len(rest)}
 
 
@@ -65,15 +74,25 @@ def plot(results, path: Path, title: str) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(10, 0.5 * len(rows) + 2.2), sharey=True)
     labels = [f"{r['subject']}, {r['prompt_mode']}" for r in rows]
     colors = dict(zip(KINDS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
-    for ax, which, name in ((axes[0], "first_token", "first token"), (axes[1], "per_generated_token", "per generated token")):
+    for ax, which, name in (
+        (axes[0], "first_token", "first token"),
+        (axes[1], "per_generated_token", "per generated token"),
+    ):
         left = np.zeros(len(rows))
         for kind in KINDS:
             v = np.array([r[which]["requests_by_kind"].get(kind, 0) for r in rows], float)
             if v.any():
                 ax.barh(labels, v, left=left, label=kind, color=colors[kind])
                 left += v
-        ax.scatter([r[which]["round_trips"] for r in rows], labels, marker="|", s=300, c="k",
-                   label="round trips, batched", zorder=3)
+        ax.scatter(
+            [r[which]["round_trips"] for r in rows],
+            labels,
+            marker="|",
+            s=300,
+            c="k",
+            label="round trips, batched",
+            zorder=3,
+        )
         ax.set_title(f"{name}: requests by kind (bars)", fontsize=9)
     handles = {h.get_label(): h for ax in axes for h in ax.get_legend_handles_labels()[0]}
     fig.legend(handles.values(), handles.keys(), fontsize=7, ncol=7, loc="lower center")
@@ -119,9 +138,16 @@ def count(v, model, ids, args) -> list[dict]:
                 gen = generate(session, ids, args.n, top_k=engine.top_k, stop=False)
             finally:
                 session.close()
-            results.append({"subject": v.label, "config": v.config_path, "metric": v.config.metric,
-                            "prompt_mode": "prompt as a block" if block else "prompt token by token",
-                            "tokens": gen.tokens, **per_token_counts(session.meter.summary())})
+            results.append(
+                {
+                    "subject": v.label,
+                    "config": v.config_path,
+                    "metric": v.config.metric,
+                    "prompt_mode": "prompt as a block" if block else "prompt token by token",
+                    "tokens": gen.tokens,
+                    **per_token_counts(session.meter.summary()),
+                }
+            )
     finally:
         engine.store.close()
     return results
@@ -133,24 +159,36 @@ def number(x) -> str:
 
 def table_rows(results) -> list[dict]:
     f = number
-    return [{"subject": r["subject"], "prompt": r["prompt_mode"].replace("prompt ", ""),
-             "first token: requests / subqueries": f"{r['first_token']['requests']} / {r['first_token']['subqueries']}",
-             "first token: round trips batched / sequential":
-                 f"{r['first_token']['round_trips']} / {r['first_token']['round_trips_sequential']}",
-             "per token: requests / subqueries":
-                 f"{f(r['per_generated_token']['requests'])} / {f(r['per_generated_token']['subqueries'])}",
-             "per token: round trips batched / sequential":
-                 f"{f(r['per_generated_token']['round_trips'])} / {f(r['per_generated_token']['round_trips_sequential'])}"}
-            for r in results]
+    return [
+        {
+            "subject": r["subject"],
+            "prompt": r["prompt_mode"].replace("prompt ", ""),
+            "first token: requests / subqueries": f"{r['first_token']['requests']} / {r['first_token']['subqueries']}",
+            "first token: round trips batched / sequential": f"{r['first_token']['round_trips']} / {r['first_token']['round_trips_sequential']}",
+            "per token: requests / subqueries": f"{f(r['per_generated_token']['requests'])} / {f(r['per_generated_token']['subqueries'])}",
+            "per token: round trips batched / sequential": f"{f(r['per_generated_token']['round_trips'])} / {f(r['per_generated_token']['round_trips_sequential'])}",
+        }
+        for r in results
+    ]
 
 
 def kind_table(results) -> list[dict]:
     f, block_rows = number, [r for r in results if r["prompt_mode"] == "prompt as a block"]
-    return [{"kind": kind, **{r["subject"]: "{} / {} / {}".format(
-        f(r["per_generated_token"]["requests_by_kind"].get(kind, 0)),
-        f(r["per_generated_token"]["subqueries_by_kind"].get(kind, 0)),
-        f(r["per_generated_token"]["round_trips_by_kind"].get(kind, 0))) for r in block_rows}}
-        for kind in KINDS if any(kind in r["per_generated_token"]["requests_by_kind"] for r in block_rows)]
+    return [
+        {
+            "kind": kind,
+            **{
+                r["subject"]: "{} / {} / {}".format(
+                    f(r["per_generated_token"]["requests_by_kind"].get(kind, 0)),
+                    f(r["per_generated_token"]["subqueries_by_kind"].get(kind, 0)),
+                    f(r["per_generated_token"]["round_trips_by_kind"].get(kind, 0)),
+                )
+                for r in block_rows
+            },
+        }
+        for kind in KINDS
+        if any(kind in r["per_generated_token"]["requests_by_kind"] for r in block_rows)
+    ]
 
 
 def write(out, args, model, vs, ids, results) -> None:
@@ -159,15 +197,29 @@ def write(out, args, model, vs, ids, results) -> None:
 
     rows, kind_rows = table_rows(results), kind_table(results)
     what = model_label(model, args.model)
-    data = {"experiment": NAME, "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
-            "settings": {"prompt": args.prompt, "prompt_ids": ids, "n": args.n,
-                         "sequential": "one round trip per request (a client without the engine's batching)"},
-            "writeup": WRITEUP, "variants": [describe_variant(v) for v in vs], "results": results,
-            "table": rows, "by_kind_table": kind_rows}
-    md = (f"Prompt {args.prompt!r} ({len(ids)} tokens), {args.n} tokens generated; per token = mean over the "
-          f"{args.n - 1} after the first; model {what}. The write-up: {WRITEUP['requests_per_token']} requests per "
-          f"token, {WRITEUP['first_token']} for the first, one after another.\n\n" + markdown_table(rows)
-          + "\n\nPer generated token by kind (requests / subqueries / round trips batched):\n\n" + markdown_table(kind_rows))
+    data = {
+        "experiment": NAME,
+        "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
+        "settings": {
+            "prompt": args.prompt,
+            "prompt_ids": ids,
+            "n": args.n,
+            "sequential": "one round trip per request (a client without the engine's batching)",
+        },
+        "writeup": WRITEUP,
+        "variants": [describe_variant(v) for v in vs],
+        "results": results,
+        "table": rows,
+        "by_kind_table": kind_rows,
+    }
+    md = (
+        f"Prompt {args.prompt!r} ({len(ids)} tokens), {args.n} tokens generated; per token = mean over the "
+        f"{args.n - 1} after the first; model {what}. The write-up: {WRITEUP['requests_per_token']} requests per "
+        f"token, {WRITEUP['first_token']} for the first, one after another.\n\n"
+        + markdown_table(rows)
+        + "\n\nPer generated token by kind (requests / subqueries / round trips batched):\n\n"
+        + markdown_table(kind_rows)
+    )
     publish(out, "requests", data, md, lambda path: plot(results, path, f"requests per token\n{what}"))
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 # ---------------------------------------------------------------- data shared by every setting
 
+
 def frequent_tokens(cfg, n_vocab) -> np.ndarray:
     from vecgpt import tokenizer
 
@@ -30,14 +31,14 @@ def exact_top(H, W, k=40, targets=None):
     W64 = W.astype(np.float64)
     tops, lse, tl = [], [], []
     for s in range(0, len(H), 64):
-        L = H[s:s + 64].astype(np.float64) @ W64.T  # [c, V]
+        L = H[s : s + 64].astype(np.float64) @ W64.T  # [c, V]
         part = np.argpartition(-L, k - 1, axis=1)[:, :k]
         for row, p in zip(L, part):
             tops.append(p[np.lexsort((p, -row[p]))])
         if targets is not None:
             mx = L.max(1)
             lse.append(mx + np.log(np.exp(L - mx[:, None]).sum(1)))
-            t = targets[s:s + 64]
+            t = targets[s : s + 64]
             tl.append(np.where(t < len(W), L[np.arange(len(L)), np.minimum(t, len(W) - 1)], np.nan))
     out = np.array(tops)
     return (out, np.concatenate(lse), np.concatenate(tl)) if targets is not None else out
@@ -57,9 +58,23 @@ def prepare(model, cfg) -> dict:
     lat_H = H[: cfg["latency_queries"]]
     numpy_ms, numpy_p10 = latency_ms(lambda h: top_k(W @ h, 40), lat_H)
     whole_exact = whole_token_ms(lambda: ExactReader(ref, W), lambda r, tok: r.read([tok]), cfg, model)
-    return {"W": W, "H": H, "targets": targets, "top40": top40, "lse": lse, "tlogit": tlogit, "G": G, "g_top": g_top,
-            "per_prompt": per_prompt, "lat_H": lat_H, "numpy_ms": numpy_ms, "numpy_p10_ms": numpy_p10, "body_ms": 1e3 * float(np.median(body)),
-            "whole_exact_ms": whole_exact, "frequent": frequent_tokens(cfg, len(W))}
+    return {
+        "W": W,
+        "H": H,
+        "targets": targets,
+        "top40": top40,
+        "lse": lse,
+        "tlogit": tlogit,
+        "G": G,
+        "g_top": g_top,
+        "per_prompt": per_prompt,
+        "lat_H": lat_H,
+        "numpy_ms": numpy_ms,
+        "numpy_p10_ms": numpy_p10,
+        "body_ms": 1e3 * float(np.median(body)),
+        "whole_exact_ms": whole_exact,
+        "frequent": frequent_tokens(cfg, len(W)),
+    }
 
 
 def held_out(ref, cfg, n_ctx) -> tuple[np.ndarray, np.ndarray]:
@@ -69,13 +84,13 @@ def held_out(ref, cfg, n_ctx) -> tuple[np.ndarray, np.ndarray]:
     from output_index import final_hidden
 
     text = Path(cfg["corpus"]).read_text()
-    held = tokenizer.encode(text[int(0.9 * len(text)):])
+    held = tokenizer.encode(text[int(0.9 * len(text)) :])
     win = min(cfg["window"], n_ctx)
     starts = np.linspace(0, len(held) - win - 1, cfg["windows"]).astype(int)
     H, targets = [], []
     for s in starts:
         ref.reset()
-        toks = held[s:s + win]
+        toks = held[s : s + win]
         H.append(final_hidden(ref, toks[:-1]))
         targets += toks[1:]
     return np.vstack(H).astype(np.float32), np.asarray(targets)
@@ -158,6 +173,7 @@ def whole_token_ms(make_reader, step, cfg, model) -> float:
 
 # ---------------------------------------------------------------- one index setting
 
+
 def evaluate(index, data, cfg, model) -> dict:
     from vecgpt.reference import Reference
 
@@ -169,7 +185,9 @@ def evaluate(index, data, cfg, model) -> dict:
 
     raw, text_c = head.candidates_many(data["H"])
     top40 = data["top40"]
-    rec = {n: float(np.mean([len(set(c.ids[:n]) & set(t[:n])) / n for c, t in zip(text_c, top40)])) for n in (1, 10, 40)}
+    rec = {
+        n: float(np.mean([len(set(c.ids[:n]) & set(t[:n])) / n for c, t in zip(text_c, top40)])) for n in (1, 10, 40)
+    }
     raw_rec10 = float(np.mean([len(set(r[:10]) & set(t[:10])) / 10 for r, t in zip(raw, top40)]))
     ppl = perplexities(text_c, data, V)
     _, g_c = head.candidates_many(data["G"])
@@ -181,20 +199,37 @@ def evaluate(index, data, cfg, model) -> dict:
         store_exact_ms = median_ms(lambda h: index.exact_search(h, 40), data["lat_H"][:20])
     except NotImplementedError:
         store_exact_ms = float("nan")
-    whole = whole_token_ms(lambda: AnnReader(Reference(model, np.float32), head), lambda r, tok: r.read([tok]), cfg, model)
+    whole = whole_token_ms(
+        lambda: AnnReader(Reference(model, np.float32), head), lambda r, tok: r.read([tok]), cfg, model
+    )
     mem = index.memory_bytes()
     return {
         "candidates_mean": float(np.mean([len(c.ids) for c in text_c])),
-        "recall@1": rec[1], "recall@10": rec[10], "recall@40": rec[40], "index_recall@10": raw_rec10,
-        "top1_agreement": float(agree.mean()), "greedy_positions": int(len(agree)),
-        "identical_steps": identical, "all_identical": float(np.mean([i == n for i, n in zip(identical, data["per_prompt"])])),
+        "recall@1": rec[1],
+        "recall@10": rec[10],
+        "recall@40": rec[40],
+        "index_recall@10": raw_rec10,
+        "top1_agreement": float(agree.mean()),
+        "greedy_positions": int(len(agree)),
+        "identical_steps": identical,
+        "all_identical": float(np.mean([i == n for i, n in zip(identical, data["per_prompt"])])),
         **ppl,
-        "head_ms": head_ms, "numpy_ms": data["numpy_ms"], "store_exact_ms": store_exact_ms,
-        "speedup": data["numpy_ms"] / head_ms, "speedup_vs_store_exact": store_exact_ms / head_ms,
-        "head_p10_ms": head_p10, "numpy_p10_ms": data["numpy_p10_ms"], "speedup_p10": data["numpy_p10_ms"] / head_p10,
-        "token_ms": whole, "token_exact_ms": data["whole_exact_ms"], "token_speedup": data["whole_exact_ms"] / whole,
-        "build_s": index.build_seconds, "index_MB": None if mem is None else mem / 1e6,
-        "token_matrix_MB": W.nbytes / 1e6, "exact_scores": index.exact_scores, "store_exact": index.exact_label,
+        "head_ms": head_ms,
+        "numpy_ms": data["numpy_ms"],
+        "store_exact_ms": store_exact_ms,
+        "speedup": data["numpy_ms"] / head_ms,
+        "speedup_vs_store_exact": store_exact_ms / head_ms,
+        "head_p10_ms": head_p10,
+        "numpy_p10_ms": data["numpy_p10_ms"],
+        "speedup_p10": data["numpy_p10_ms"] / head_p10,
+        "token_ms": whole,
+        "token_exact_ms": data["whole_exact_ms"],
+        "token_speedup": data["whole_exact_ms"] / whole,
+        "build_s": index.build_seconds,
+        "index_MB": None if mem is None else mem / 1e6,
+        "token_matrix_MB": W.nbytes / 1e6,
+        "exact_scores": index.exact_scores,
+        "store_exact": index.exact_label,
     }
 
 
@@ -219,18 +254,20 @@ def perplexities(text_c, data, V) -> dict:
         nll_floor.append(z_f - (logits[hit[0]] if len(hit) else lo))
     nll_c = np.asarray(nll_c)
     finite = np.isfinite(nll_c)
-    return {"ppl_full": float(np.exp(np.mean(nll_full))),
-            "ppl_candidates": float(np.exp(np.mean(nll_c))) if finite.all() else math.inf,
-            "ppl_candidates_hits": float(np.exp(np.mean(nll_c[finite]))) if finite.any() else math.nan,
-            "target_miss": float(np.mean(miss)), "ppl_floor": float(np.exp(np.mean(nll_floor)))}
+    return {
+        "ppl_full": float(np.exp(np.mean(nll_full))),
+        "ppl_candidates": float(np.exp(np.mean(nll_c))) if finite.all() else math.inf,
+        "ppl_candidates_hits": float(np.exp(np.mean(nll_c[finite]))) if finite.any() else math.nan,
+        "target_miss": float(np.mean(miss)),
+        "ppl_floor": float(np.exp(np.mean(nll_floor))),
+    }
 
 
 def identical_steps(agree, per_prompt) -> list[int]:
     """Greedy steps identical to exact decoding, per prompt: the positions before the first top-1 disagreement."""
     out, pos = [], 0
     for n in per_prompt:
-        a = agree[pos:pos + n]
+        a = agree[pos : pos + n]
         out.append(n if a.all() else int(np.argmin(a)))
         pos += n
     return out
-

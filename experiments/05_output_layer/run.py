@@ -48,7 +48,8 @@ DEFAULTS = {
     "frequent": 64,  # most frequent training tokens always scored exactly (plus <|endoftext|>)
     "vocab": 0,  # >0: only the first `vocab` token vectors form the output layer (tiny test grids)
     "corpus": CORPUS,  # first 90% counts frequent tokens, last 10% is held out
-    "windows": 4, "window": 64,  # held-out windows for recall and perplexity (positions = windows * (window-1))
+    "windows": 4,
+    "window": 64,  # held-out windows for recall and perplexity (positions = windows * (window-1))
     "prompts": ["ROMEO:", "First Citizen:\nBefore we proceed any further,", "The king is dead", "To be, or not"],
     "steps": 32,  # greedy steps per prompt
     "latency_queries": 100,  # positions timed one at a time for output-layer latency
@@ -58,27 +59,57 @@ DEFAULTS = {
 }
 
 PUBLISHED = [
-    {"source": "Loretz et al. 2026", "model": "Gemma-3-270M", "setting": "hnswlib M=32 efc=5000 ef=200, k=50",
-     "output_layer_speedup": "23.9x (38.3 -> 1.6 ms)", "top1_agreement": "99.2-99.6% (range over models)",
-     "token_speedup": "1.82x"},
-    {"source": "Loretz et al. 2026", "model": "Gemma / Llama / Qwen (range)", "setting": "ef=100 / 200 / 400",
-     "output_layer_speedup": "13x-25x at ef=200", "top1_agreement": "96.7-98.3% / 99.2-99.6% / 99.8-99.9%",
-     "token_speedup": "1.16x-1.82x"},
-    {"source": "Loretz blog 2024-25", "model": "GPT-2 124M", "setting": "ef=100 / ef=200",
-     "output_layer_speedup": "41x / 23x", "top1_agreement": "not given", "token_speedup": "1.34x (39 -> 29 ms)"},
+    {
+        "source": "Loretz et al. 2026",
+        "model": "Gemma-3-270M",
+        "setting": "hnswlib M=32 efc=5000 ef=200, k=50",
+        "output_layer_speedup": "23.9x (38.3 -> 1.6 ms)",
+        "top1_agreement": "99.2-99.6% (range over models)",
+        "token_speedup": "1.82x",
+    },
+    {
+        "source": "Loretz et al. 2026",
+        "model": "Gemma / Llama / Qwen (range)",
+        "setting": "ef=100 / 200 / 400",
+        "output_layer_speedup": "13x-25x at ef=200",
+        "top1_agreement": "96.7-98.3% / 99.2-99.6% / 99.8-99.9%",
+        "token_speedup": "1.16x-1.82x",
+    },
+    {
+        "source": "Loretz blog 2024-25",
+        "model": "GPT-2 124M",
+        "setting": "ef=100 / ef=200",
+        "output_layer_speedup": "41x / 23x",
+        "top1_agreement": "not given",
+        "token_speedup": "1.34x (39 -> 29 ms)",
+    },
 ]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--config", default=str(DEFAULT_GRID), help="grid TOML (default: experiments/05_output_layer/grid.toml)")
-    parser.add_argument("--model", action="append", help="model(s) instead of the grid's: random, shipped, gpt2 or a folder")
+    parser.add_argument(
+        "--config", default=str(DEFAULT_GRID), help="grid TOML (default: experiments/05_output_layer/grid.toml)"
+    )
+    parser.add_argument(
+        "--model", action="append", help="model(s) instead of the grid's: random, shipped, gpt2 or a folder"
+    )
     parser.add_argument("--kinds", nargs="+", help="only these index kinds of the grid")
-    parser.add_argument("--corpus", default=None, help=f"text for frequent tokens and held-out windows (default: the "
-                        f"grid's corpus, {CORPUS} beside the grid: tinyshakespeare, {CORPUS_URL})")
-    parser.add_argument("--out", default=None, help="results folder (default: a new ./results/output-layer/<timestamp>)")
+    parser.add_argument(
+        "--corpus",
+        default=None,
+        help=f"text for frequent tokens and held-out windows (default: the "
+        f"grid's corpus, {CORPUS} beside the grid: tinyshakespeare, {CORPUS_URL})",
+    )
+    parser.add_argument(
+        "--out", default=None, help="results folder (default: a new ./results/output-layer/<timestamp>)"
+    )
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--merge", nargs="+", metavar="DIR",
-                        help="run nothing: combine the results.json of these folders into --out (table and plot)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="DIR",
+        help="run nothing: combine the results.json of these folders into --out (table and plot)",
+    )
 
 
 def load_grid(path) -> dict:
@@ -120,6 +151,7 @@ def load_model(name: str):
 
 # ---------------------------------------------------------------- the run
 
+
 def run(args) -> int:
     from vecgpt.errors import VecgptError
 
@@ -133,8 +165,13 @@ def run(args) -> int:
     cfg["corpus"] = check_corpus(args.corpus or cfg["corpus"])
     out = new_run(NAME, args.out)
     entries = [e for e in cfg["index"] if not args.kinds or e["kind"] in args.kinds]
-    result = {"provenance": provenance(cfg["seed"], grid=str(args.config), grid_values=dict(cfg)),
-              "models": [], "rows": [], "skipped": [], "published": PUBLISHED}
+    result = {
+        "provenance": provenance(cfg["seed"], grid=str(args.config), grid_values=dict(cfg)),
+        "models": [],
+        "rows": [],
+        "skipped": [],
+        "published": PUBLISHED,
+    }
     for name in args.model or cfg["models"]:
         run_model(name, entries, cfg, result, out)
     write_json(out / "results.json", result)
@@ -165,8 +202,11 @@ def run_model(name, entries, cfg, result, out) -> None:
     data = prepare(model, cfg)
     data["top1_frequent"] = float(np.isin(data["g_top"], data["frequent"]).mean())
     result["models"].append(model_info(name, desc, model, data, t))
-    print(f"model {name}: {len(data['W'])} x {data['W'].shape[1]} token vectors; exact numpy output layer "
-          f"{data['numpy_ms']:.2f} ms, body {data['body_ms']:.1f} ms", file=sys.stderr)
+    print(
+        f"model {name}: {len(data['W'])} x {data['W'].shape[1]} token vectors; exact numpy output layer "
+        f"{data['numpy_ms']:.2f} ms, body {data['body_ms']:.1f} ms",
+        file=sys.stderr,
+    )
     for entry in entries:
         for build, searches in expand(entry):
             if measure(entry["kind"], build, searches, name, model, data, cfg, result["rows"], result["skipped"]):
@@ -174,12 +214,24 @@ def run_model(name, entries, cfg, result, out) -> None:
 
 
 def model_info(name, desc, model, data, started) -> dict:
-    return {"name": name, "description": desc, "source": model.source, "fingerprint": model.fingerprint,
-            "hparams": model.hparams.__dict__, "output_vectors": len(data["W"]), "frequent": len(data["frequent"]),
-            "text_positions": len(data["H"]), "greedy_positions": len(data["G"]), "numpy_ms": data["numpy_ms"],
-            "numpy_p10_ms": data["numpy_p10_ms"], "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-            "top1_frequent": data["top1_frequent"],
-            "body_ms": data["body_ms"], "token_exact_ms": data["whole_exact_ms"], "prepare_s": time.perf_counter() - started}
+    return {
+        "name": name,
+        "description": desc,
+        "source": model.source,
+        "fingerprint": model.fingerprint,
+        "hparams": model.hparams.__dict__,
+        "output_vectors": len(data["W"]),
+        "frequent": len(data["frequent"]),
+        "text_positions": len(data["H"]),
+        "greedy_positions": len(data["G"]),
+        "numpy_ms": data["numpy_ms"],
+        "numpy_p10_ms": data["numpy_p10_ms"],
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "top1_frequent": data["top1_frequent"],
+        "body_ms": data["body_ms"],
+        "token_exact_ms": data["whole_exact_ms"],
+        "prepare_s": time.perf_counter() - started,
+    }
 
 
 def measure(kind, build, searches, name, model, data, cfg, rows, skipped) -> bool:
@@ -195,12 +247,20 @@ def measure(kind, build, searches, name, model, data, cfg, rows, skipped) -> boo
     try:
         for search in searches:
             index.set(**search)
-            row = {"model": name, "kind": kind, "label": index.label, "params": dict(index.params),
-                   **evaluate(index, data, cfg, model)}
+            row = {
+                "model": name,
+                "kind": kind,
+                "label": index.label,
+                "params": dict(index.params),
+                **evaluate(index, data, cfg, model),
+            }
             row["params"].pop("dsn", None)
             rows.append(row)
-            print(f"  {index.label}: recall@10 {row['recall@10']:.3f}, top-1 {row['top1_agreement']:.3f}, "
-                  f"{row['head_ms']:.2f} ms ({row['speedup']:.1f}x), build {row['build_s']:.1f} s", file=sys.stderr)
+            print(
+                f"  {index.label}: recall@10 {row['recall@10']:.3f}, top-1 {row['top1_agreement']:.3f}, "
+                f"{row['head_ms']:.2f} ms ({row['speedup']:.1f}x), build {row['build_s']:.1f} s",
+                file=sys.stderr,
+            )
     finally:
         index.close()
     return True
@@ -214,9 +274,14 @@ def merge(folders, out) -> int:
 
     parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
     models = [m for p in parts for m in p["models"]]  # one entry per run: each has its own exact baseline
-    result = {"provenance": parts[0]["provenance"], "merged_from": [str(f) for f in folders], "models": models,
-              "rows": [r for p in parts for r in p["rows"]], "skipped": [s for p in parts for s in p["skipped"]],
-              "published": PUBLISHED}
+    result = {
+        "provenance": parts[0]["provenance"],
+        "merged_from": [str(f) for f in folders],
+        "models": models,
+        "rows": [r for p in parts for r in p["rows"]],
+        "skipped": [s for p in parts for s in p["skipped"]],
+        "published": PUBLISHED,
+    }
     write_json(out / "results.json", result)
     (out / "results.md").write_text(report(result))
     plot(result["rows"], out / "output_layer.png")

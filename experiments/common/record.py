@@ -13,7 +13,18 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("numpy", "faiss-cpu", "lancedb", "pyarrow", "psycopg", "pgvector", "pgserver", "turbopuffer", "hnswlib", "tiktoken")
+PACKAGES = (
+    "numpy",
+    "faiss-cpu",
+    "lancedb",
+    "pyarrow",
+    "psycopg",
+    "pgvector",
+    "pgserver",
+    "turbopuffer",
+    "hnswlib",
+    "tiktoken",
+)
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -21,8 +32,13 @@ def commit() -> str | None:
     try:
         here = Path(__file__).resolve().parent
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -43,15 +59,23 @@ def provenance(seed: int | None = None, model=None, **extra) -> dict:
     import vecgpt
 
     return {
-        "vecgpt": vecgpt.__version__, "commit": commit(), "versions": versions(),
-        "command": shlex.join(sys.argv), "cwd": os.getcwd(),
+        "vecgpt": vecgpt.__version__,
+        "commit": commit(),
+        "versions": versions(),
+        "command": shlex.join(sys.argv),
+        "cwd": os.getcwd(),
         "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"system": platform.platform(), "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "system": platform.platform(),
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "threads": {v: os.environ.get(v) for v in THREAD_VARS},
         "seed": seed,
-        "model": None if model is None else {"source": model.source, "fingerprint": model.fingerprint,
-                                              "hparams": model.hparams.__dict__},
+        "model": None
+        if model is None
+        else {"source": model.source, "fingerprint": model.fingerprint, "hparams": model.hparams.__dict__},
         **extra,
     }
 

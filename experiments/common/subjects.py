@@ -34,8 +34,10 @@ def model_slug(name: str | None) -> str:
 
 def model_label(model, name: str | None) -> str:
     hp = model.hparams
-    return (f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, "
-            f"{hp.n_vocab} tokens, fingerprint {model.fingerprint[:12]}")
+    return (
+        f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, "
+        f"{hp.n_vocab} tokens, fingerprint {model.fingerprint[:12]}"
+    )
 
 
 @dataclass
@@ -82,11 +84,15 @@ def place(config, name: str, root: str | None = None) -> bool:
             s.close()
         if root is None and not current:
             return False
-        store["path"] = str(Path(root) / name if root is not None else Path(current).expanduser().with_name(
-            Path(current).expanduser().name + f"-{name}"))
+        store["path"] = str(
+            Path(root) / name
+            if root is not None
+            else Path(current).expanduser().with_name(Path(current).expanduser().name + f"-{name}")
+        )
     elif "schema" in options:
-        store["schema"] = f"vecgpt_{_safe(name)}" if root is not None else \
-            f"{store.get('schema') or options['schema']}_{_safe(name)}"
+        store["schema"] = (
+            f"vecgpt_{_safe(name)}" if root is not None else f"{store.get('schema') or options['schema']}_{_safe(name)}"
+        )
     elif "prefix" in options:
         store["prefix"] = f"{store.get('prefix') or options['prefix']}{_safe(name)}-"
     else:
@@ -126,8 +132,11 @@ def variants(config_paths, store_root: str | None = None, both_metrics: bool = T
         config = copy.deepcopy(v.config)
         config.metric = other
         if not place(config, other):
-            print(f"{v.config_path}: {v.config.backend} also offers {other}; give a config with metric = "
-                  f"'{other}' and a store of its own to compare encodings", file=sys.stderr)
+            print(
+                f"{v.config_path}: {v.config.backend} also offers {other}; give a config with metric = "
+                f"'{other}' and a store of its own to compare encodings",
+                file=sys.stderr,
+            )
             continue
         out.append(Variant(v.config_path, config, note=f"metric swapped to {other}"))
         have.add((config.backend, other))
@@ -151,17 +160,38 @@ def open_engine(variant: Variant, model, progress: bool = False):
 
 def describe_variant(v: Variant) -> dict:
     c = v.config
-    return {"label": v.label, "config": v.config_path, "backend": c.backend, "metric": c.metric,
-            "store": c.store, "top_k": c.top_k, "prompt_block": c.prompt_block, "tile": c.tile, "note": v.note}
+    return {
+        "label": v.label,
+        "config": v.config_path,
+        "backend": c.backend,
+        "metric": c.metric,
+        "store": c.store,
+        "top_k": c.top_k,
+        "prompt_block": c.prompt_block,
+        "tile": c.tile,
+        "note": v.note,
+    }
 
 
 def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
-    p.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
-                   help="store configs (TOML), one subject each (default: configs/memory, faiss, faiss-ip)")
-    p.add_argument("--model", default=None, help="model folder, shipped name, hub name such as gpt2, or "
-                   f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo")
-    p.add_argument("--store-root", default=None, help="put each path-based store under DIR/<config name> "
-                   "instead of the config's path (so runs do not clobber each other)")
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=DEFAULT_CONFIGS,
+        help="store configs (TOML), one subject each (default: configs/memory, faiss, faiss-ip)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model folder, shipped name, hub name such as gpt2, or "
+        f"'{RANDOM_SMALL}' (random weights at GPT-2 small shape); default: the shipped demo",
+    )
+    p.add_argument(
+        "--store-root",
+        default=None,
+        help="put each path-based store under DIR/<config name> "
+        "instead of the config's path (so runs do not clobber each other)",
+    )
     p.add_argument("--no-swap", action="store_true", help="only the configs' own encodings (no l2/ip comparison)")
     p.add_argument("--seed", type=int, default=0, help="recorded in the provenance (greedy runs draw nothing)")
     p.add_argument("--out", default=None, help=f"results folder (default: a new ./results/{name}/<timestamp>)")

@@ -27,7 +27,9 @@ class Table:
     def append(self, vectors: np.ndarray) -> None: ...
     def overwrite(self, slots: np.ndarray, vectors: np.ndarray) -> None: ...
     def vectors(self, slots: np.ndarray) -> np.ndarray: ...
-    def all_dists(self, queries: np.ndarray, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...  # dists, slots [m, n]
+    def all_dists(
+        self, queries: np.ndarray, slots: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]: ...  # dists, slots [m, n]
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
     def save(self, folder: Path) -> None: ...
     @classmethod
@@ -117,7 +119,7 @@ class InProcessStore(FolderStore):
         dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(np.logical_or.reduce(masks)))
         out, row = [], 0
         for q, mask in zip(queries, masks):  # keep each search's own rows and its own matches
-            d, f = dists[row:row + len(q)], found[row:row + len(q)]
+            d, f = dists[row : row + len(q)], found[row : row + len(q)]
             keep = mask[f]
             n = int(keep[0].sum()) if len(q) else 0
             out.append(Hits(col.ids[f[keep].reshape(len(q), n)], d[keep].reshape(len(q), n)))
@@ -140,9 +142,15 @@ class InProcessStore(FolderStore):
             shutil.rmtree(self._folder(name), ignore_errors=True)
 
     def collections(self) -> list[str]:
-        on_disk = [p.name for p in (self.path / "collections").glob("*")
-                   if (p / "meta.json").is_file() and not p.name.endswith(TEMPORARY)] \
-            if (self.path / "collections").is_dir() else []
+        on_disk = (
+            [
+                p.name
+                for p in (self.path / "collections").glob("*")
+                if (p / "meta.json").is_file() and not p.name.endswith(TEMPORARY)
+            ]
+            if (self.path / "collections").is_dir()
+            else []
+        )
         return sorted(set(on_disk) | set(self._cols))
 
     def stats(self) -> dict:
@@ -202,7 +210,9 @@ class InProcessStore(FolderStore):
             raise self.damaged(f"collection {name!r} is damaged", e) from None
         sizes = {len(col.ids), col.table.n, *(len(c) for c in col.attrs.values())}
         if len(sizes) > 1 or col.table.dim != meta["dim"]:
-            raise self.damaged(f"collection {name!r} is damaged", ValueError("its files disagree on the number of rows"))
+            raise self.damaged(
+                f"collection {name!r} is damaged", ValueError("its files disagree on the number of rows")
+            )
         col.slot_of = dict(zip(col.ids.tolist(), range(len(col.ids))))
         col.dirty = False
         return col

@@ -91,8 +91,9 @@ class Store(Protocol):
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
         """Make an empty collection (a no-op if it exists with the same dim and metric)."""
 
-    def upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray,
-               attrs: Mapping[str, np.ndarray] | None = None) -> None:
+    def upsert(
+        self, name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray] | None = None
+    ) -> None:
         """Insert rows, replacing any row with the same id."""
 
     def search(self, name: str, queries: np.ndarray, k: int | None = None, where: Where | None = None) -> Hits:
@@ -165,7 +166,7 @@ RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.25, 8.0  # the turbopuffer client's backoff
 
 def retry_delay(attempt: int) -> float:
     """Seconds to wait before retry number attempt + 1 (0.25, 0.5, 1, ... up to 8)."""
-    return min(RETRY_DELAY_S * 2 ** attempt, MAX_RETRY_DELAY_S)
+    return min(RETRY_DELAY_S * 2**attempt, MAX_RETRY_DELAY_S)
 
 
 def worst_case_s(timeout: float, max_retries: int) -> float:
@@ -207,15 +208,18 @@ def first_line(error: BaseException) -> str:
 # The checks every adapter makes, in the same words for every store.
 def check_metric(backend: str, metric: Metric, offered: Sequence[Metric]) -> None:
     if metric not in offered:
-        raise VecgptError(f"{backend} cannot rank by {metric!r}; it offers {' and '.join(map(repr, offered))} "
-                          f"(metric in the config)")
+        raise VecgptError(
+            f"{backend} cannot rank by {metric!r}; it offers {' and '.join(map(repr, offered))} (metric in the config)"
+        )
 
 
 def check_same(name: str, held: tuple[int, Metric], dim: int, metric: Metric) -> None:
     """Creating a collection that exists: a no-op with the same dimension and metric, else an error."""
     if tuple(held) != (dim, metric):
-        raise VecgptError(f"collection {name!r} exists with dimension {held[0]} and metric {held[1]}, "
-                          f"not {dim} and {metric}; drop it first")
+        raise VecgptError(
+            f"collection {name!r} exists with dimension {held[0]} and metric {held[1]}, "
+            f"not {dim} and {metric}; drop it first"
+        )
 
 
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
@@ -233,22 +237,28 @@ def check_rows(name: str, ids: np.ndarray, vectors: np.ndarray, dim: int) -> tup
     return ids, vectors
 
 
-def last_writes(name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray],
-                columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+def last_writes(
+    name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray], columns: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """One row per id, the last written where an upsert repeats it, sorted by id; an attribute not given is 0."""
     unknown = set(attrs) - set(columns)
     if unknown:
         raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {list(columns)}")
     ids, last = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)
     last = len(vectors) - 1 - last
-    return ids, vectors[last], {a: np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64)
-                                for a in columns}
+    return (
+        ids,
+        vectors[last],
+        {a: np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64) for a in columns},
+    )
 
 
 def check_where(name: str, where: Where | None, attrs: Sequence[str]) -> None:
     unknown = set() if where is None else where.attributes() - set(attrs)
     if unknown:
-        raise VecgptError(f"filter on unknown attribute {sorted(unknown)[0]!r}; collection {name!r} has {sorted(attrs)}")
+        raise VecgptError(
+            f"filter on unknown attribute {sorted(unknown)[0]!r}; collection {name!r} has {sorted(attrs)}"
+        )
 
 
 def check_found(name: str, ids: np.ndarray, found: abc.Container) -> None:
@@ -317,8 +327,10 @@ class FolderStore:
         return folder_lock(self.path)
 
     def damaged(self, what: str, error: BaseException) -> VecgptError:
-        return VecgptError(f"{self.backend} store at {self.path}: {what} ({type(error).__name__}: {first_line(error)[:200]}); "
-                           f"remove {self.path} and run `vecgpt load` again")
+        return VecgptError(
+            f"{self.backend} store at {self.path}: {what} ({type(error).__name__}: {first_line(error)[:200]}); "
+            f"remove {self.path} and run `vecgpt load` again"
+        )
 
 
 @functools.cache
@@ -326,8 +338,13 @@ def in_tree() -> tuple[str, ...]:
     """The modules and packages of vecgpt/backends that define connect() at top level (read, not imported)."""
     import vecgpt.backends as pkg
 
-    return tuple(sorted(m.name for m in pkgutil.iter_modules(pkg.__path__)
-                  if not m.name.startswith("_") and _defines_connect(m.module_finder.path, m.name)))
+    return tuple(
+        sorted(
+            m.name
+            for m in pkgutil.iter_modules(pkg.__path__)
+            if not m.name.startswith("_") and _defines_connect(m.module_finder.path, m.name)
+        )
+    )
 
 
 def _defines_connect(folder: str, name: str) -> bool:
@@ -399,8 +416,10 @@ def get_store(backend: str, **options) -> Store:
     accepted = inspect.signature(connect).parameters
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise VecgptError(f"backend {backend!r} takes no option {unknown[0]!r} in [store]; "
-                          f"it takes: {', '.join(accepted) or 'nothing'}")
+        raise VecgptError(
+            f"backend {backend!r} takes no option {unknown[0]!r} in [store]; "
+            f"it takes: {', '.join(accepted) or 'nothing'}"
+        )
     hints = typing.get_type_hints(connect)
     for name, value in options.items():
         check_option(name, value, hints.get(name, object))
@@ -411,7 +430,9 @@ def check_option(name: str, value, expected) -> None:
     """A [store] option of the type connect() declares; numbers (counts, sizes, seconds) not negative."""
     if not conforms(value, expected):
         wanted = " or ".join(getattr(t, "__name__", str(t)) for t in typing.get_args(expected) or [expected])
-        raise VecgptError(f"[store] {name} = {value!r} has the wrong type (expected {wanted.replace('NoneType', 'unset')})")
+        raise VecgptError(
+            f"[store] {name} = {value!r} has the wrong type (expected {wanted.replace('NoneType', 'unset')})"
+        )
     if isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:  # NaN too
         raise VecgptError(f"[store] {name} must be 0 or more, not {value}")
     if isinstance(value, str) and "\x00" in value:

@@ -59,7 +59,9 @@ class FaissTable(Table):
         if slots is not None and len(slots) == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         threads_for(queries)
-        _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots))
+        _, d, found = self.index.range_search(
+            np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots)
+        )
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
 
     def topk(self, queries, k, slots):

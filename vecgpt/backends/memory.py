@@ -43,7 +43,11 @@ class NumpyTable(Table):
     def topk(self, queries, k, slots):
         dists, chosen = self.all_dists(queries, slots)  # [m, n]
         chosen = chosen[0]
-        part = np.argpartition(dists, k - 1, axis=1)[:, :k] if k < dists.shape[1] else np.tile(np.arange(dists.shape[1]), (len(dists), 1))
+        part = (
+            np.argpartition(dists, k - 1, axis=1)[:, :k]
+            if k < dists.shape[1]
+            else np.tile(np.arange(dists.shape[1]), (len(dists), 1))
+        )
         d = np.take_along_axis(dists, part, 1)
         order = np.lexsort((chosen[part], d), axis=1)  # nearest first, ties to the lowest slot
         return np.take_along_axis(d, order, 1), chosen[np.take_along_axis(part, order, 1)]

@@ -17,10 +17,22 @@ from dataclasses import dataclass
 from vecgpt.errors import VecgptError
 
 # top-level module -> the extra of pyproject.toml that installs it
-EXTRAS = {"turbopuffer": "turbopuffer", "starlette": "turbopuffer", "uvicorn": "turbopuffer",
-          "matplotlib": "plots", "faiss": "faiss", "lancedb": "lancedb", "pyarrow": "lancedb",
-          "psycopg": "pgvector", "pgvector": "pgvector", "pgserver": "pgvector", "hnswlib": "ann",
-          "numba": "fused", "transformers": "transformers", "torch": "transformers"}
+EXTRAS = {
+    "turbopuffer": "turbopuffer",
+    "starlette": "turbopuffer",
+    "uvicorn": "turbopuffer",
+    "matplotlib": "plots",
+    "faiss": "faiss",
+    "lancedb": "lancedb",
+    "pyarrow": "lancedb",
+    "psycopg": "pgvector",
+    "pgvector": "pgvector",
+    "pgserver": "pgvector",
+    "hnswlib": "ann",
+    "numba": "fused",
+    "transformers": "transformers",
+    "torch": "transformers",
+}
 
 
 def attribute(ref: str):
@@ -59,21 +71,46 @@ COMMANDS = (
     Command("ls", "every model a store holds", f"{STORE}:add_store_args", f"{STORE}:cmd_ls"),
     Command("drop", "remove one model from a store", f"{STORE}:drop_arguments", f"{STORE}:cmd_drop"),
     Command("generate", "continue a prompt through a store", f"{STORE}:generate_arguments", f"{STORE}:cmd_generate"),
-    Command("compare", "store against numpy: scores and greedy tokens", f"{STORE}:compare_arguments",
-            f"{STORE}:cmd_compare"),
+    Command(
+        "compare", "store against numpy: scores and greedy tokens", f"{STORE}:compare_arguments", f"{STORE}:cmd_compare"
+    ),
     Command("tokenize", "GPT-2 token ids of a text", f"{MODEL}:tokenize_arguments", f"{MODEL}:cmd_tokenize"),
-    Command("make-model", "write a random GPT-2-shaped checkpoint", f"{MODEL}:make_model_arguments",
-            f"{MODEL}:cmd_make_model"),
-    Command("attention-memory", "bytes of the full score table vs the streaming working set",
-            f"{ATTENTION}:memory_arguments", f"{ATTENTION}:run_attention_memory"),
-    Command("softmax-walk", "streaming softmax, position by position", f"{ATTENTION}:walk_arguments",
-            f"{ATTENTION}:run_softmax_walk"),
-    Command("experiment", "run an experiment; writes JSON, a table and a plot",
-            "vecgpt.cli.experiments:add_arguments", "vecgpt.cli.experiments:run"),
-    Command("tpuf-local", "run a local server speaking turbopuffer's HTTP API (for tests)",
-            f"{TPUF}.server.serve:add_arguments", f"{TPUF}.server.serve:run_args"),
-    Command("tpuf-gc", "list (and --remove) text namespaces left behind in turbopuffer",
-            f"{TPUF}.gc:add_arguments", f"{TPUF}.gc:run"),
+    Command(
+        "make-model",
+        "write a random GPT-2-shaped checkpoint",
+        f"{MODEL}:make_model_arguments",
+        f"{MODEL}:cmd_make_model",
+    ),
+    Command(
+        "attention-memory",
+        "bytes of the full score table vs the streaming working set",
+        f"{ATTENTION}:memory_arguments",
+        f"{ATTENTION}:run_attention_memory",
+    ),
+    Command(
+        "softmax-walk",
+        "streaming softmax, position by position",
+        f"{ATTENTION}:walk_arguments",
+        f"{ATTENTION}:run_softmax_walk",
+    ),
+    Command(
+        "experiment",
+        "run an experiment; writes JSON, a table and a plot",
+        "vecgpt.cli.experiments:add_arguments",
+        "vecgpt.cli.experiments:run",
+    ),
+    Command(
+        "tpuf-local",
+        "run a local server speaking turbopuffer's HTTP API (for tests)",
+        f"{TPUF}.server.serve:add_arguments",
+        f"{TPUF}.server.serve:run_args",
+    ),
+    Command(
+        "tpuf-gc",
+        "list (and --remove) text namespaces left behind in turbopuffer",
+        f"{TPUF}.gc:add_arguments",
+        f"{TPUF}.gc:run",
+    ),
 )
 
 

@@ -44,12 +44,19 @@ def memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=_positive_int, default=12)
     p.add_argument("--context", type=_positive_int, nargs="+", default=[1024])
     p.add_argument("--head-dim", type=_positive_int, default=64)
-    p.add_argument("--query-block", type=_positive_int, default=None,
-                   help="queries per block (default: the whole context, i.e. prompt prefill; 1 = decode)")
+    p.add_argument(
+        "--query-block",
+        type=_positive_int,
+        default=None,
+        help="queries per block (default: the whole context, i.e. prompt prefill; 1 = decode)",
+    )
     p.add_argument("--tile", type=_positive_int, default=att.DEFAULT_TILE)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--measure", action="store_true",
-                   help="run both forms (causal) under tracemalloc for sizes that fit in free memory")
+    p.add_argument(
+        "--measure",
+        action="store_true",
+        help="run both forms (causal) under tracemalloc for sizes that fit in free memory",
+    )
 
 
 def walk_arguments(w: argparse.ArgumentParser) -> None:
@@ -59,6 +66,7 @@ def walk_arguments(w: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------------------- attention-memory
+
 
 def memory_rows(heads, contexts, head_dim, query_block, tile, dtype):
     """One dict per context: memory_bytes plus n_query and whether it fits in free memory here."""
@@ -78,24 +86,32 @@ def memory_rows(heads, contexts, head_dim, query_block, tile, dtype):
 
 def run_attention_memory(args) -> int:
     rows = memory_rows(args.heads, args.context, args.head_dim, args.query_block, args.tile, args.dtype)
-    print(f"one layer: {args.heads} heads, head dim {args.head_dim}, tile {args.tile}, {args.dtype}, "
-          f"query block {'= context (prefill)' if args.query_block is None else args.query_block}")
+    print(
+        f"one layer: {args.heads} heads, head dim {args.head_dim}, tile {args.tile}, {args.dtype}, "
+        f"query block {'= context (prefill)' if args.query_block is None else args.query_block}"
+    )
     head = f"{'context':>8} {'queries':>8} {'full table (bytes)':>30} {'streaming (bytes)':>28} {'ratio':>9} {'runs here':>9}"
     if args.measure:
         head += f" {'full peak meas/pred':>20} {'stream peak meas/pred':>22} {'full s':>8} {'stream s':>8}"
     print(head)
     for r in rows:
-        line = (f"{r['n_ctx']:>8} {r['n_query']:>8} {r['full']:>17,} {_human(r['full']):>12}"
-                f" {r['streaming']:>15,} {_human(r['streaming']):>12} {r['ratio']:>9.1f} {'yes' if r['fits'] else 'no':>9}")
+        line = (
+            f"{r['n_ctx']:>8} {r['n_query']:>8} {r['full']:>17,} {_human(r['full']):>12}"
+            f" {r['streaming']:>15,} {_human(r['streaming']):>12} {r['ratio']:>9.1f} {'yes' if r['fits'] else 'no':>9}"
+        )
         if args.measure:
             line += _measured_columns(r, args) if r["fits"] else f" {'(too large to run here)':>20}"
         print(line, flush=True)
-    print("full = score table heads x queries x context; streaming = tile scores + running max + running total"
-          " + output accumulator, per head and query.")
+    print(
+        "full = score table heads x queries x context; streaming = tile scores + running max + running total"
+        " + output accumulator, per head and query."
+    )
     if args.measure:
-        print("meas/pred: tracemalloc peak over the run / predicted peak (full: table + output;"
-              " streaming: working set + the p@v product + 3 per-query vectors); inputs excluded;"
-              " margin 1% + 96 KiB (numpy iterator buffers). Seconds are under tracemalloc.")
+        print(
+            "meas/pred: tracemalloc peak over the run / predicted peak (full: table + output;"
+            " streaming: working set + the p@v product + 3 per-query vectors); inputs excluded;"
+            " margin 1% + 96 KiB (numpy iterator buffers). Seconds are under tracemalloc."
+        )
     return 0
 
 
@@ -113,6 +129,7 @@ def _measured_columns(r, args) -> str:
 
 
 # ----------------------------------------------------------------------------- softmax-walk
+
 
 def _parse_scores(tokens):
     scores = []
@@ -146,12 +163,16 @@ def run_softmax_walk(args) -> int:
         print(f"vecgpt softmax-walk: error: {e}", file=sys.stderr)
         return 2
     steps, weights = att.softmax_walk(scores, args.tile)
-    print(f"{'step':>4} {'positions':>10} {'tile max':>12} {'running max':>12} {'rescale by':>12} {'running total':>14}")
+    print(
+        f"{'step':>4} {'positions':>10} {'tile max':>12} {'running max':>12} {'rescale by':>12} {'running total':>14}"
+    )
     for n, st in enumerate(steps, 1):
         a, b = st["positions"]
         pos = f"{a}" if b - a == 1 else f"{a}-{b - 1}"
         rescale = "-" if st["rescale"] is None else f"{st['rescale']:.6g}"
-        print(f"{n:>4} {pos:>10} {st['tile_max']:>12.6g} {st['running_max']:>12.6g} {rescale:>12} {st['running_total']:>14.8g}")
+        print(
+            f"{n:>4} {pos:>10} {st['tile_max']:>12.6g} {st['running_max']:>12.6g} {rescale:>12} {st['running_total']:>14.8g}"
+        )
     plain = att.softmax(np.asarray(scores, np.float64))
     print(f"\n{'position':>8} {'score':>12} {'streaming weight':>18} {'plain softmax':>15}")
     for i, (s, w, p) in enumerate(zip(scores, weights, plain)):

@@ -10,8 +10,10 @@ from pathlib import Path
 
 from vecgpt.errors import VecgptError
 
-MISSING = ("the experiments live in the vecgpt repository, not in the installed package: run vecgpt from a "
-           "clone of the repository, or set VECGPT_EXPERIMENTS to its experiments/ folder")
+MISSING = (
+    "the experiments live in the vecgpt repository, not in the installed package: run vecgpt from a "
+    "clone of the repository, or set VECGPT_EXPERIMENTS to its experiments/ folder"
+)
 
 
 def folder() -> Path | None:

@@ -25,7 +25,7 @@ def cmd_make_model(args) -> int:
     if args.seed < 0:
         raise VecgptError(f"--seed must be 0 or more, not {args.seed}")
     if not args.out.strip():
-        raise VecgptError("give the folder to write the model to (\".\" for this one)")
+        raise VecgptError('give the folder to write the model to ("." for this one)')
     check_room(weights.parameter_count(hp) * 4, args.out)
     out = weights.make_model(args.out, hp, args.seed)
     print(f"{out}: random GPT-2 ({weights.describe(hp)}), seed {args.seed}")
@@ -43,10 +43,11 @@ def check_room(size: int, out: str) -> None:
     folder = next(p for p in [Path(out).absolute(), *Path(out).absolute().parents] if p.exists())
     free_disk = shutil.disk_usage(folder).free
     if (free_memory and 2 * size > free_memory) or size > free_disk:  # 0: memory unknown (not Linux)
-        raise VecgptError(f"a checkpoint of these sizes takes {size / 1e9:,.2f} GB; this machine has "
-                          f"{free_memory / 1e9:,.1f} GB of memory and {free_disk / 1e9:,.1f} GB of disk free "
-                          f"in {folder}: choose smaller --layers/--embd/--ctx/--vocab")
-
+        raise VecgptError(
+            f"a checkpoint of these sizes takes {size / 1e9:,.2f} GB; this machine has "
+            f"{free_memory / 1e9:,.1f} GB of memory and {free_disk / 1e9:,.1f} GB of disk free "
+            f"in {folder}: choose smaller --layers/--embd/--ctx/--vocab"
+        )
 
 
 def tokenize_arguments(p: argparse.ArgumentParser) -> None:

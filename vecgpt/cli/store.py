@@ -14,8 +14,12 @@ def add_store_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML file choosing the backend and its options (see configs/)")
     p.add_argument("--backend", help="override the config's backend")
     p.add_argument("--metric", choices=["l2", "ip"], help="override the config's encoding")
-    p.add_argument("--store", metavar="LOCATION", help="where the store keeps its data: the backend's folder (path), "
-                   "schema (pgvector) or namespace prefix (turbopuffer); overrides that [store] option")
+    p.add_argument(
+        "--store",
+        metavar="LOCATION",
+        help="where the store keeps its data: the backend's folder (path), "
+        "schema (pgvector) or namespace prefix (turbopuffer); overrides that [store] option",
+    )
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -70,8 +74,10 @@ def cmd_ls(args) -> int:
     if not held:
         print("no model")
     for m in held:
-        print(f"{m['fingerprint']}  {m['source']}  metric={m['metric']}  {m.get('documents', 0):,} docs  "
-              f"{m['bytes'] / 1e6:.1f} MB  loaded {m.get('loaded_at', '?')}")
+        print(
+            f"{m['fingerprint']}  {m['source']}  metric={m['metric']}  {m.get('documents', 0):,} docs  "
+            f"{m['bytes'] / 1e6:.1f} MB  loaded {m.get('loaded_at', '?')}"
+        )
     return 0
 
 
@@ -107,8 +113,10 @@ def held_as(store, model: str, metric: str | None) -> list[dict]:
         fingerprint = weights.load(model).fingerprint
         found = [m for m in held if m["model_fingerprint"] == fingerprint]
     if not found:
-        raise VecgptError(f"the store holds no model {model}{f' in the {metric} encoding' if metric else ''}; "
-                          f"`vecgpt ls` lists what it holds")
+        raise VecgptError(
+            f"the store holds no model {model}{f' in the {metric} encoding' if metric else ''}; "
+            f"`vecgpt ls` lists what it holds"
+        )
     return found
 
 
@@ -124,13 +132,17 @@ def implicit_load(args, config):
         if estimate is None:  # not billed: load without asking
             return
         accepted = inspect.signature(estimate).parameters
-        cost = estimate(plan(weights.load(args.model or config.model), config.metric),
-                        **{k: v for k, v in config.store.items() if k in accepted})
+        cost = estimate(
+            plan(weights.load(args.model or config.model), config.metric),
+            **{k: v for k, v in config.store.items() if k in accepted},
+        )
         print(f"the store lacks this model; loading it first:\n{cost}", file=sys.stderr)
         if args.yes:
             return
         if not sys.stdin.isatty():
-            raise VecgptError(f"{config.backend} bills this load; pass --yes to load the model, or run `vecgpt load` first")
+            raise VecgptError(
+                f"{config.backend} bills this load; pass --yes to load the model, or run `vecgpt load` first"
+            )
         print("load it? [y/N] ", end="", file=sys.stderr, flush=True)  # stdout carries only the result
         if sys.stdin.readline().strip().lower() not in ("y", "yes"):
             raise VecgptError("not loaded; nothing was written")
@@ -142,12 +154,20 @@ def cmd_generate(args) -> int:
     from vecgpt import api
 
     config = config_of(args)
-    common = dict(n=args.n, model=args.model or config.model, temperature=args.temperature,
-                  top_k=config.top_k if args.top_k is None else args.top_k, seed=args.seed, stop=not args.no_stop)
+    common = dict(
+        n=args.n,
+        model=args.model or config.model,
+        temperature=args.temperature,
+        top_k=config.top_k if args.top_k is None else args.top_k,
+        seed=args.seed,
+        stop=not args.no_stop,
+    )
     if args.reference:
         out = api.generate_reference(args.prompt, **common)
     else:
-        out = api.generate_text(args.prompt, config=config, progress=True, confirm=implicit_load(args, config), **common)
+        out = api.generate_text(
+            args.prompt, config=config, progress=True, confirm=implicit_load(args, config), **common
+        )
     print(json.dumps(out) if args.json else args.prompt + out["text"])
     return 0
 
@@ -156,8 +176,9 @@ def cmd_compare(args) -> int:
     from vecgpt import api
 
     config = config_of(args)
-    out = api.compare(args.prompt, n=args.n, config=config, model=args.model or config.model,
-                      confirm=implicit_load(args, config))
+    out = api.compare(
+        args.prompt, n=args.n, config=config, model=args.model or config.model, confirm=implicit_load(args, config)
+    )
     if args.json:
         print(json.dumps(out))
         return 0
@@ -166,12 +187,13 @@ def cmd_compare(args) -> int:
     print(f"{'rank':>4} {'token':>6} {'text':14} {'store':>12} {'numpy':>12} {'abs err':>10}")
     for row in out["scores"]:
         text = repr(tokenizer.decode([row["token"]]))[:14]
-        print(f"{row['rank']:>4} {row['token']:>6} {text:14} {row['store']:>12.6f} {row['numpy']:>12.6f} {row['abs_error']:>10.2e}")
+        print(
+            f"{row['rank']:>4} {row['token']:>6} {text:14} {row['store']:>12.6f} {row['numpy']:>12.6f} {row['abs_error']:>10.2e}"
+        )
     print(f"max abs error {out['max_abs_error']:.3e}; same top-{len(out['scores'])} set: {out['same_top_set']}")
     print(f"store greedy: {out['store_tokens']}\nnumpy greedy: {out['numpy_tokens']}")
     print(f"identical for {out['identical_steps']} of {len(out['numpy_tokens'])} steps")
     return 0
-
 
 
 def load_arguments(p: argparse.ArgumentParser) -> None:
@@ -201,11 +223,18 @@ def compare_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_yes(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--yes", action="store_true", help="on a paid service, load the model without asking if the store lacks it")
+    p.add_argument(
+        "--yes", action="store_true", help="on a paid service, load the model without asking if the store lacks it"
+    )
 
 
 def drop_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p)
-    p.add_argument("--model", help="the model to remove: a folder, a name, or a fingerprint (or its start) from `vecgpt ls`; "
-                   "with --metric only that encoding")
-    p.add_argument("--old-layout", action="store_true", help="remove a model stored in the previous layout (bare names)")
+    p.add_argument(
+        "--model",
+        help="the model to remove: a folder, a name, or a fingerprint (or its start) from `vecgpt ls`; "
+        "with --metric only that encoding",
+    )
+    p.add_argument(
+        "--old-layout", action="store_true", help="remove a model stored in the previous layout (bare names)"
+    )

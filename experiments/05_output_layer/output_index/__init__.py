@@ -36,8 +36,23 @@ from output_index.head import AnnReader, Head, final_hidden
 from output_index.libraries import FaissHNSW, FaissIVF, FaissIVFPQ, Hnswlib
 from output_index.stores import Lance, Pgvector, Turbopuffer
 
-__all__ = ["KINDS", "AnnReader", "FaissHNSW", "FaissIVF", "FaissIVFPQ", "Head", "Hnswlib", "Lance", "OutputIndex",
-           "Pgvector", "Turbopuffer", "Unavailable", "expand", "final_hidden", "make"]
+__all__ = [
+    "KINDS",
+    "AnnReader",
+    "FaissHNSW",
+    "FaissIVF",
+    "FaissIVFPQ",
+    "Head",
+    "Hnswlib",
+    "Lance",
+    "OutputIndex",
+    "Pgvector",
+    "Turbopuffer",
+    "Unavailable",
+    "expand",
+    "final_hidden",
+    "make",
+]
 
 KINDS = {cls.kind: cls for cls in (Hnswlib, FaissHNSW, FaissIVF, FaissIVFPQ, Lance, Pgvector, Turbopuffer)}
 

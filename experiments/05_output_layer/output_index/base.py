@@ -28,8 +28,10 @@ class OutputIndex:
     def __init__(self, threads: int = 2, **params):
         unknown = set(params) - set(self.defaults)
         if unknown:
-            raise ValueError(f"index kind {self.kind!r} takes no parameter {sorted(unknown)[0]!r}; "
-                             f"it takes {', '.join(sorted(self.defaults))}")
+            raise ValueError(
+                f"index kind {self.kind!r} takes no parameter {sorted(unknown)[0]!r}; "
+                f"it takes {', '.join(sorted(self.defaults))}"
+            )
         self.params = {**self.defaults, **params}
         self.threads = threads
         self.build_seconds: float | None = None
@@ -45,7 +47,9 @@ class OutputIndex:
         try:
             self._build(vectors)
         except ImportError as e:  # the kind is skipped, saying what to install
-            raise Unavailable(f"{self.kind} needs {e.name}: pip install 'vecgpt[{EXTRAS.get(e.name, e.name)}]'") from None
+            raise Unavailable(
+                f"{self.kind} needs {e.name}: pip install 'vecgpt[{EXTRAS.get(e.name, e.name)}]'"
+            ) from None
         self.build_seconds = time.perf_counter() - t
         return self
 

@@ -29,8 +29,9 @@ class Hnswlib(OutputIndex):
         else:
             docs, space = vectors, "ip"
         self.index = hnswlib.Index(space=space, dim=docs.shape[1])
-        self.index.init_index(max_elements=len(docs), M=self.params["M"], ef_construction=self.params["ef_construction"],
-                              random_seed=0)
+        self.index.init_index(
+            max_elements=len(docs), M=self.params["M"], ef_construction=self.params["ef_construction"], random_seed=0
+        )
         self.index.add_items(docs, np.arange(len(docs)), num_threads=self.threads)
         self.exact = None
 
@@ -167,5 +168,11 @@ class FaissIVFPQ(FaissIVF):
         if dim % self.params["m"]:
             raise Unavailable(f"faiss-ivfpq: dimension {dim} is not divisible by m={self.params['m']}")
         self.quantizer = faiss.IndexFlatIP(dim)
-        return faiss.IndexIVFPQ(self.quantizer, dim, self.params["nlist"], self.params["m"], self.params["nbits"],
-                                faiss.METRIC_INNER_PRODUCT)
+        return faiss.IndexIVFPQ(
+            self.quantizer,
+            dim,
+            self.params["nlist"],
+            self.params["m"],
+            self.params["nbits"],
+            faiss.METRIC_INNER_PRODUCT,
+        )

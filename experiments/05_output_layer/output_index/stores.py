@@ -23,15 +23,28 @@ class Lance(OutputIndex):
 
     kind = "lancedb"
     search_params = ("nprobes", "refine_factor", "ef")
-    defaults = {"index_type": "IVF_HNSW_SQ", "num_partitions": 64, "num_sub_vectors": 48, "m": 20,
-                "ef_construction": 150, "nprobes": 16, "refine_factor": 0, "ef": 200, "path": None}
+    defaults = {
+        "index_type": "IVF_HNSW_SQ",
+        "num_partitions": 64,
+        "num_sub_vectors": 48,
+        "m": 20,
+        "ef_construction": 150,
+        "nprobes": 16,
+        "refine_factor": 0,
+        "ef": 200,
+        "path": None,
+    }
     exact_label = "LanceDB flat scan"
 
     @property
     def label(self):
         t = self.params["index_type"]
-        keep = ["num_partitions", "nprobes"] + (["num_sub_vectors"] if "PQ" in t else []) + \
-            (["m", "ef_construction", "ef"] if "HNSW" in t else []) + (["refine_factor"] if self.params["refine_factor"] else [])
+        keep = (
+            ["num_partitions", "nprobes"]
+            + (["num_sub_vectors"] if "PQ" in t else [])
+            + (["m", "ef_construction", "ef"] if "HNSW" in t else [])
+            + (["refine_factor"] if self.params["refine_factor"] else [])
+        )
         return f"lancedb {t} " + " ".join(f"{k}={self.params[k]}" for k in keep)
 
     @property
@@ -49,12 +62,20 @@ class Lance(OutputIndex):
         self.db = lancedb.connect(path)
         kind = self.params["index_type"]
         self.name = f"wte_ann_{kind.lower()}"
-        table = pa.table({"id": pa.array(np.arange(len(vectors)), pa.int64()),
-                          "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()),
-                                                                      vectors.shape[1])})
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(len(vectors)), pa.int64()),
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel(), pa.float32()), vectors.shape[1]),
+            }
+        )
         self.table = self.db.create_table(self.name, table, mode="overwrite")
-        options = {"metric": "dot", "vector_column_name": "vector", "index_type": kind, "replace": True,
-                   "num_partitions": self.params["num_partitions"]}
+        options = {
+            "metric": "dot",
+            "vector_column_name": "vector",
+            "index_type": kind,
+            "replace": True,
+            "num_partitions": self.params["num_partitions"],
+        }
         if "PQ" in kind:
             options["num_sub_vectors"] = self.params["num_sub_vectors"]
         if "HNSW" in kind:
@@ -63,7 +84,9 @@ class Lance(OutputIndex):
         self.path = path
 
     def _query(self, q, k):
-        return self.table.search(q, vector_column_name="vector").distance_type("dot").limit(k).select(["id", "_distance"])
+        return (
+            self.table.search(q, vector_column_name="vector").distance_type("dot").limit(k).select(["id", "_distance"])
+        )
 
     def search(self, h, k):
         q = as_queries(h)
@@ -115,8 +138,16 @@ class Pgvector(OutputIndex):
 
     kind = "pgvector"
     search_params = ("ef_search", "probes")
-    defaults = {"method": "hnsw", "m": 16, "ef_construction": 64, "lists": 224, "ef_search": 200, "probes": 16,
-                "dsn": None, "schema": "vecgpt_ann"}
+    defaults = {
+        "method": "hnsw",
+        "m": 16,
+        "ef_construction": 64,
+        "lists": 224,
+        "ef_search": 200,
+        "probes": 16,
+        "dsn": None,
+        "schema": "vecgpt_ann",
+    }
     exact_label = "pgvector sequential scan"
 
     @property
@@ -159,25 +190,38 @@ class Pgvector(OutputIndex):
         c = self.conn
         c.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.params["schema"])))
         c.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.table))
-        c.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, embedding vector({}))").format(
-            self.table, sql.Literal(vectors.shape[1])))
+        c.execute(
+            sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, embedding vector({}))").format(
+                self.table, sql.Literal(vectors.shape[1])
+            )
+        )
         c.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE PLAIN").format(self.table))
-        with c.cursor().copy(sql.SQL("COPY {} (id, embedding) FROM STDIN WITH (FORMAT BINARY)").format(self.table)) as cp:
+        with c.cursor().copy(
+            sql.SQL("COPY {} (id, embedding) FROM STDIN WITH (FORMAT BINARY)").format(self.table)
+        ) as cp:
             cp.set_types(["int8", "vector"])
             for i, v in enumerate(vectors):
                 cp.write_row((i, v))
-        c.execute(f"SET maintenance_work_mem = '1GB'; SET max_parallel_maintenance_workers = {max(self.threads - 1, 0)}")
+        c.execute(
+            f"SET maintenance_work_mem = '1GB'; SET max_parallel_maintenance_workers = {max(self.threads - 1, 0)}"
+        )
         if method == "hnsw":
-            opts = sql.SQL("WITH (m = {}, ef_construction = {})").format(sql.Literal(self.params["m"]),
-                                                                         sql.Literal(self.params["ef_construction"]))
+            opts = sql.SQL("WITH (m = {}, ef_construction = {})").format(
+                sql.Literal(self.params["m"]), sql.Literal(self.params["ef_construction"])
+            )
         else:
             opts = sql.SQL("WITH (lists = {})").format(sql.Literal(self.params["lists"]))
-        c.execute(sql.SQL("CREATE INDEX {} ON {} USING {} (embedding vector_ip_ops) {}").format(
-            sql.Identifier(self.index_name), self.table, sql.SQL(method), opts))
+        c.execute(
+            sql.SQL("CREATE INDEX {} ON {} USING {} (embedding vector_ip_ops) {}").format(
+                sql.Identifier(self.index_name), self.table, sql.SQL(method), opts
+            )
+        )
         c.execute(sql.SQL("ANALYZE {}").format(self.table))
 
     def query_sql(self):
-        return self.sql.SQL("SELECT id, embedding <#> %s AS d FROM {} ORDER BY embedding <#> %s LIMIT %s").format(self.table)
+        return self.sql.SQL("SELECT id, embedding <#> %s AS d FROM {} ORDER BY embedding <#> %s LIMIT %s").format(
+            self.table
+        )
 
     def _run(self, h, k, exact):
         q = as_queries(h)
@@ -192,8 +236,8 @@ class Pgvector(OutputIndex):
             for i, v in enumerate(q):
                 rows = self.conn.execute(self.query_sql(), (v, v, k)).fetchall()
                 if rows:
-                    ids[i, :len(rows)] = [r[0] for r in rows]
-                    scores[i, :len(rows)] = [-r[1] for r in rows]
+                    ids[i, : len(rows)] = [r[0] for r in rows]
+                    scores[i, : len(rows)] = [-r[1] for r in rows]
         return ids, scores
 
     def search(self, h, k):
@@ -207,12 +251,17 @@ class Pgvector(OutputIndex):
         with self.conn.transaction():
             if exact:
                 self.conn.execute("SET LOCAL enable_indexscan = off; SET LOCAL enable_bitmapscan = off")
-            rows = self.conn.execute(self.sql.SQL("EXPLAIN ") + self.query_sql(), (as_queries(h)[0], as_queries(h)[0], k))
+            rows = self.conn.execute(
+                self.sql.SQL("EXPLAIN ") + self.query_sql(), (as_queries(h)[0], as_queries(h)[0], k)
+            )
             return "\n".join(r[0] for r in rows.fetchall())
 
     def memory_bytes(self):
-        return int(self.conn.execute("SELECT pg_relation_size(%s::regclass)",
-                                     (f'{self.params["schema"]}.{self.index_name}',)).fetchone()[0])
+        return int(
+            self.conn.execute(
+                "SELECT pg_relation_size(%s::regclass)", (f"{self.params['schema']}.{self.index_name}",)
+            ).fetchone()[0]
+        )
 
     def close(self):
         try:
@@ -268,8 +317,9 @@ class Turbopuffer(OutputIndex):
             self.store.drop(self.name)
             self.store.create(self.name, docs.shape[1], "l2", attrs=("row",))
             self.store.upsert(self.name, np.arange(len(docs)), docs, {"row": np.arange(len(docs))})
-            self.index_wait_s = self.store.wait_indexed(self.name, self.params["index_timeout_s"],
-                                                        lambda msg: print(f"  {msg}", file=sys.stderr))
+            self.index_wait_s = self.store.wait_indexed(
+                self.name, self.params["index_timeout_s"], lambda msg: print(f"  {msg}", file=sys.stderr)
+            )
         except VecgptError as e:
             raise Unavailable(f"turbopuffer: {e}") from None
 
@@ -285,8 +335,8 @@ class Turbopuffer(OutputIndex):
             if rows:
                 found = np.array([r["id"] for r in rows], np.int64)
                 dist = np.array([[r["$dist"] for r in rows]], np.float64)
-                ids[i, :len(rows)] = found
-                scores[i, :len(rows)] = encoding.decode_dists(dist, v[None], self.m2, "l2")[0]
+                ids[i, : len(rows)] = found
+                scores[i, : len(rows)] = encoding.decode_dists(dist, v[None], self.m2, "l2")[0]
         return ids, scores
 
     def exact_search(self, h, k):

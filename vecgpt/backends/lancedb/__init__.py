@@ -16,8 +16,13 @@ from vecgpt.backends.lancedb.store import LanceStore
 __all__ = ["LanceStore", "connect"]
 
 
-def connect(path: str | None = None, compact_every: int = 12, concurrent: bool = True,
-            index_attrs: Sequence[str] = ("layer", "head"), index_rows: int = 2048) -> LanceStore:
+def connect(
+    path: str | None = None,
+    compact_every: int = 12,
+    concurrent: bool = True,
+    index_attrs: Sequence[str] = ("layer", "head"),
+    index_rows: int = 2048,
+) -> LanceStore:
     """path: the store's folder; compact_every: writes to a table between compactions (0: never,
     except at the end of a load); concurrent: let the engine send a round's requests from threads;
     index_attrs: attributes given a bitmap index when a table of index_rows rows or more is compacted."""

@@ -23,8 +23,14 @@ class LanceStore(FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "lancedb"
 
-    def __init__(self, path: str | None = None, compact_every: int = 12, concurrent: bool = True,
-                 index_attrs: Sequence[str] = ("layer", "head"), index_rows: int = 2048):
+    def __init__(
+        self,
+        path: str | None = None,
+        compact_every: int = 12,
+        concurrent: bool = True,
+        index_attrs: Sequence[str] = ("layer", "head"),
+        index_rows: int = 2048,
+    ):
         super().__init__(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.db = lancedb.connect(str(self.path))
@@ -44,9 +50,11 @@ class LanceStore(FolderStore):
         if table is not None:
             base.check_same(name, (table.dim, table.metric), dim, metric)
             return
-        schema = pa.schema([pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
-                           + [pa.field(a, pa.int64()) for a in attrs],
-                           metadata={"vecgpt.dim": str(dim), "vecgpt.metric": metric, "vecgpt.attrs": json.dumps(list(attrs))})
+        schema = pa.schema(
+            [pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
+            + [pa.field(a, pa.int64()) for a in attrs],
+            metadata={"vecgpt.dim": str(dim), "vecgpt.metric": metric, "vecgpt.attrs": json.dumps(list(attrs))},
+        )
         handle = self.db.create_table(name, schema=schema, exist_ok=True)
         table = Table(handle)
         table.ids, table.rows = set(), 0
@@ -60,7 +68,10 @@ class LanceStore(FolderStore):
         if len(ids) == 0:
             return
         ids, vectors, attrs = base.last_writes(name, ids, vectors, attrs or {}, table.attrs)
-        columns = [pa.array(ids), pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim)]
+        columns = [
+            pa.array(ids),
+            pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim),
+        ]
         columns += [pa.array(attrs[a]) for a in table.attrs]
         data = pa.Table.from_arrays(columns, schema=table.handle.schema)
         record()
@@ -102,8 +113,11 @@ class LanceStore(FolderStore):
         return Hits(ids.reshape(m, n), dists.reshape(m, n))
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        if len(searches) > 1 and len({s.collection for s in searches}) == 1 \
-                and all(s.k is None and s.where is not None for s in searches):
+        if (
+            len(searches) > 1
+            and len({s.collection for s in searches}) == 1
+            and all(s.k is None and s.where is not None for s in searches)
+        ):
             return self._search_union(searches)
         calls = [lambda s=s: self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         return parallel(calls) if self.concurrent else [c() for c in calls]
@@ -144,8 +158,13 @@ class LanceStore(FolderStore):
             return np.zeros((0, table.dim), np.float32)
         wanted = np.unique(ids)
         with table.lock.read():
-            result = table.handle.search().where(f"id IN ({', '.join(map(str, wanted.tolist()))})") \
-                .select(["id", "vector"]).limit(len(wanted)).to_arrow()
+            result = (
+                table.handle.search()
+                .where(f"id IN ({', '.join(map(str, wanted.tolist()))})")
+                .select(["id", "vector"])
+                .limit(len(wanted))
+                .to_arrow()
+            )
         got = result["id"].to_numpy()
         vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(len(got), table.dim)
         order = np.argsort(got)
@@ -182,8 +201,12 @@ class LanceStore(FolderStore):
             table = self._table(name)
             with table.lock.read():
                 s = table.handle.stats()
-            out[name] = {"documents": int(s["num_rows"]), "bytes": int(s["total_bytes"]),
-                         "fragments": int(s["fragment_stats"]["num_fragments"]), "version": table.handle.version}
+            out[name] = {
+                "documents": int(s["num_rows"]),
+                "bytes": int(s["total_bytes"]),
+                "fragments": int(s["fragment_stats"]["num_fragments"]),
+                "version": table.handle.version,
+            }
         return out
 
     # maintenance

@@ -91,18 +91,23 @@ class Table:
 
 def lance_errors(method):
     """Lance's own errors (a table's files missing, cut short or garbled) as one-line VecgptErrors."""
+
     @functools.wraps(method)
     def wrapped(self, *args, **kw):
         try:
             return method(self, *args, **kw)
         except (OSError, RuntimeError, ValueError, pa.ArrowException) as e:
             raise self.damaged(f"{method.__name__} failed, its files may be damaged", e) from None
+
     return wrapped
 
 
 def sql(where: Where | None) -> str | None:
     if where is None:
         return None
-    terms = [f"{a} = {int(v)}" for a, v in where.eq.items()] + [f"{a} < {int(v)}" for a, v in where.lt.items()] \
+    terms = (
+        [f"{a} = {int(v)}" for a, v in where.eq.items()]
+        + [f"{a} < {int(v)}" for a, v in where.lt.items()]
         + [f"{a} >= {int(v)}" for a, v in where.ge.items()]
+    )
     return " AND ".join(terms) or None

@@ -22,8 +22,15 @@ from vecgpt.errors import VecgptError
 __all__ = ["ENV_DSN", "PgStore", "connect", "describe_dsn", "dsn_params", "local_server", "scrub"]
 
 
-def connect(dsn: str | None = None, schema: str | None = None, data_dir: str | None = None,
-            workers: int = 0, keep_server: bool = False, timeout: float = 5.0, max_retries: int = 3) -> PgStore:
+def connect(
+    dsn: str | None = None,
+    schema: str | None = None,
+    data_dir: str | None = None,
+    workers: int = 0,
+    keep_server: bool = False,
+    timeout: float = 5.0,
+    max_retries: int = 3,
+) -> PgStore:
     """dsn: a libpq connection string (VECGPT_PG_DSN wins); none: a local pgserver in data_dir.
 
     schema: where the store's tables go (`--store`); default vecgpt_<user>, so users of one database

@@ -20,8 +20,10 @@ def dsn_params(dsn: str, where: str) -> dict:
 def describe_dsn(dsn: str) -> str:
     """host:port/dbname of a connection string: never its user or password, wherever they were written."""
     params = dsn_params(dsn, "the DSN")
-    return f"{params.get('host') or params.get('hostaddr') or 'localhost'}:{params.get('port') or 5432}/" \
-           f"{params.get('dbname') or ''}"
+    return (
+        f"{params.get('host') or params.get('hostaddr') or 'localhost'}:{params.get('port') or 5432}/"
+        f"{params.get('dbname') or ''}"
+    )
 
 
 def scrub(message: str, dsn: str) -> str:
@@ -36,5 +38,7 @@ def scrub(message: str, dsn: str) -> str:
 def check_dsn_has_no_password(dsn: str) -> None:
     params = dsn_params(dsn, "[store] dsn")
     if params.get("password"):
-        raise VecgptError("[store] dsn must not hold a password: put it in PGPASSWORD or ~/.pgpass, "
-                          f"or give the whole DSN in {ENV_DSN}")
+        raise VecgptError(
+            "[store] dsn must not hold a password: put it in PGPASSWORD or ~/.pgpass, "
+            f"or give the whole DSN in {ENV_DSN}"
+        )

@@ -17,8 +17,12 @@ from vecgpt.errors import VecgptError
 
 # Buffers large enough to hold GPT-2 small's tables (about 600 MB), and minimal WAL, so a COPY into
 # a table created in the same transaction writes no WAL at all.
-LOCAL_SETTINGS = {"shared_buffers": "1GB", "wal_level": "minimal", "max_wal_senders": "0",
-                  "effective_cache_size": "4GB"}
+LOCAL_SETTINGS = {
+    "shared_buffers": "1GB",
+    "wal_level": "minimal",
+    "max_wal_senders": "0",
+    "effective_cache_size": "4GB",
+}
 
 _servers: dict[Path, object] = {}
 
@@ -32,8 +36,9 @@ def default_data_dir() -> Path:
     return cache_dir("pgserver")
 
 
-def local_server(data_dir: str | Path | None = None, cleanup: str = "stop",
-                 settings: Mapping[str, str] | None = None) -> str:
+def local_server(
+    data_dir: str | Path | None = None, cleanup: str = "stop", settings: Mapping[str, str] | None = None
+) -> str:
     """Start (or join) a pgserver PostgreSQL in data_dir; its connection string.
 
     cleanup "stop": the last process holding it stops it at exit (the data stays); "delete": also
@@ -60,20 +65,26 @@ def start(path: Path, cleanup: str | None):
         try:
             import pgserver
         except ImportError:
-            raise VecgptError(f"no PostgreSQL given (set {ENV_DSN} or [store] dsn) and no pgserver to start one: "
-                              "pip install 'vecgpt[pgvector]'") from None
+            raise VecgptError(
+                f"no PostgreSQL given (set {ENV_DSN} or [store] dsn) and no pgserver to start one: "
+                "pip install 'vecgpt[pgvector]'"
+            ) from None
         try:
             return pgserver.get_server(path, cleanup_mode=cleanup)
         except Exception as e:
-            raise VecgptError(f"could not start a local PostgreSQL in {path} ({first_line(e)}); see {path / 'log'}, "
-                              f"or set {ENV_DSN} to use a running server") from None
+            raise VecgptError(
+                f"could not start a local PostgreSQL in {path} ({first_line(e)}); see {path / 'log'}, "
+                f"or set {ENV_DSN} to use a running server"
+            ) from None
 
 
 def apply(uri: str, settings: Mapping[str, str]) -> bool:
     """ALTER SYSTEM the settings that differ; whether any did."""
     with psycopg.connect(uri, autocommit=True) as conn:
-        current = {k: conn.execute(sql.SQL("SELECT current_setting({})").format(sql.Literal(k))).fetchone()[0]
-                   for k in settings}
+        current = {
+            k: conn.execute(sql.SQL("SELECT current_setting({})").format(sql.Literal(k))).fetchone()[0]
+            for k in settings
+        }
         changed = {k: v for k, v in settings.items() if current[k].lower() != str(v).lower()}
         for key, value in changed.items():
             conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(key), sql.Literal(str(value))))

@@ -18,17 +18,27 @@ def open_connection(dsn: str, timeout: float) -> psycopg.Connection:
     try:
         # Over TCP, keepalives notice a server that stopped answering within about `timeout`.
         probe = max(1, int(timeout / 2))
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=max(2, math.ceil(timeout)),
-                               keepalives=1, keepalives_idle=probe, keepalives_interval=1, keepalives_count=probe,
-                               tcp_user_timeout=int(timeout * 1000))
+        conn = psycopg.connect(
+            dsn,
+            autocommit=True,
+            connect_timeout=max(2, math.ceil(timeout)),
+            keepalives=1,
+            keepalives_idle=probe,
+            keepalives_interval=1,
+            keepalives_count=probe,
+            tcp_user_timeout=int(timeout * 1000),
+        )
     except psycopg.OperationalError as e:
         message, where = scrub(first_line(e), dsn), describe_dsn(dsn)  # never print credentials
         if "refused" in message or "No such file" in message:
-            raise VecgptError(f"cannot reach PostgreSQL at {where}: connection refused; start the server, fix "
-                              f"{ENV_DSN} or [store] dsn, or unset both for a local throwaway server") from None
+            raise VecgptError(
+                f"cannot reach PostgreSQL at {where}: connection refused; start the server, fix "
+                f"{ENV_DSN} or [store] dsn, or unset both for a local throwaway server"
+            ) from None
         if "password" in message or "authentication" in message:
-            raise VecgptError(f"PostgreSQL at {where} refused the login ({message}); set PGPASSWORD or put "
-                              f"the password in {ENV_DSN}") from None
+            raise VecgptError(
+                f"PostgreSQL at {where} refused the login ({message}); set PGPASSWORD or put the password in {ENV_DSN}"
+            ) from None
         raise VecgptError(f"cannot connect to PostgreSQL at {where}: {message}") from None
     with_vector(conn)
     return conn
@@ -42,9 +52,11 @@ def with_vector(conn: psycopg.Connection) -> None:
     except psycopg.Error as e:
         dbname = conn.info.dbname
         conn.close()
-        raise VecgptError(f"database {dbname!r} has no pgvector extension and it could not be created "
-                          f"({first_line(e)}); as a superuser run CREATE EXTENSION vector in it, or install "
-                          f"pgvector on the server (Debian: apt install postgresql-<version>-pgvector)") from None
+        raise VecgptError(
+            f"database {dbname!r} has no pgvector extension and it could not be created "
+            f"({first_line(e)}); as a superuser run CREATE EXTENSION vector in it, or install "
+            f"pgvector on the server (Debian: apt install postgresql-<version>-pgvector)"
+        ) from None
     from pgvector.psycopg import register_vector
 
     register_vector(conn)
@@ -104,14 +116,18 @@ class Session:
                     if not self.conn.broken:
                         raise VecgptError(f"PostgreSQL: {first_line(e)}") from None
                     if loading_lost:
-                        raise VecgptError(f"lost the connection to PostgreSQL during a load ({first_line(e)}); "
-                                          f"run `vecgpt load` again") from None
+                        raise VecgptError(
+                            f"lost the connection to PostgreSQL during a load ({first_line(e)}); "
+                            f"run `vecgpt load` again"
+                        ) from None
                     lost = lost or e  # the first failure says what happened; later ones say "closed"
                 if attempt < self.max_retries and self._reconnect(attempt):
                     continue
-            raise VecgptError(f"lost the connection to PostgreSQL ({first_line(lost)}) and could not reconnect in "
-                              f"{self.max_retries} retries (at most {worst_case_s(self.timeout, self.max_retries):.0f} s); "
-                              f"is the server running? (timeout and max_retries in [store])") from None
+            raise VecgptError(
+                f"lost the connection to PostgreSQL ({first_line(lost)}) and could not reconnect in "
+                f"{self.max_retries} retries (at most {worst_case_s(self.timeout, self.max_retries):.0f} s); "
+                f"is the server running? (timeout and max_retries in [store])"
+            ) from None
 
     def _reconnect(self, attempt: int) -> bool:
         time.sleep(retry_delay(attempt))

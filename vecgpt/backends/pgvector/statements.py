@@ -18,12 +18,12 @@ COPY_TRAILER = b"\xff\xff"
 SEARCH = {
     (True, False): "SELECT {s}::int, 1::bigint, array_agg(t.id), array_agg({dist}) FROM {table} t{cond}",
     (False, False): "SELECT {s}::int, q.i, array_agg(t.id), array_agg({dist}) FROM {table} t "
-                    "CROSS JOIN unnest(%b::vector[]) WITH ORDINALITY q(v, i){cond} GROUP BY q.i",
+    "CROSS JOIN unnest(%b::vector[]) WITH ORDINALITY q(v, i){cond} GROUP BY q.i",
     (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
-                  "FROM (SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x",
+    "FROM (SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x",
     (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
-                   "FROM unnest(%b::vector[]) WITH ORDINALITY q(v, i) CROSS JOIN LATERAL "
-                   "(SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x GROUP BY q.i",
+    "FROM unnest(%b::vector[]) WITH ORDINALITY q(v, i) CROSS JOIN LATERAL "
+    "(SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x GROUP BY q.i",
 }
 
 
@@ -39,8 +39,9 @@ def table_name(name: str) -> str:
     return "c_" + hashlib.sha1(name.encode()).hexdigest()[:32]
 
 
-def search_sql(s_index: int, table: sql.Composable, metric: Metric, single: bool, k: int | None,
-               filters: Sequence[tuple[str, str]]) -> sql.Composed:
+def search_sql(
+    s_index: int, table: sql.Composable, metric: Metric, single: bool, k: int | None, filters: Sequence[tuple[str, str]]
+) -> sql.Composed:
     """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")

@@ -25,8 +25,7 @@ class PgStore(Session):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     concurrent = False  # one connection; the engine sends requests one after another
 
-    def __init__(self, dsn: str, schema: str = "vecgpt", workers: int = 0, timeout: float = 5.0,
-                 max_retries: int = 3):
+    def __init__(self, dsn: str, schema: str = "vecgpt", workers: int = 0, timeout: float = 5.0, max_retries: int = 3):
         self.schema = schema
         self._meta: dict[str, Meta] = {}
         self._sql: dict[tuple, str] = {}  # search statements by shape
@@ -43,11 +42,18 @@ class PgStore(Session):
         with self.conn.transaction():
             self.conn.execute(sql.SQL("SELECT pg_advisory_xact_lock(hashtext({}))").format(sql.Literal(self.schema)))
             self.conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(s))
-            self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}._collections (name text PRIMARY KEY, "
-                                      "tbl text NOT NULL, dim int NOT NULL, metric text NOT NULL, "
-                                      "attrs text[] NOT NULL)").format(s))
-            self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}._manifest (key text PRIMARY KEY, "
-                                      "value jsonb NOT NULL)").format(s))
+            self.conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {}._collections (name text PRIMARY KEY, "
+                    "tbl text NOT NULL, dim int NOT NULL, metric text NOT NULL, "
+                    "attrs text[] NOT NULL)"
+                ).format(s)
+            )
+            self.conn.execute(
+                sql.SQL("CREATE TABLE IF NOT EXISTS {}._manifest (key text PRIMARY KEY, value jsonb NOT NULL)").format(
+                    s
+                )
+            )
 
     def _table(self, meta: Meta) -> sql.Composed:
         return sql.Identifier(self.schema, meta.table)
@@ -58,8 +64,12 @@ class PgStore(Session):
 
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
-            row = self.conn.execute(sql.SQL("SELECT tbl, dim, metric, attrs FROM {}._collections WHERE name = %s")
-                                    .format(sql.Identifier(self.schema)), (name,)).fetchone()
+            row = self.conn.execute(
+                sql.SQL("SELECT tbl, dim, metric, attrs FROM {}._collections WHERE name = %s").format(
+                    sql.Identifier(self.schema)
+                ),
+                (name,),
+            ).fetchone()
             if row is None:
                 return None
             self._meta[name] = Meta(*row)
@@ -94,14 +104,24 @@ class PgStore(Session):
             self.conn.execute("BEGIN")
             self._pending = name
         try:
-            self.conn.execute(sql.SQL("CREATE {}TABLE {} ({})").format(
-                sql.SQL("UNLOGGED " if text else ""), self._table(meta), sql.SQL(", ").join(columns)))
-            self.conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE {}").format(self._table(meta), storage))
+            self.conn.execute(
+                sql.SQL("CREATE {}TABLE {} ({})").format(
+                    sql.SQL("UNLOGGED " if text else ""), self._table(meta), sql.SQL(", ").join(columns)
+                )
+            )
+            self.conn.execute(
+                sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE {}").format(self._table(meta), storage)
+            )
             if text and attrs:  # keys are searched by layer/head and a position range
-                self.conn.execute(sql.SQL("CREATE INDEX ON {} ({})").format(
-                    self._table(meta), sql.SQL(", ").join(map(sql.Identifier, attrs))))
-            self.conn.execute(sql.SQL("INSERT INTO {}._collections VALUES (%s, %s, %s, %s, %s)")
-                              .format(sql.Identifier(self.schema)), (name, meta.table, dim, metric, attrs))
+                self.conn.execute(
+                    sql.SQL("CREATE INDEX ON {} ({})").format(
+                        self._table(meta), sql.SQL(", ").join(map(sql.Identifier, attrs))
+                    )
+                )
+            self.conn.execute(
+                sql.SQL("INSERT INTO {}._collections VALUES (%s, %s, %s, %s, %s)").format(sql.Identifier(self.schema)),
+                (name, meta.table, dim, metric, attrs),
+            )
         except psycopg.errors.DuplicateTable:
             raise VecgptError(f"a table {self.schema}.{meta.table} exists that is not a collection; drop it") from None
         self._meta[name] = meta
@@ -116,17 +136,28 @@ class PgStore(Session):
             return
         with self.conn.transaction():
             self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(meta)))
-            self.conn.execute(sql.SQL("DELETE FROM {}._collections WHERE name = %s").format(sql.Identifier(self.schema)), (name,))
+            self.conn.execute(
+                sql.SQL("DELETE FROM {}._collections WHERE name = %s").format(sql.Identifier(self.schema)), (name,)
+            )
         self._meta.pop(name, None)
         self._sql = {key: text for key, text in self._sql.items() if key[1] != name}
 
     def collections(self) -> list[str]:
-        return self._run(lambda: sorted(r[0] for r in self.conn.execute(
-            sql.SQL("SELECT name FROM {}._collections").format(sql.Identifier(self.schema)))))
+        return self._run(
+            lambda: sorted(
+                r[0]
+                for r in self.conn.execute(
+                    sql.SQL("SELECT name FROM {}._collections").format(sql.Identifier(self.schema))
+                )
+            )
+        )
 
     def count(self, name: str) -> int:
-        return self._run(lambda: self.conn.execute(
-            sql.SQL("SELECT count(*) FROM {}").format(self._table(self._col(name)))).fetchone()[0])
+        return self._run(
+            lambda: self.conn.execute(
+                sql.SQL("SELECT count(*) FROM {}").format(self._table(self._col(name)))
+            ).fetchone()[0]
+        )
 
     def stats(self) -> dict:
         def run():
@@ -134,15 +165,20 @@ class PgStore(Session):
             out = {}
             for name in self.collections():
                 meta = self._col(name)
-                n, size = self.conn.execute(sql.SQL("SELECT count(*), pg_total_relation_size({}::regclass) FROM {}").format(
-                    sql.Literal(f'"{self.schema}"."{meta.table}"'), self._table(meta))).fetchone()
+                n, size = self.conn.execute(
+                    sql.SQL("SELECT count(*), pg_total_relation_size({}::regclass) FROM {}").format(
+                        sql.Literal(f'"{self.schema}"."{meta.table}"'), self._table(meta)
+                    )
+                ).fetchone()
                 out[name] = {"documents": n, "bytes": size, "vector_bytes": n * (4 * meta.dim + 8)}
             return out
+
         return self._run(run)
 
     # rows
-    def upsert(self, name: str, ids: np.ndarray, vectors: np.ndarray,
-               attrs: Mapping[str, np.ndarray] | None = None) -> None:
+    def upsert(
+        self, name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray] | None = None
+    ) -> None:
         self._run(self._upsert, name, ids, vectors, attrs or {}, loading=name)
 
     def _upsert(self, name, ids, vectors, attrs):
@@ -155,8 +191,12 @@ class PgStore(Session):
         table = self._table(meta)
         names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
         # One statement either way, atomic by itself; inside a load transaction an error drops the load.
-        if len(ids) <= SMALL_WRITE or self.conn.execute(
-                sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE id = ANY(%b))").format(table), (ids.tolist(),)).fetchone()[0]:
+        if (
+            len(ids) <= SMALL_WRITE
+            or self.conn.execute(
+                sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE id = ANY(%b))").format(table), (ids.tolist(),)
+            ).fetchone()[0]
+        ):
             self._insert(table, meta, names, ids, columns, vectors)
         else:
             self._copy(table, meta, names, ids, columns, vectors)
@@ -164,15 +204,19 @@ class PgStore(Session):
     def _insert(self, table, meta, names, ids, columns, vectors):
         """Rows that may replace others: one INSERT ... ON CONFLICT from arrays."""
         arrays = [sql.SQL("%b::bigint[]")] * (1 + len(meta.attrs)) + [sql.SQL("%b::vector[]")]
-        update = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
-                                    for c in [*meta.attrs, "embedding"])
+        update = sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in [*meta.attrs, "embedding"]
+        )
         query = sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) ON CONFLICT (id) DO UPDATE SET {}").format(
-            table, names, sql.SQL(", ").join(arrays), update)
+            table, names, sql.SQL(", ").join(arrays), update
+        )
         self.conn.execute(query, [ids.tolist(), *(columns[a].tolist() for a in meta.attrs), list(vectors)])
 
     def _copy(self, table, meta, names, ids, columns, vectors):
         """Rows that are all new: one binary COPY, its stream built in numpy."""
-        with self.conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(table, names)) as copy:
+        with self.conn.cursor().copy(
+            sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT BINARY)").format(table, names)
+        ) as copy:
             copy.write(copy_stream(ids, [columns[a] for a in meta.attrs], vectors))
 
     def fetch(self, name: str, ids: np.ndarray) -> np.ndarray:
@@ -181,12 +225,21 @@ class PgStore(Session):
             meta = self._col(name)
             want = np.asarray(ids, np.int64)
             record()
-            rows = self.conn.cursor(binary=True).execute(
-                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%b)").format(self._table(meta)), (want.tolist(),)).fetchall()
+            rows = (
+                self.conn.cursor(binary=True)
+                .execute(
+                    sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%b)").format(self._table(meta)),
+                    (want.tolist(),),
+                )
+                .fetchall()
+            )
             found = {int(i): v for i, v in rows}
             base.check_found(name, want, found)
-            return np.array([found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)]
-                             for i in want], np.float32).reshape(len(want), meta.dim)
+            return np.array(
+                [found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)] for i in want],
+                np.float32,
+            ).reshape(len(want), meta.dim)
+
         return self._run(run)
 
     # search
@@ -225,10 +278,14 @@ class PgStore(Session):
                     n = len(ids[0])
                     if any(len(r) != n for r in ids):  # every query sees the same rows
                         raise VecgptError(f"search in {s.collection!r}: queries got different numbers of rows")
-                    out[s_index] = Hits(np.array(ids, np.int64).reshape(m, n), np.array(dists, np.float64).reshape(m, n))
+                    out[s_index] = Hits(
+                        np.array(ids, np.int64).reshape(m, n), np.array(dists, np.float64).reshape(m, n)
+                    )
         for s_index, hits in enumerate(out):
             if hits is None:
-                out[s_index] = Hits(np.zeros((len(prepared[s_index]), 0), np.int64), np.zeros((len(prepared[s_index]), 0)))
+                out[s_index] = Hits(
+                    np.zeros((len(prepared[s_index]), 0), np.int64), np.zeros((len(prepared[s_index]), 0))
+                )
         return out
 
     def _search_sql(self, s_index, meta, queries, k, where, name):
@@ -236,14 +293,18 @@ class PgStore(Session):
         filters = []
         if where is not None:
             base.check_where(name, where, meta.attrs)
-            filters = [(op, attr, int(value)) for op, values in (("=", where.eq), ("<", where.lt), (">=", where.ge))
-                       for attr, value in sorted(values.items())]
+            filters = [
+                (op, attr, int(value))
+                for op, values in (("=", where.eq), ("<", where.lt), (">=", where.ge))
+                for attr, value in sorted(values.items())
+            ]
         single = len(queries) == 1
         key = (s_index, name, single, k, tuple(f[:2] for f in filters))
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
-            text = self._sql[key] = search_sql(s_index, self._table(meta), meta.metric, single, k,
-                                               [f[:2] for f in filters]).as_string(self.conn)
+            text = self._sql[key] = search_sql(
+                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters]
+            ).as_string(self.conn)
         args = [f[2] for f in filters]
         return text, [queries[0] if single else list(queries), *args]
 
@@ -251,9 +312,11 @@ class PgStore(Session):
     def read_manifest(self, key: str) -> dict | None:
         def run():
             self._commit()
-            row = self.conn.execute(sql.SQL("SELECT value FROM {}._manifest WHERE key = %s")
-                                    .format(sql.Identifier(self.schema)), (key,)).fetchone()
+            row = self.conn.execute(
+                sql.SQL("SELECT value FROM {}._manifest WHERE key = %s").format(sql.Identifier(self.schema)), (key,)
+            ).fetchone()
             return None if row is None else row[0]
+
         return self._run(run)
 
     def write_manifest(self, key: str, manifest: dict | None) -> None:
@@ -264,16 +327,23 @@ class PgStore(Session):
                 self.conn.execute(sql.SQL("DELETE FROM {} WHERE key = %s").format(table), (key,))
             else:
                 json.dumps(manifest)  # fail here, not half-way, on what JSON cannot hold
-                self.conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE "
-                                          "SET value = EXCLUDED.value").format(table), (key, Jsonb(manifest)))
+                self.conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+                    ).format(table),
+                    (key, Jsonb(manifest)),
+                )
+
         self._run(run)
 
     def manifests(self) -> list[str]:
         def run():
             self._commit()
-            rows = self.conn.execute(sql.SQL("SELECT key FROM {}._manifest WHERE key <> 'manifest'")
-                                     .format(sql.Identifier(self.schema))).fetchall()
+            rows = self.conn.execute(
+                sql.SQL("SELECT key FROM {}._manifest WHERE key <> 'manifest'").format(sql.Identifier(self.schema))
+            ).fetchall()
             return [r[0] for r in rows]
+
         return self._run(run)
 
     @contextmanager

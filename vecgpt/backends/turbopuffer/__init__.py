@@ -25,20 +25,35 @@ __all__ = ["PRICES", "TurbopufferStore", "b64", "connect", "dollars", "estimate_
 LAYOUTS = ("namespace-per-matrix",)
 
 
-def connect(base_url: str | None = None, region: str | None = None, prefix: str | None = None,
-            layout: str = "namespace-per-matrix", replicas: int = 1, key_replicas: int = 2,
-            key_partition: str = "head", max_retries: int = 3, compression: bool = False, timeout: float = 5.0,
-            max_top_k: int = MAX_TOP_K, slots: int = SLOTS, write_batch_mb: float = 8.0) -> TurbopufferStore:
+def connect(
+    base_url: str | None = None,
+    region: str | None = None,
+    prefix: str | None = None,
+    layout: str = "namespace-per-matrix",
+    replicas: int = 1,
+    key_replicas: int = 2,
+    key_partition: str = "head",
+    max_retries: int = 3,
+    compression: bool = False,
+    timeout: float = 5.0,
+    max_top_k: int = MAX_TOP_K,
+    slots: int = SLOTS,
+    write_batch_mb: float = 8.0,
+) -> TurbopufferStore:
     import turbopuffer
 
     if layout not in LAYOUTS:
-        raise VecgptError(f"layout {layout!r} is not offered; use {LAYOUTS[0]!r} "
-                          f"(namespace per vector length was measured and dropped: see docs/turbopuffer.md)")
+        raise VecgptError(
+            f"layout {layout!r} is not offered; use {LAYOUTS[0]!r} "
+            f"(namespace per vector length was measured and dropped: see docs/turbopuffer.md)"
+        )
     if replicas < 1 or key_replicas < 1 or not 1 <= max_top_k <= MAX_TOP_K or slots < KNN_SLOTS:
         raise VecgptError("replicas and key_replicas must be >= 1, max_top_k within 1..10000, slots >= 2")
     if not timeout > 0 or max_retries < 0:
-        raise VecgptError(f"timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries}); a request gives up "
-                          f"after at most (max_retries + 1) * timeout plus backoff")
+        raise VecgptError(
+            f"timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries}); a request gives up "
+            f"after at most (max_retries + 1) * timeout plus backoff"
+        )
     key = os.environ.get("TURBOPUFFER_API_KEY")
     if not key:
         raise VecgptError("set TURBOPUFFER_API_KEY (for a local server: the key `vecgpt tpuf-local` printed)")
@@ -46,17 +61,34 @@ def connect(base_url: str | None = None, region: str | None = None, prefix: str 
         base_url = os.environ.get("TURBOPUFFER_BASE_URL")
         region = None if base_url else os.environ.get("TURBOPUFFER_REGION")
         if base_url is None and region is None:
-            raise VecgptError("say where turbopuffer is: base_url or region in [store], or TURBOPUFFER_BASE_URL / "
-                              "TURBOPUFFER_REGION (e.g. gcp-us-central1)")
+            raise VecgptError(
+                "say where turbopuffer is: base_url or region in [store], or TURBOPUFFER_BASE_URL / "
+                "TURBOPUFFER_REGION (e.g. gcp-us-central1)"
+            )
     if base_url and "{region}" not in base_url:
         region = None
         if os.environ.get("TURBOPUFFER_REGION"):  # the client would take it and refuse this base URL
             raise VecgptError(f"TURBOPUFFER_REGION is set but base_url {base_url} has no {{region}}; unset it")
     try:
-        client = bounded_client_class()(api_key=key, region=region, base_url=base_url, max_retries=max_retries,
-                               compression=compression, timeout=timeout)
+        client = bounded_client_class()(
+            api_key=key,
+            region=region,
+            base_url=base_url,
+            max_retries=max_retries,
+            compression=compression,
+            timeout=timeout,
+        )
     except turbopuffer.TurbopufferError as e:
         raise VecgptError(f"turbopuffer client: {e}") from None
     url = str(client.base_url).rstrip("/")
-    return TurbopufferStore(client, url, f"vecgpt-{user_name()}-" if prefix is None else prefix, replicas, key_replicas, key_partition or None, max_top_k, slots,
-                            write_batch_mb)
+    return TurbopufferStore(
+        client,
+        url,
+        f"vecgpt-{user_name()}-" if prefix is None else prefix,
+        replicas,
+        key_replicas,
+        key_partition or None,
+        max_top_k,
+        slots,
+        write_batch_mb,
+    )

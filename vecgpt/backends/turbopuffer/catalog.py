@@ -18,8 +18,12 @@ class Catalog(Plumbing):
     """Collections as catalog rows, and the namespaces each one owns."""
 
     def _catalog(self) -> dict[str, dict]:
-        out = self._query(self.catalog_ns, {"rank_by": ["id", "asc"], "top_k": self.max_top_k,
-                                            "include_attributes": ["spec"]}, "reading the catalog", missing=None)
+        out = self._query(
+            self.catalog_ns,
+            {"rank_by": ["id", "asc"], "top_k": self.max_top_k, "include_attributes": ["spec"]},
+            "reading the catalog",
+            missing=None,
+        )
         specs = {} if out is None else {r["id"]: json.loads(r["spec"]) for r in out.get("rows", [])}
         with self._lock:
             self._specs = dict(specs)
@@ -47,8 +51,11 @@ class Catalog(Plumbing):
     def _listed_parts(self, name: str) -> list[int]:
         base = self._base(name) + "--p"
         record()
-        names = self._call("listing namespaces (a catalog entry without parts)", base,
-                           lambda: [n.id for n in self.client.namespaces(prefix=base)])
+        names = self._call(
+            "listing namespaces (a catalog entry without parts)",
+            base,
+            lambda: [n.id for n in self.client.namespaces(prefix=base)],
+        )
         return sorted({int(m.group(1)) for n in names for m in [re.match(re.escape(base) + r"(\d+)", n)] if m})
 
     def _owned(self, name: str) -> list[str]:
@@ -72,8 +79,13 @@ class Catalog(Plumbing):
         if "--" in name or name.startswith("_") or not NAME.match(name):
             raise VecgptError(f"collection name {name!r}: use [A-Za-z0-9-_.], no '--', not starting with '_'")
         partition = self.key_partition if name.startswith("text-") and self.key_partition in attrs else None
-        spec = {"dim": int(dim), "metric": metric, "attrs": list(attrs), "partition": partition,
-                "replicas": self.key_replicas if partition else self.replicas}
+        spec = {
+            "dim": int(dim),
+            "metric": metric,
+            "attrs": list(attrs),
+            "partition": partition,
+            "replicas": self.key_replicas if partition else self.replicas,
+        }
         for ns in self._replicas(self._base(name, 0 if partition else None), spec["replicas"]):
             check_namespace(ns)
         if partition:
@@ -86,14 +98,20 @@ class Catalog(Plumbing):
 
     def _write_spec(self, name: str, spec: dict, what: str) -> None:
         """Upsert a catalog row (idempotent: a 409 after retries means an earlier attempt landed)."""
-        self._write(self.catalog_ns, what, conflict_ok=True, upsert_rows=[{"id": name, "spec": json.dumps(spec)}],
-                    schema={"spec": {"type": "string", "filterable": False}})
+        self._write(
+            self.catalog_ns,
+            what,
+            conflict_ok=True,
+            upsert_rows=[{"id": name, "spec": json.dumps(spec)}],
+            schema={"spec": {"type": "string", "filterable": False}},
+        )
         with self._lock:
             self._specs[name] = spec
 
 
 def check_namespace(ns: str) -> None:
     if not NAME.match(ns):
-        raise VecgptError(f"namespace name {ns!r} is not valid for turbopuffer ([A-Za-z0-9-_.], 1 to 128 characters); "
-                          f"shorten the prefix")
-
+        raise VecgptError(
+            f"namespace name {ns!r} is not valid for turbopuffer ([A-Za-z0-9-_.], 1 to 128 characters); "
+            f"shorten the prefix"
+        )

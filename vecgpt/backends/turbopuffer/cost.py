@@ -6,15 +6,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 # published prices (turbopuffer.com/pricing, Launch/Scale tiers; reference section 10)
-PRICES = {"storage_gb_month": 0.33, "write_gb": 2.0, "queried_pb": 1.0, "returned_gb": 0.05,
-          "min_query_bytes": 1.28e9, "min_write_bytes": 10e3, "branch": 0.032}
+PRICES = {
+    "storage_gb_month": 0.33,
+    "write_gb": 2.0,
+    "queried_pb": 1.0,
+    "returned_gb": 0.05,
+    "min_query_bytes": 1.28e9,
+    "min_write_bytes": 10e3,
+    "branch": 0.032,
+}
 
 
 def dollars(usage: Mapping[str, float]) -> float:
     """Dollars for a usage tally (billed bytes written, queried, returned), at the published prices."""
-    return (usage.get("billed_written", 0) / 1e9 * PRICES["write_gb"]
-            + usage.get("billed_queried", 0) / 1e15 * PRICES["queried_pb"]
-            + usage.get("billed_returned", 0) / 1e9 * PRICES["returned_gb"])
+    return (
+        usage.get("billed_written", 0) / 1e9 * PRICES["write_gb"]
+        + usage.get("billed_queried", 0) / 1e15 * PRICES["queried_pb"]
+        + usage.get("billed_returned", 0) / 1e9 * PRICES["returned_gb"]
+    )
 
 
 def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_replicas: int = 2) -> str:
@@ -36,18 +45,26 @@ def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_r
     heads = max(1, width // 64)
     per_ns_bytes = {name: b for name, _, _, b in doc_bytes}
     subqueries = len(matrices) + layers * heads + 1
-    queried = sum(max(PRICES["min_query_bytes"], per_ns_bytes[r[0]]) for r in matrices) + \
-        layers * heads * PRICES["min_query_bytes"] + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
+    queried = (
+        sum(max(PRICES["min_query_bytes"], per_ns_bytes[r[0]]) for r in matrices)
+        + layers * heads * PRICES["min_query_bytes"]
+        + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
+    )
     returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
     writes = heads * key_replicas  # a token's keys, every layer, in one upsert: a request per head namespace copy
     key_writes = writes * PRICES["min_write_bytes"]
-    token = queried / 1e15 * PRICES["queried_pb"] + returned / 1e9 * PRICES["returned_gb"] + \
-        key_writes / 1e9 * PRICES["write_gb"]
-    return "\n".join([
-        f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
-        f"  load (writes at $2/GB, before batch discounts): ${write:,.2f}",
-        f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
-        f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
-        f"{returned / 1e6:.2f} MB returned, {writes} key writes: ${token:.6f}",
-        "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
-    ])
+    token = (
+        queried / 1e15 * PRICES["queried_pb"]
+        + returned / 1e9 * PRICES["returned_gb"]
+        + key_writes / 1e9 * PRICES["write_gb"]
+    )
+    return "\n".join(
+        [
+            f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
+            f"  load (writes at $2/GB, before batch discounts): ${write:,.2f}",
+            f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
+            f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
+            f"{returned / 1e6:.2f} MB returned, {writes} key writes: ${token:.6f}",
+            "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
+        ]
+    )

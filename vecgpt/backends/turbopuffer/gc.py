@@ -23,8 +23,10 @@ def run(args) -> int:
         raise VecgptError(f"--older-than must be 0 or more minutes, not {args.older_than}")
     config = load_config(args.config) if args.config else load_config(backend="turbopuffer")
     if config.backend != "turbopuffer":
-        raise VecgptError(f"tpuf-gc needs a turbopuffer config (backend = \"turbopuffer\"); {args.config} says "
-                          f"backend = {config.backend!r} (see configs/turbopuffer.toml)")
+        raise VecgptError(
+            f'tpuf-gc needs a turbopuffer config (backend = "turbopuffer"); {args.config} says '
+            f"backend = {config.backend!r} (see configs/turbopuffer.toml)"
+        )
     if getattr(args, "store", None) is not None:
         config.store["prefix"] = args.store
     store = open_store(config)
@@ -38,8 +40,10 @@ def run(args) -> int:
         old = age is None or age >= args.older_than
         mark = "remove" if args.remove and old else ("keep (recent)" if args.remove else "")
         age_s = f"{age:,.0f} min ago" if age is not None else "no data"
-        print(f"{t['text']:20s} {t['namespaces']:>3} ns {t['documents']:>8,} docs {t['bytes'] / 1e6:>9.2f} MB  "
-              f"updated {age_s:>14s}  {mark}".rstrip())
+        print(
+            f"{t['text']:20s} {t['namespaces']:>3} ns {t['documents']:>8,} docs {t['bytes'] / 1e6:>9.2f} MB  "
+            f"updated {age_s:>14s}  {mark}".rstrip()
+        )
         if args.remove and old:
             store.drop(t["text"])
             removed += 1
@@ -52,8 +56,13 @@ def run(args) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="TOML file with backend = \"turbopuffer\" and its [store] options")
+    p.add_argument("--config", help='TOML file with backend = "turbopuffer" and its [store] options')
     p.add_argument("--store", metavar="PREFIX", help="the namespace prefix (overrides [store] prefix)")
     p.add_argument("--remove", action="store_true", help="delete them (they are billed for storage)")
-    p.add_argument("--older-than", type=float, default=60.0, metavar="MINUTES",
-                   help="only texts not written for this long (a running generation keeps writing); default 60")
+    p.add_argument(
+        "--older-than",
+        type=float,
+        default=60.0,
+        metavar="MINUTES",
+        help="only texts not written for this long (a running generation keeps writing); default 60",
+    )

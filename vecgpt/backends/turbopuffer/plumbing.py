@@ -58,7 +58,6 @@ def gate_for(url: str, slots: int) -> Gate:
         return _gates.setdefault((url, slots), Gate(slots))
 
 
-
 class Plumbing:
     """The plumbing a store sends its requests through (needs client, url, usage, _lock, _handles)."""
 
@@ -79,28 +78,36 @@ class Plumbing:
                 return None
             raise VecgptError(f"turbopuffer answered 409 (conflict) on {what} ({namespace!r}) after retries") from None
         except tp.AuthenticationError:
-            raise VecgptError(f"turbopuffer at {self.url} rejected the API key (401); "
-                              f"check TURBOPUFFER_API_KEY") from None
+            raise VecgptError(
+                f"turbopuffer at {self.url} rejected the API key (401); check TURBOPUFFER_API_KEY"
+            ) from None
         except tp.PermissionDeniedError:
-            raise VecgptError(f"turbopuffer at {self.url} refused access to namespace {namespace!r} (403); "
-                              f"the API key lacks permission") from None
+            raise VecgptError(
+                f"turbopuffer at {self.url} refused access to namespace {namespace!r} (403); "
+                f"the API key lacks permission"
+            ) from None
         except tp.NotFoundError:
             if missing is None:
                 return None
-            raise VecgptError(f"turbopuffer has no namespace {namespace!r} ({what}); "
-                              f"is the model loaded (`vecgpt load`)?") from None
+            raise VecgptError(
+                f"turbopuffer has no namespace {namespace!r} ({what}); is the model loaded (`vecgpt load`)?"
+            ) from None
         except tp.RateLimitError as e:
-            raise VecgptError(f"turbopuffer kept refusing {what} on {namespace!r} with 429 (rate or concurrency "
-                              f"limit) after retries: {_detail(e)}") from None
+            raise VecgptError(
+                f"turbopuffer kept refusing {what} on {namespace!r} with 429 (rate or concurrency "
+                f"limit) after retries: {_detail(e)}"
+            ) from None
         except tp.APIStatusError as e:
             raise VecgptError(f"turbopuffer error {e.status_code} on {what} ({namespace!r}): {_detail(e)}") from None
         except tp.APIConnectionError as e:
-            raise VecgptError(f"cannot reach turbopuffer at {self.url} ({type(e).__name__}); "
-                              f"check base_url/region and the network") from None
+            raise VecgptError(
+                f"cannot reach turbopuffer at {self.url} ({type(e).__name__}); check base_url/region and the network"
+            ) from None
 
     def _raw(self, what: str, namespace: str, method: str, missing=VecgptError, conflict_ok=False, **kw):
-        resp = self._call(what, namespace, lambda: getattr(self._ns(namespace).with_raw_response, method)(**kw),
-                          missing, conflict_ok)
+        resp = self._call(
+            what, namespace, lambda: getattr(self._ns(namespace).with_raw_response, method)(**kw), missing, conflict_ok
+        )
         return None if resp is None else _loads(resp.read())
 
     def _write(self, namespace: str, what: str = "write", conflict_ok=False, **body) -> dict:
@@ -125,15 +132,16 @@ class Plumbing:
         out = self._raw(what, namespace, "multi_query" if "queries" in body else "query", missing=missing, **body)
         if out is not None:
             billing = out.get("billing", {})
-            self._bill(queried=billing.get("billable_logical_bytes_queried", 0),
-                       returned=billing.get("billable_logical_bytes_returned", 0), subqueries=subqueries)
+            self._bill(
+                queried=billing.get("billable_logical_bytes_queried", 0),
+                returned=billing.get("billable_logical_bytes_returned", 0),
+                subqueries=subqueries,
+            )
         return out
-
 
     def _delete_namespace(self, ns: str) -> None:
         record()
         self._call("delete", ns, lambda: self._ns(ns).delete_all(), missing=None)
-
 
 
 def _detail(e) -> str:
@@ -155,5 +163,5 @@ def bounded_client_class():
 
         def _parse_retry_after_header(self, response_headers=None):
             return None
-    return BoundedClient
 
+    return BoundedClient

@@ -26,7 +26,6 @@ class Task:
         self.ids = self.dists = None
 
 
-
 class Searching:
     """search, search_many and fetch of a TurbopufferStore."""
 
@@ -72,14 +71,16 @@ class Searching:
         for replicas, group in groups.items():
             size = max(1, min(self.per_request, math.ceil(len(group) / len(replicas))))
             for start in range(0, len(group), size):
-                chunk = group[start:start + size]
+                chunk = group[start : start + size]
                 calls.append(lambda r=list(replicas), c=chunk: self._send(r, c, queries))
         parallel(calls, workers=max(16, min(len(calls), 128)))
 
     def _send(self, replicas: list[str], chunk: list[Task], queries: list[np.ndarray]) -> None:
         need = KNN_SLOTS * len(chunk)
-        subs = [{"rank_by": ["vector", "kNN", queries[t.si][t.qi].tolist()], "top_k": t.limit, "filters": t.filter}
-                for t in chunk]
+        subs = [
+            {"rank_by": ["vector", "kNN", queries[t.si][t.qi].tolist()], "top_k": t.limit, "filters": t.filter}
+            for t in chunk
+        ]
         ns = self.gate.acquire(replicas, need)
         try:
             if len(subs) == 1:
@@ -103,8 +104,11 @@ class Searching:
             pieces = max(2, math.ceil(2 * (hi - lo) / t.limit))
         edges = np.unique(np.linspace(lo, hi, pieces + 1).astype(np.int64))
         base = strip_range(t.filter)
-        return [Task(t.si, t.qi, t.replicas, with_range(base, a, b), t.limit)
-                for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()) if b > a]
+        return [
+            Task(t.si, t.qi, t.replicas, with_range(base, a, b), t.limit)
+            for a, b in zip(edges[:-1].tolist(), edges[1:].tolist())
+            if b > a
+        ]
 
     def _span(self, ns: str) -> tuple[int, int]:
         """[0, largest id + 1) of a namespace (one request, then cached)."""
@@ -126,8 +130,10 @@ class Searching:
                 ids[i], dists[i] = ids[i][order], dists[i][order]
         n = {len(x) for x in ids}
         if len(n) > 1:
-            raise VecgptError("turbopuffer returned different row counts for the query vectors of one search "
-                              "(the collection changed during it?)")
+            raise VecgptError(
+                "turbopuffer returned different row counts for the query vectors of one search "
+                "(the collection changed during it?)"
+            )
         return Hits(np.stack(ids) if m else np.zeros((0, 0), np.int64), np.stack(dists) if m else np.zeros((0, 0)))
 
     def fetch(self, name, ids) -> np.ndarray:
@@ -140,18 +146,30 @@ class Searching:
         def get(replicas, chunk):
             ns = self.gate.acquire(replicas, 1)
             try:
-                out = self._query(ns, {"rank_by": ["id", "asc"], "top_k": len(chunk), "filters": ["id", "In", chunk],
-                                       "include_attributes": ["vector"], "vector_encoding": "base64"}, "fetch")
+                out = self._query(
+                    ns,
+                    {
+                        "rank_by": ["id", "asc"],
+                        "top_k": len(chunk),
+                        "filters": ["id", "In", chunk],
+                        "include_attributes": ["vector"],
+                        "vector_encoding": "base64",
+                    },
+                    "fetch",
+                )
             finally:
                 self.gate.release(ns, 1)
             for r in out.get("rows", []):
                 v = r["vector"]
-                found[int(r["id"])] = np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) \
-                    else np.asarray(v, np.float32)
+                found[int(r["id"])] = (
+                    np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) else np.asarray(v, np.float32)
+                )
 
-        chunks = [wanted[i:i + self.max_top_k].tolist() for i in range(0, len(wanted), self.max_top_k)]
+        chunks = [wanted[i : i + self.max_top_k].tolist() for i in range(0, len(wanted), self.max_top_k)]
         parallel([lambda r=r, c=c: get(r, c) for r in spaces for c in chunks])
         check_found(name, wanted, found)
-        return np.stack([found[int(i)] for i in ids]).astype(np.float32) if len(ids) else \
-            np.zeros((0, spec["dim"]), np.float32)
-
+        return (
+            np.stack([found[int(i)] for i in ids]).astype(np.float32)
+            if len(ids)
+            else np.zeros((0, spec["dim"]), np.float32)
+        )

@@ -23,14 +23,22 @@ def b64(vectors: np.ndarray) -> list[str]:
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in v]
 
 
-
 class TurbopufferStore(Catalog, Searching):
     metrics: tuple[Metric, ...] = ("l2",)
     concurrent = True  # the engine may send a round's requests at once
 
-    def __init__(self, client, url: str, prefix: str = "vecgpt-", replicas: int = 1, key_replicas: int = 2,
-                 key_partition: str | None = "head", max_top_k: int = MAX_TOP_K, slots: int = SLOTS,
-                 write_batch_mb: float = 8.0):
+    def __init__(
+        self,
+        client,
+        url: str,
+        prefix: str = "vecgpt-",
+        replicas: int = 1,
+        key_replicas: int = 2,
+        key_partition: str | None = "head",
+        max_top_k: int = MAX_TOP_K,
+        slots: int = SLOTS,
+        write_batch_mb: float = 8.0,
+    ):
         self.client, self.url, self.prefix = client, url, prefix
         self.replicas, self.key_replicas, self.key_partition = replicas, key_replicas, key_partition
         self.max_top_k, self.slots = max_top_k, slots
@@ -66,13 +74,19 @@ class TurbopufferStore(Catalog, Searching):
         calls = []
         for part, rows in groups:
             for start in range(0, len(rows), batch):
-                sel = rows[start:start + batch]
-                body = {"id": ids[sel].tolist(), "vector": b64(vectors[sel]),
-                        **{a: c[sel].tolist() for a, c in columns.items()}}
+                sel = rows[start : start + batch]
+                body = {
+                    "id": ids[sel].tolist(),
+                    "vector": b64(vectors[sel]),
+                    **{a: c[sel].tolist() for a, c in columns.items()},
+                }
                 for ns in self._replicas(self._base(name, part), spec["replicas"]):
                     self._grown(ns, int(ids[sel].max()) if len(sel) else -1)
-                    calls.append(lambda ns=ns, body=body: self._write(ns, "upsert", upsert_columns=body,
-                                                                       distance_metric="euclidean_squared"))
+                    calls.append(
+                        lambda ns=ns, body=body: self._write(
+                            ns, "upsert", upsert_columns=body, distance_metric="euclidean_squared"
+                        )
+                    )
         parallel(calls, workers=min(len(calls), 32))  # one wave for a key write; a few MB at a time on load
 
     def _grown(self, ns: str, top: int) -> None:
@@ -92,7 +106,6 @@ class TurbopufferStore(Catalog, Searching):
             self._specs.pop(name, None)
             for ns in [n for n in self._spans if n == self._base(name) or n.startswith(self._base(name) + "--")]:
                 del self._spans[ns]
-
 
     def collections(self) -> list[str]:
         return sorted(self._catalog())
@@ -120,8 +133,10 @@ class TurbopufferStore(Catalog, Searching):
                 return waited
             rows = sum(int(i.get("unindexed_rows", 0)) for i in behind)
             if waited > timeout_s:
-                raise VecgptError(f"turbopuffer has not indexed {name!r} after {timeout_s:.0f} s ({rows:,} rows "
-                                  f"unindexed); try again later or raise the timeout")
+                raise VecgptError(
+                    f"turbopuffer has not indexed {name!r} after {timeout_s:.0f} s ({rows:,} rows "
+                    f"unindexed); try again later or raise the timeout"
+                )
             if progress is not None:
                 progress(f"waiting for turbopuffer to index {name!r}: {rows:,} rows unindexed ({waited:.1f} s)")
             time.sleep(pause)
@@ -130,14 +145,19 @@ class TurbopufferStore(Catalog, Searching):
     def stats(self) -> dict:
         specs = self._catalog()
         counts = parallel([lambda n=n: self.count(n) for n in specs])
-        return {n: {"documents": c, "bytes": c * specs[n]["dim"] * 4 * specs[n]["replicas"]}
-                for n, c in zip(specs, counts)}
+        return {
+            n: {"documents": c, "bytes": c * specs[n]["dim"] * 4 * specs[n]["replicas"]} for n, c in zip(specs, counts)
+        }
 
     # manifests: one row per loaded model in <prefix>_models, id = its key (the previous layout kept one
     # row in <prefix>_manifest, which is left alone) ----------------------------------------
     def _manifests(self) -> dict[str, dict]:
-        out = self._query(self.models_ns, {"rank_by": ["id", "asc"], "top_k": self.max_top_k,
-                                           "include_attributes": ["json"]}, "reading the manifests", missing=None)
+        out = self._query(
+            self.models_ns,
+            {"rank_by": ["id", "asc"], "top_k": self.max_top_k, "include_attributes": ["json"]},
+            "reading the manifests",
+            missing=None,
+        )
         return {row["id"]: json.loads(row["json"]) for row in ([] if out is None else out.get("rows", []))}
 
     def read_manifest(self, key: str) -> dict | None:
@@ -150,8 +170,12 @@ class TurbopufferStore(Catalog, Searching):
         if manifest is None:
             self._write(self.models_ns, "removing a manifest", deletes=[key])
             return
-        self._write(self.models_ns, "writing the manifest", upsert_rows=[{"id": key, "json": json.dumps(manifest)}],
-                    schema={"json": {"type": "string", "filterable": False}})
+        self._write(
+            self.models_ns,
+            "writing the manifest",
+            upsert_rows=[{"id": key, "json": json.dumps(manifest)}],
+            schema={"json": {"type": "string", "filterable": False}},
+        )
 
     # housekeeping ---------------------------------------------------------------------------
     def leftover_texts(self) -> list[dict]:
@@ -162,14 +186,21 @@ class TurbopufferStore(Catalog, Searching):
             if not text.startswith("text-"):
                 continue
             spaces = [ns for group in self._groups(text, spec) for ns in group]
-            metas = [m for m in parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None)
-                                          for ns in spaces]) if m]
-            out.append({"text": text, "namespaces": len(metas),
-                        "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
-                        "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
-                        "updated_at": max((m.get("updated_at", "") for m in metas), default="")})
+            metas = [
+                m
+                for m in parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
+                if m
+            ]
+            out.append(
+                {
+                    "text": text,
+                    "namespaces": len(metas),
+                    "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
+                    "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
+                    "updated_at": max((m.get("updated_at", "") for m in metas), default=""),
+                }
+            )
         return out
 
     def close(self) -> None:
         self.client.close()
-

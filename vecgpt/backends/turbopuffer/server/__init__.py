@@ -44,7 +44,34 @@ from vecgpt.backends.turbopuffer.server.serve import (
 from vecgpt.backends.turbopuffer.server.slots import Slots
 from vecgpt.backends.turbopuffer.server.state import Server
 
-__all__ = ["MAX_BODY", "MAX_DIMS", "MAX_SUBQUERIES", "MAX_TOP_K", "METRICS", "NAME", "SLOTS", "SLOT_WAIT_S",
-           "ApiError", "Namespace", "Running", "Server", "Slots", "add_arguments", "app", "check_name",
-           "decode_vectors", "dumps", "listen", "loads", "mask", "now", "query_slots", "run_args", "serve",
-           "server_options", "uvicorn_server", "valid_id", "value_bytes"]
+__all__ = [
+    "MAX_BODY",
+    "MAX_DIMS",
+    "MAX_SUBQUERIES",
+    "MAX_TOP_K",
+    "METRICS",
+    "NAME",
+    "SLOTS",
+    "SLOT_WAIT_S",
+    "ApiError",
+    "Namespace",
+    "Running",
+    "Server",
+    "Slots",
+    "add_arguments",
+    "app",
+    "check_name",
+    "decode_vectors",
+    "dumps",
+    "listen",
+    "loads",
+    "mask",
+    "now",
+    "query_slots",
+    "run_args",
+    "serve",
+    "server_options",
+    "uvicorn_server",
+    "valid_id",
+    "value_bytes",
+]

@@ -8,8 +8,9 @@ from vecgpt.backends.turbopuffer.server import add_arguments, run_args
 from vecgpt.errors import VecgptError
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m vecgpt.backends.turbopuffer.server",
-                                     description=DOC.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m vecgpt.backends.turbopuffer.server", description=DOC.split("\n")[0]
+    )
     add_arguments(parser)
     try:
         raise SystemExit(run_args(parser.parse_args()))

@@ -71,6 +71,7 @@ class Handlers:
             except ApiError as e:
                 server.stats[f"status_{e.status}"] += 1
                 return reply({"status": "error", "error": e.message}, e.status, e.headers)
+
         return handle
 
     def authorize(self, auth: str) -> None:

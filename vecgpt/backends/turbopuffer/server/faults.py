@@ -47,6 +47,7 @@ def with_faults(server, inner):
 
         async def hold(message):  # handle the request, keep its reply
             held.append(message)
+
         await inner(scope, receive, hold)
         if kind == "drop":
             return await _drop(send)
@@ -54,13 +55,19 @@ def with_faults(server, inner):
             return await _answer(send, 409, "conflict: injected after the request was applied")
         for message in held:  # it failed anyway: its own reply
             await send(message)
+
     return app
 
 
 async def _answer(send, status: int, message: str) -> None:
     body = dumps({"status": "error", "error": message})
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -42,8 +42,11 @@ def _condition(ns, attr, op, value) -> np.ndarray:
     if op in ("In", "NotIn"):
         if not isinstance(value, list):
             raise ApiError(400, f"{op} takes a list")
-        hit = present & (np.isin(values, value) if values.dtype != object else
-                         np.fromiter((v in set(value) for v in values), bool, len(values)))
+        hit = present & (
+            np.isin(values, value)
+            if values.dtype != object
+            else np.fromiter((v in set(value) for v in values), bool, len(values))
+        )
         return hit if op == "In" else ~hit
     if op in ("Lt", "Lte"):
         return ~present | _compare(values, present, op, value)
@@ -57,8 +60,13 @@ def _compare(values, present, op, value) -> np.ndarray:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return np.zeros(len(values), bool)
         return OPS[op](values, value)
-    fn = {"Eq": lambda a: a == value, "Lt": lambda a: a < value, "Lte": lambda a: a <= value,
-          "Gt": lambda a: a > value, "Gte": lambda a: a >= value}[op]
+    fn = {
+        "Eq": lambda a: a == value,
+        "Lt": lambda a: a < value,
+        "Lte": lambda a: a <= value,
+        "Gt": lambda a: a > value,
+        "Gte": lambda a: a >= value,
+    }[op]
     out = np.zeros(len(values), bool)
     for i, (v, p) in enumerate(zip(values, present)):
         if p:

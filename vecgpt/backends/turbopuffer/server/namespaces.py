@@ -107,7 +107,9 @@ class Namespace:
                 self.dim = dim
                 self.vectors, self.norms = np.zeros((0, dim)), np.zeros(0)
             elif dim != self.dim:
-                raise ApiError(400, f"vector dimension mismatch: namespace {self.name} holds [{self.dim}]f32, got [{dim}]")
+                raise ApiError(
+                    400, f"vector dimension mismatch: namespace {self.name} holds [{self.dim}]f32, got [{dim}]"
+                )
         elif self.dim is not None and ids:
             raise ApiError(400, f"namespace {self.name} has a vector column; every upserted document needs a vector")
 
@@ -142,9 +144,19 @@ class Namespace:
         for v in column:
             if v is None:
                 continue
-            t = ("bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float" if isinstance(v, float)
-                 else "string" if isinstance(v, str) else "[]" + ("string" if v and isinstance(v[0], str) else "int")
-                 if isinstance(v, list) else None)
+            t = (
+                "bool"
+                if isinstance(v, bool)
+                else "int"
+                if isinstance(v, int)
+                else "float"
+                if isinstance(v, float)
+                else "string"
+                if isinstance(v, str)
+                else "[]" + ("string" if v and isinstance(v[0], str) else "int")
+                if isinstance(v, list)
+                else None
+            )
             if t is None:
                 raise ApiError(400, f"attribute {name!r}: unsupported value {v!r}")
             self.types.setdefault(name, t)
@@ -192,8 +204,11 @@ class Namespace:
     def index_status(self) -> dict:
         """metadata's `index`: "updating" with the unindexed rows until the lag has passed."""
         if self.unindexed and time.monotonic() < self.indexed_at:
-            return {"status": "updating", "unindexed_rows": self.unindexed,
-                    "unindexed_bytes": self.unindexed * (8 + 4 * (self.dim or 0))}
+            return {
+                "status": "updating",
+                "unindexed_rows": self.unindexed,
+                "unindexed_bytes": self.unindexed * (8 + 4 * (self.dim or 0)),
+            }
         self.unindexed = 0
         return {"status": "up-to-date"}
 
@@ -205,8 +220,9 @@ class Namespace:
             return cached
         raw = self.ids if name == "id" else self.attrs.get(name, [None] * self.n)
         present = np.fromiter((v is not None for v in raw), bool, len(raw))
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in raw if v is not None) and \
-                all(-2**63 <= v < 2**63 for v in raw if v is not None):
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in raw if v is not None) and all(
+            -(2**63) <= v < 2**63 for v in raw if v is not None
+        ):
             values = np.fromiter((0 if v is None else v for v in raw), np.int64, len(raw))
         else:
             values = np.empty(len(raw), object)
@@ -244,8 +260,11 @@ def decode_vectors(column) -> np.ndarray | None:
             if len({len(r) for r in raw}) != 1 or len(raw[0]) % 4:
                 raise ApiError(400, "base64 vectors must be little-endian f32 arrays of one length")
             return np.frombuffer(b"".join(raw), "<f4").reshape(len(raw), -1)
-        return np.asarray(column, np.float32).reshape(len(column), -1) if len({len(v) for v in column}) == 1 \
+        return (
+            np.asarray(column, np.float32).reshape(len(column), -1)
+            if len({len(v) for v in column}) == 1
             else _bad_vectors()
+        )
     except (ValueError, TypeError) as e:
         raise ApiError(400, f"invalid vector: {e}") from None
 

@@ -51,11 +51,20 @@ def query(ns: Namespace, body: dict, max_top_k: int, float32: bool = False) -> d
         unindexed = ns.index_status().get("unindexed_rows", 0)
     n = snap[0]
     returned = sum(r.pop("_bytes") for r in results)
-    out = {"billing": {"billable_logical_bytes_queried": ns.logical_bytes() * len(results),
-                       "billable_logical_bytes_returned": returned},
-           "performance": {"approx_namespace_size": n, "cache_hit_ratio": 1.0, "cache_temperature": "hot",
-                           "exhaustive_search_count": min(unindexed, n), "query_execution_ms": round(1000 * (time.perf_counter() - start), 3),
-                           "server_total_ms": round(1000 * (time.perf_counter() - start), 3)}}
+    out = {
+        "billing": {
+            "billable_logical_bytes_queried": ns.logical_bytes() * len(results),
+            "billable_logical_bytes_returned": returned,
+        },
+        "performance": {
+            "approx_namespace_size": n,
+            "cache_hit_ratio": 1.0,
+            "cache_temperature": "hot",
+            "exhaustive_search_count": min(unindexed, n),
+            "query_execution_ms": round(1000 * (time.perf_counter() - start), 3),
+            "server_total_ms": round(1000 * (time.perf_counter() - start), 3),
+        },
+    }
     if "queries" in body:
         out["results"] = results
     else:
@@ -78,7 +87,7 @@ def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int, float32
     chosen = np.flatnonzero(keep) if keep is not None else np.arange(snap[0])
     dists = None
     if not isinstance(rank, list) or len(rank) < 2:
-        raise ApiError(400, "rank_by is required (e.g. [\"vector\", \"kNN\", [..]] or [\"id\", \"asc\"])")
+        raise ApiError(400, 'rank_by is required (e.g. ["vector", "kNN", [..]] or ["id", "asc"])')
     if len(rank) == 3 and rank[1] in ("kNN", "ANN"):
         chosen, dists = _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32)
     elif len(rank) == 2 and rank[1] in ("asc", "desc"):
@@ -120,7 +129,7 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
     if len(chosen) == n:  # every row: no copy
         data, nrm = vectors, norms
     elif len(chosen) and chosen[-1] - chosen[0] == len(chosen) - 1:  # a contiguous run: a view
-        data, nrm = vectors[chosen[0]:chosen[-1] + 1], norms[chosen[0]:chosen[-1] + 1]
+        data, nrm = vectors[chosen[0] : chosen[-1] + 1], norms[chosen[0] : chosen[-1] + 1]
     else:
         data, nrm = vectors[chosen], norms[chosen]
     d = (_distances32 if float32 else _distances)(ns.metric, data, nrm, qv)
@@ -167,11 +176,14 @@ def _distances32(metric, data, nrm, qv) -> np.ndarray:
 def _by_attribute(ns, rank, chosen, limit, offset):
     values, present = ns.column(rank[0])
     sub = values[chosen]
-    order = np.argsort(sub, kind="stable") if sub.dtype != object else \
-        np.array(sorted(range(len(sub)), key=lambda i: (sub[i] is None, sub[i])), np.int64)
+    order = (
+        np.argsort(sub, kind="stable")
+        if sub.dtype != object
+        else np.array(sorted(range(len(sub)), key=lambda i: (sub[i] is None, sub[i])), np.int64)
+    )
     if rank[1] == "desc":
         order = order[::-1]
-    return chosen[order][offset: offset + limit]
+    return chosen[order][offset : offset + limit]
 
 
 def _included(ns, q) -> list[str]:

@@ -26,8 +26,10 @@ def listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except (OSError, OverflowError) as e:
         sock.close()
-        raise VecgptError(f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}); "
-                          f"is another server using it? pick another with --port") from None
+        raise VecgptError(
+            f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}); "
+            f"is another server using it? pick another with --port"
+        ) from None
     return sock
 
 
@@ -70,8 +72,11 @@ def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
     sock = listen(host, port)
     shown = ", ".join(f"{k} {v}" for k, v in kw.items() if v and k not in ("api_key", "fail_kinds", "max_top_k"))
     key = f"TURBOPUFFER_API_KEY={kw['api_key']}" if made else "TURBOPUFFER_API_KEY to the key given with --api-key"
-    print(f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} ({shown or 'defaults'}); "
-          f"set base_url to it and {key}", flush=True)
+    print(
+        f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} ({shown or 'defaults'}); "
+        f"set base_url to it and {key}",
+        flush=True,
+    )
     uv.run(sockets=[sock])
 
 
@@ -79,23 +84,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every request (simulated network)")
-    p.add_argument("--write-latency-ms", type=float, default=0.0,
-                   help="a write (or delete) returns only after this commit delay; the service: up to ~200 ms")
-    p.add_argument("--float32", action="store_true",
-                   help="accumulate distances in float32, dimension by dimension (default: float64, rounded once)")
-    p.add_argument("--api-key", default=None, help="accept only this bearer token (default: one made at start and printed)")
+    p.add_argument(
+        "--write-latency-ms",
+        type=float,
+        default=0.0,
+        help="a write (or delete) returns only after this commit delay; the service: up to ~200 ms",
+    )
+    p.add_argument(
+        "--float32",
+        action="store_true",
+        help="accumulate distances in float32, dimension by dimension (default: float64, rounded once)",
+    )
+    p.add_argument(
+        "--api-key", default=None, help="accept only this bearer token (default: one made at start and printed)"
+    )
     p.add_argument("--max-top-k", type=int, default=MAX_TOP_K, help="rows per query (the service allows 10,000)")
-    p.add_argument("--list-lag-s", type=float, default=0.0,
-                   help="namespace listing lags this far behind creates and deletes (the docs: not consistent)")
-    p.add_argument("--list-forbidden", action="store_true",
-                   help="answer namespace listing with 403 (a key without list permission)")
-    p.add_argument("--index-lag-ms", type=float, default=0.0,
-                   help="writes stay unindexed this long: metadata says \"updating\" with the unindexed rows")
-    p.add_argument("--fail-rate", type=float, default=0.0, metavar="P",
-                   help="this fraction of requests fails (429, 500, or the reply is lost: dropped connection)")
+    p.add_argument(
+        "--list-lag-s",
+        type=float,
+        default=0.0,
+        help="namespace listing lags this far behind creates and deletes (the docs: not consistent)",
+    )
+    p.add_argument(
+        "--list-forbidden",
+        action="store_true",
+        help="answer namespace listing with 403 (a key without list permission)",
+    )
+    p.add_argument(
+        "--index-lag-ms",
+        type=float,
+        default=0.0,
+        help='writes stay unindexed this long: metadata says "updating" with the unindexed rows',
+    )
+    p.add_argument(
+        "--fail-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="this fraction of requests fails (429, 500, or the reply is lost: dropped connection)",
+    )
     p.add_argument("--fail-seed", type=int, default=0, help="seed of the injected faults")
-    p.add_argument("--fail-kinds", default=",".join(FAULTS),
-                   help=f"comma-separated, of {', '.join(KINDS)} (409: applied, then answered Conflict)")
+    p.add_argument(
+        "--fail-kinds",
+        default=",".join(FAULTS),
+        help=f"comma-separated, of {', '.join(KINDS)} (409: applied, then answered Conflict)",
+    )
 
 
 def server_options(args) -> dict:
@@ -105,10 +138,19 @@ def server_options(args) -> dict:
         raise VecgptError(f"--fail-rate must be in [0, 1) and --fail-kinds a list of {', '.join(KINDS)}")
     if min(args.latency_ms, args.write_latency_ms, args.list_lag_s, args.index_lag_ms) < 0 or args.max_top_k < 1:
         raise VecgptError("latencies and lags must be >= 0 and --max-top-k >= 1")
-    return {"latency_ms": args.latency_ms, "write_latency_ms": args.write_latency_ms, "float32": args.float32,
-            "api_key": args.api_key, "max_top_k": args.max_top_k, "list_lag_s": args.list_lag_s,
-            "list_forbidden": args.list_forbidden, "index_lag_ms": args.index_lag_ms,
-            "fail_rate": args.fail_rate, "fail_seed": args.fail_seed, "fail_kinds": kinds}
+    return {
+        "latency_ms": args.latency_ms,
+        "write_latency_ms": args.write_latency_ms,
+        "float32": args.float32,
+        "api_key": args.api_key,
+        "max_top_k": args.max_top_k,
+        "list_lag_s": args.list_lag_s,
+        "list_forbidden": args.list_forbidden,
+        "index_lag_ms": args.index_lag_ms,
+        "fail_rate": args.fail_rate,
+        "fail_seed": args.fail_seed,
+        "fail_kinds": kinds,
+    }
 
 
 def run_args(args) -> int:

@@ -19,8 +19,11 @@ class Slots:
     async def acquire(self, name: str, need: int) -> None:
         if need > self.slots:
             self.stats["429"] += 1
-            raise ApiError(429, f"this query needs {need} concurrency slots; a namespace has {self.slots} "
-                                f"(a kNN subquery takes 2)", {"x-should-retry": "false"})
+            raise ApiError(
+                429,
+                f"this query needs {need} concurrency slots; a namespace has {self.slots} (a kNN subquery takes 2)",
+                {"x-should-retry": "false"},
+            )
         cond = self.conditions.setdefault(name, asyncio.Condition())
         async with cond:
             try:

@@ -19,10 +19,21 @@ from vecgpt.backends.turbopuffer.server.slots import Slots
 class Server:
     """The namespaces and the request handlers (the starlette app is built by `app()`)."""
 
-    def __init__(self, latency_ms: float = 0.0, api_key: str | None = None, max_top_k: int = MAX_TOP_K,
-                 slots: int = SLOTS, float32: bool = False, write_latency_ms: float = 0.0,
-                 list_lag_s: float = 0.0, list_forbidden: bool = False, index_lag_ms: float = 0.0,
-                 fail_rate: float = 0.0, fail_seed: int = 0, fail_kinds: tuple = FAULTS):
+    def __init__(
+        self,
+        latency_ms: float = 0.0,
+        api_key: str | None = None,
+        max_top_k: int = MAX_TOP_K,
+        slots: int = SLOTS,
+        float32: bool = False,
+        write_latency_ms: float = 0.0,
+        list_lag_s: float = 0.0,
+        list_forbidden: bool = False,
+        index_lag_ms: float = 0.0,
+        fail_rate: float = 0.0,
+        fail_seed: int = 0,
+        fail_kinds: tuple = FAULTS,
+    ):
         self.latency, self.write_latency = latency_ms / 1000, write_latency_ms / 1000
         self.api_key, self.max_top_k, self.slots, self.float32 = api_key, max_top_k, slots, float32
         self.list_lag, self.list_forbidden, self.index_lag = list_lag_s, list_forbidden, index_lag_ms / 1000
@@ -86,10 +97,15 @@ class Server:
     def metadata(self, name: str) -> dict:
         ns = self.get(name)
         with ns.lock:
-            return {"approx_logical_bytes": ns.logical_bytes(), "approx_row_count": ns.n,
-                    "created_at": ns.created_at, "updated_at": ns.updated_at,
-                    "encryption": {"mode": "default"}, "index": ns.index_status(),
-                    "schema": self.schema(name)}
+            return {
+                "approx_logical_bytes": ns.logical_bytes(),
+                "approx_row_count": ns.n,
+                "created_at": ns.created_at,
+                "updated_at": ns.updated_at,
+                "encryption": {"mode": "default"},
+                "index": ns.index_status(),
+                "schema": self.schema(name),
+            }
 
     def schema(self, name: str) -> dict:
         ns = self.get(name)
@@ -111,11 +127,11 @@ class Server:
             return set(self.namespaces)
         cut = time.monotonic() - self.list_lag
         with self.lock:
-            return {n for n in self.namespaces if self.born.get(n, 0) <= cut} | \
-                {n for n, t in self.gone.items() if t > cut and self.born.get(n, 0) <= cut}
+            return {n for n in self.namespaces if self.born.get(n, 0) <= cut} | {
+                n for n, t in self.gone.items() if t > cut and self.born.get(n, 0) <= cut
+            }
 
     def list(self, prefix: str, cursor: str | None, page_size: int) -> dict:
         names = sorted(n for n in self.listed() if n.startswith(prefix) and (cursor is None or n > cursor))
         page = names[:page_size]
-        return {"namespaces": [{"id": n} for n in page],
-                "next_cursor": page[-1] if len(names) > page_size else None}
+        return {"namespaces": [{"id": n} for n in page], "next_cursor": page[-1] if len(names) > page_size else None}

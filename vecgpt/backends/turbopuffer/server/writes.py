@@ -11,8 +11,16 @@ import numpy as np
 from vecgpt.backends.turbopuffer.server.limits import ApiError, check_name, valid_id
 from vecgpt.backends.turbopuffer.server.namespaces import Namespace, decode_vectors, value_bytes
 
-FIELDS = {"upsert_rows", "upsert_columns", "deletes", "delete_by_filter", "distance_metric", "schema",
-          "disable_backpressure", "return_affected_ids"}
+FIELDS = {
+    "upsert_rows",
+    "upsert_columns",
+    "deletes",
+    "delete_by_filter",
+    "distance_metric",
+    "schema",
+    "disable_backpressure",
+    "return_affected_ids",
+}
 
 
 def write(server, name: str, body: dict) -> dict:
@@ -29,10 +37,15 @@ def write(server, name: str, body: dict) -> dict:
     with ns.lock:
         upserted, deleted, written = _apply(ns, body)
         ns.note_write(upserted, server.index_lag)
-    return {"status": "OK", "message": f"{upserted + deleted} rows affected", "rows_affected": upserted + deleted,
-            "rows_upserted": upserted, "rows_deleted": deleted,
-            "billing": {"billable_logical_bytes_written": written},
-            "performance": {"server_total_ms": round(1000 * (time.perf_counter() - start), 3)}}
+    return {
+        "status": "OK",
+        "message": f"{upserted + deleted} rows affected",
+        "rows_affected": upserted + deleted,
+        "rows_upserted": upserted,
+        "rows_deleted": deleted,
+        "billing": {"billable_logical_bytes_written": written},
+        "performance": {"server_total_ms": round(1000 * (time.perf_counter() - start), 3)},
+    }
 
 
 def _apply(ns: Namespace, body: dict) -> tuple[int, int, int]:
@@ -52,8 +65,9 @@ def _apply(ns: Namespace, body: dict) -> tuple[int, int, int]:
         ns.set_metric(body.get("distance_metric"), needed=vectors is not None)
         ns.upsert(ids, vectors, attrs)
         upserted += len(ids)
-        written += len(ids) * (8 + (0 if vectors is None else 4 * vectors.shape[1])) + \
-            sum(value_bytes(v) for col in attrs.values() for v in col)
+        written += len(ids) * (8 + (0 if vectors is None else 4 * vectors.shape[1])) + sum(
+            value_bytes(v) for col in attrs.values() for v in col
+        )
     if not batches and "distance_metric" in body:
         ns.set_metric(body["distance_metric"], needed=False)
     if "deletes" in body:
@@ -99,5 +113,9 @@ def clone(server, name: str, source: str, empty_only: bool) -> dict:
             dst.vectors, dst.norms = src.vectors[: src.n].copy(), src.norms[: src.n].copy()
         server.namespaces[name] = dst
         server.born[name] = time.monotonic()
-    return {"status": "OK", "message": "namespace copied", "rows_affected": dst.n,
-            "billing": {"billable_logical_bytes_written": 0}}
+    return {
+        "status": "OK",
+        "message": "namespace copied",
+        "rows_affected": dst.n,
+        "billing": {"billable_logical_bytes_written": 0},
+    }
