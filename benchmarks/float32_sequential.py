@@ -17,7 +17,8 @@ from vecgpt import encoding, tokenizer, tolerance, weights
 from vecgpt.api import generate
 from vecgpt.backends import memory
 from vecgpt.backends.base import get_store
-from vecgpt.engine import Engine, push
+from vecgpt.engine import Engine
+from vecgpt.loading import push
 from vecgpt.reference import Reference
 
 PROMPTS = ["ROMEO:", "To be, or not"]

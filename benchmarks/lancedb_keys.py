@@ -34,7 +34,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from vecgpt import weights  # noqa: E402
 from vecgpt.backends.base import get_store  # noqa: E402
-from vecgpt.engine import Engine, push  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
+from vecgpt.loading import push  # noqa: E402
 
 HP = weights.HParams(n_layer=12, n_head=12, n_embd=args.embd, n_ctx=args.n + 16, n_vocab=2048)
 PROMPT = list(range(8))

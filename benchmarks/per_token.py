@@ -33,8 +33,12 @@ import numpy as np  # noqa: E402
 
 from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
-from vecgpt.engine import Engine, push  # noqa: E402
-from vecgpt.loading import drop, store_fingerprint  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
+from vecgpt.loading import (  # noqa: E402
+    drop,
+    push,  # noqa: E402
+    store_fingerprint,
+)
 from vecgpt.reference import Reference  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))

@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.base import get_store  # noqa: E402
-from vecgpt.engine import Engine, plan, push  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
+from vecgpt.loading import plan, push  # noqa: E402
 
 PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
 

@@ -7,7 +7,8 @@ import pytest
 
 from vecgpt import tokenizer, tolerance
 from vecgpt.api import generate
-from vecgpt.engine import Engine, push
+from vecgpt.engine import Engine
+from vecgpt.loading import push
 from vecgpt.reference import Reference
 from vecgpt.sampling import choose
 from vecgpt.weights import load

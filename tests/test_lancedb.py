@@ -13,8 +13,11 @@ from lancedb.index import IvfFlat  # noqa: E402
 
 from vecgpt import weights  # noqa: E402
 from vecgpt.backends.base import Where  # noqa: E402
-from vecgpt.engine import Engine, push  # noqa: E402
-from vecgpt.loading import collection  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
+from vecgpt.loading import (
+    collection,  # noqa: E402
+    push,  # noqa: E402
+)
 
 rng = np.random.default_rng(3)
 EPS32 = float(np.finfo(np.float32).eps)

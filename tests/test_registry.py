@@ -7,8 +7,9 @@ import pytest
 
 from vecgpt import tokenizer
 from vecgpt.backends.base import available, get_store, in_tree, installed
-from vecgpt.engine import Engine, push
+from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
+from vecgpt.loading import push
 from vecgpt.reference import Reference
 
 EXAMPLE = '''

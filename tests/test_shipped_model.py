@@ -9,7 +9,8 @@ import pytest
 
 from vecgpt import tokenizer, tolerance, weights
 from vecgpt.api import generate
-from vecgpt.engine import Engine, push
+from vecgpt.engine import Engine
+from vecgpt.loading import push
 from vecgpt.reference import Reference
 
 SHA256 = "8a097563400749aaf62f05b6c8702291cfe84999b771ada91017a5deba4760eb"

@@ -23,7 +23,8 @@ from vecgpt.api import generate  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
 from vecgpt.backends.turbopuffer.server.faults import Faults  # noqa: E402
-from vecgpt.engine import Engine, push  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
+from vecgpt.loading import push  # noqa: E402
 
 P, RETRIES = 0.2, 12
 

@@ -16,8 +16,9 @@ from vecgpt.api import generate  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.base import Search, Where  # noqa: E402
 from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
-from vecgpt.engine import Engine, plan, push  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.errors import VecgptError  # noqa: E402
+from vecgpt.loading import plan, push  # noqa: E402
 
 LIVE_KEY = os.environ.get("TURBOPUFFER_API_KEY")  # read at import, before the local setup sets a dummy one
 rng = np.random.default_rng(3)

@@ -13,8 +13,9 @@ import numpy as np
 
 from vecgpt import tokenizer, weights
 from vecgpt.config import Config, open_store
-from vecgpt.engine import Engine, push, store_fingerprint
+from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
+from vecgpt.loading import push, store_fingerprint
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates, choose
 

@@ -20,7 +20,7 @@ from vecgpt import encoding
 from vecgpt.attention import RunningSoftmax
 from vecgpt.backends.base import Search, Store, Where
 from vecgpt.errors import VecgptError
-from vecgpt.loading import check_layout, collection, plan, push, store_fingerprint  # noqa: F401 (imported from here too)
+from vecgpt.loading import check_layout, collection
 from vecgpt.meter import SESSION_PREFIX, Metered, later
 from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import Candidates, ordered

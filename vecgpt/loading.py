@@ -30,11 +30,11 @@ def store_fingerprint(model: Model, metric: str) -> str:
     return f"{model.fingerprint}-e{encoding.ENCODING_VERSION}-{metric}"
 
 
-def collection(key: str, name: str) -> str:  # ("0123abcd...-e2-l2", "wte") -> "0123abcd...-e2-l2.wte"
+def collection(key: str, name: str) -> str:  # ("0123abcd...-e1-l2", "wte") -> "0123abcd...-e1-l2.wte"
     return f"{key}.{name}"
 
 
-def matrix_of(name: str) -> str:  # "0123abcd...-e2-l2.h.0.mlp.c_fc" -> "h.0.mlp.c_fc"; any other name as it is
+def matrix_of(name: str) -> str:  # "0123abcd...-e1-l2.h.0.mlp.c_fc" -> "h.0.mlp.c_fc"; any other name as it is
     return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+\.", "", name)
 
 

@@ -3,7 +3,7 @@
 Each store is emptied of its model and loaded afresh (timed from the first write to the
 manifest, which flushes local stores to disk). Then the store's own `stats()` gives documents
 and bytes per collection, summed here by kind (a matrix name without its layer: attn.c_attn,
-mlp.c_fc, ..., wte, wpe, ln), beside what `engine.plan` says a load writes (float32 vectors).
+mlp.c_fc, ..., wte, wpe, ln), beside what `loading.plan` says a load writes (float32 vectors).
 The puffergpt write-up reports 134,299 documents and 501 MB for GPT-2 small.
 """
 
@@ -55,7 +55,7 @@ def by_kind(stats: dict) -> dict:
 
 
 def planned(model, metric: str) -> dict:
-    """What a load writes, from engine.plan: {kind: {documents, bytes}} of float32 vectors."""
+    """What a load writes, from loading.plan: {kind: {documents, bytes}} of float32 vectors."""
     from vecgpt.loading import plan
 
     return by_kind({name: {"documents": n, "bytes": n * d * 4} for name, n, d in plan(model, metric)})

@@ -5,7 +5,7 @@ recall@1/@10/@40 against the exact top-40, top-1 agreement over greedy decodes, 
 identical to exact decoding, perplexity with the softmax over the candidates only versus the full
 softmax, output-layer latency against the exact numpy product and the same store's exact search,
 whole-token latency, build time and index memory. Writes results.json, results.md and
-output_layer.png to results/05_output_layer/ (or --out).
+output_layer.png to ./results/output-layer/<timestamp>/ (or --out).
 
 The hidden states come from the numpy reference (float32), the exact logits from float64 products
 of those float32 vectors. Greedy identity needs no second decode: an index decode is the exact

@@ -127,7 +127,7 @@ class Store(Protocol):
     def close(self) -> None: ...
 
     # Optional: `load_lock()`, a context manager that keeps other processes' loads out of this store while
-    # one runs (see engine.push). Stores without it take no lock.
+    # one runs (see loading.push). Stores without it take no lock.
 
 
 _tally: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("vecgpt_tally", default=None)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager
 
 import numpy as np
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
 from vecgpt.backends import base
 from vecgpt.backends.base import Hits, Metric, Search, Where, record
+from vecgpt.backends.pgvector.manifests import Manifests
 from vecgpt.backends.pgvector.session import Session
 from vecgpt.backends.pgvector.statements import Meta, copy_stream, search_sql, table_name
 from vecgpt.errors import VecgptError
@@ -21,7 +19,7 @@ PLAIN_MAX_DIM = 2000  # 4 * dim + 8 bytes plus a row header must fit in one 8 KB
 SMALL_WRITE = 256  # upserts up to this many rows are one INSERT ... ON CONFLICT; larger ones COPY
 
 
-class PgStore(Session):
+class PgStore(Manifests, Session):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     concurrent = False  # one connection; the engine sends requests one after another
 
@@ -307,52 +305,3 @@ class PgStore(Session):
             ).as_string(self.conn)
         args = [f[2] for f in filters]
         return text, [queries[0] if single else list(queries), *args]
-
-    # manifests, one row each in _manifest (the previous layout's one row had the key 'manifest')
-    def read_manifest(self, key: str) -> dict | None:
-        def run():
-            self._commit()
-            row = self.conn.execute(
-                sql.SQL("SELECT value FROM {}._manifest WHERE key = %s").format(sql.Identifier(self.schema)), (key,)
-            ).fetchone()
-            return None if row is None else row[0]
-
-        return self._run(run)
-
-    def write_manifest(self, key: str, manifest: dict | None) -> None:
-        def run():
-            self._commit()
-            table = sql.SQL("{}._manifest").format(sql.Identifier(self.schema))
-            if manifest is None:
-                self.conn.execute(sql.SQL("DELETE FROM {} WHERE key = %s").format(table), (key,))
-            else:
-                json.dumps(manifest)  # fail here, not half-way, on what JSON cannot hold
-                self.conn.execute(
-                    sql.SQL(
-                        "INSERT INTO {} VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-                    ).format(table),
-                    (key, Jsonb(manifest)),
-                )
-
-        self._run(run)
-
-    def manifests(self) -> list[str]:
-        def run():
-            self._commit()
-            rows = self.conn.execute(
-                sql.SQL("SELECT key FROM {}._manifest WHERE key <> 'manifest'").format(sql.Identifier(self.schema))
-            ).fetchall()
-            return [r[0] for r in rows]
-
-        return self._run(run)
-
-    @contextmanager
-    def load_lock(self):
-        """One load per schema at a time, across processes: a session-level advisory lock."""
-        key = sql.SQL("hashtext({}), 1").format(sql.Literal(self.schema))
-        self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_lock({})").format(key)))
-        try:
-            yield
-        finally:
-            if not self.conn.broken:  # a lost session has released it
-                self._run(lambda: self.conn.execute(sql.SQL("SELECT pg_advisory_unlock({})").format(key)))

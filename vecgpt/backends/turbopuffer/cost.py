@@ -29,7 +29,7 @@ def dollars(usage: Mapping[str, float]) -> float:
 def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_replicas: int = 2) -> str:
     """What a load writes and costs, and what a generated token costs, at the published prices.
 
-    rows: (collection, documents, dimension) as `vecgpt.engine.plan` gives them. Per-token figures assume
+    rows: (collection, documents, dimension) as `vecgpt.loading.plan` gives them. Per-token figures assume
     GPT-2's shape (64-wide heads) and a namespace per matrix: one kNN subquery per matrix, one per head
     for the keys, the token search; every query is billed at least 1.28 GB queried; the token's keys (all
     layers) go out as one upsert, a write per head namespace and copy, each billed at least 10 KB.
