@@ -5,11 +5,15 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from vecgpt import weights
+import vecgpt
+from vecgpt import api, tokenizer, weights
 from vecgpt.cli import main
+from vecgpt.sampling import Candidates
 
 
 def run(capsys, *argv):
@@ -328,3 +332,56 @@ def test_tokenize_loads_no_numpy():
     code = "import sys; from vecgpt.cli import main; main(['tokenize', 'Hello world']); print('numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["15496", "995", "False"]
+
+
+# Streaming: `generate` prints text as it is made; stdout ends as `print(prompt + text)` did.
+
+
+class Scripted:
+    """A reader whose best candidate is the next of `ids`: generate's decoding, apart from any model."""
+
+    def __init__(self, ids):
+        self.ids = iter(ids)
+
+    def read(self, tokens, k):
+        return Candidates(np.array([next(self.ids)]), np.array([0.0]))
+
+
+def test_generate_streams_a_character_split_over_two_tokens_once(capsys):
+    ids = tokenizer.encode(" 😀 日本")  # the emoji's bytes span two tokens, 日's too
+    pieces = []
+    gen = api.generate(Scripted(ids), [0], len(ids), top_k=1, on_text=pieces.append)
+    assert gen.tokens == ids and "".join(pieces) == gen.text == " 😀 日本" and "\ufffd" not in gen.text
+    assert pieces[:2] == [" ", "😀"]  # the emoji comes with the token holding its last byte, not before
+    assert gen.steps[0]["candidates"][0][2] == " \ufffd"  # a candidate alone: its part of a character is U+FFFD
+
+
+def test_streamed_stdout_is_the_text_of_the_json(capsys, store_args, tiny_model_dir):
+    argv = ["generate", *store_args, "--model", str(tiny_model_dir), "Hello", "-n", "6", "--no-stop"]
+    code, out, _ = run(capsys, *argv, "--json")
+    d = json.loads(out)
+    assert code == 0 and run(capsys, *argv)[1] == "Hello" + d["text"] + "\n"
+    assert [d[k] for k in ("seed", "temperature", "top_k", "version")] == [0, 0.0, 40, vecgpt.__version__]
+    assert d["store"] == {"backend": "faiss", "path": store_args[-1].replace("c.toml", "faiss")}
+    assert d["text_id"].startswith("text-")
+    assert all(c[2] == tokenizer.decode([c[0]]) for s in d["steps"] for c in s["candidates"])
+
+
+def test_the_first_token_reaches_stdout_while_the_rest_are_made(tmp_path):
+    """Shipped model, memory store, 20 tokens: the first piece after the prompt is read before the process ends."""
+    root = str(Path(vecgpt.__file__).parent.parent)  # this checkout's vecgpt, also in the child
+    env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": root}
+    argv = [sys.executable, "-m", "vecgpt", "generate", "--backend", "memory", "ROMEO:", "-n", "20", "--no-stop"]
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
+        seen = b""
+        while len(seen) <= len(b"ROMEO:") and (chunk := os.read(proc.stdout.fileno(), 4096)):
+            seen += chunk
+        running = proc.poll() is None
+        rest = proc.stdout.read()
+    assert proc.wait() == 0, (tmp_path / "err").read_text()
+    final = json.loads(subprocess.run([*argv, "--json"], capture_output=True, env=env, check=True).stdout)
+    assert (seen + rest).decode() == "ROMEO:" + final["text"] + "\n"
+    # Printed all at the end, the text came in one piece, the process still exiting: so also ask that the
+    # first arrival is not all of it (the reader, woken by the write, runs long before 19 tokens are made).
+    assert running and len(b"ROMEO:") < len(seen) < len(seen + rest)

@@ -108,7 +108,7 @@ def test_sampling_with_index_candidates(tiny_model):
     )
     assert len(gen.tokens) == 12
     for tok, step in zip(gen.tokens, gen.steps):
-        assert tok in [c for c, _ in step["candidates"]] and tok < 2000
+        assert tok in [c[0] for c in step["candidates"]] and tok < 2000
 
 
 GRID = """

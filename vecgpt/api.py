@@ -7,11 +7,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from vecgpt import tokenizer, weights
+from vecgpt import __version__, tokenizer, weights
+from vecgpt.backends.base import LOCATIONS
 from vecgpt.config import Config, open_store
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
@@ -58,22 +60,44 @@ def generate(
     top_k: int = 40,
     seed: int = 0,
     stop: bool = True,
+    on_text: Callable[[str], None] | None = None,
 ) -> Generation:
-    """Greedy or sampled continuation; `reader.read(ids, k)` feeds tokens and returns Candidates."""
-    rng, out = np.random.default_rng(seed), Generation(list(prompt_tokens))
+    """Greedy or sampled continuation; `reader.read(ids, k)` feeds tokens and returns Candidates.
+
+    `on_text(piece)`, when given, gets the text as it is made: after each token the characters it completes
+    (maybe none), then the rest at the end; the pieces join to the generation's `text`."""
+    rng, out, stream = np.random.default_rng(seed), Generation(list(prompt_tokens)), tokenizer.TextStream()
+    say = on_text or (lambda piece: None)
     if n == 0:
         return out
     cands: Candidates = reader.read(prompt_tokens, top_k)
     for step in range(n):
         token = choose(cands, temperature, top_k, rng)
         out.tokens.append(token)
-        out.steps.append({"token": token, "candidates": [[int(i), float(x)] for i, x in zip(*cands)]})
+        out.steps.append({"token": token, "candidates": decoded(cands)})
+        say(stream.feed(token))
         if (stop and token == tokenizer.ENDOFTEXT) or step == n - 1:
             break
         if hasattr(reader, "meter"):
             reader.meter.start_token()
         cands = reader.read([token], top_k)
+    say(stream.end())
     return out
+
+
+def decoded(cands: Candidates) -> list[list]:
+    """[id, logit, text] per candidate; a token that is part of a character reads as U+FFFD."""
+    return [[int(i), float(x), tokenizer.decode([int(i)])] for i, x in zip(*cands)]
+
+
+def settings(temperature: float, top_k: int, seed: int) -> dict:
+    return {"seed": seed, "temperature": temperature, "top_k": top_k, "version": __version__}
+
+
+def location(store, backend: str) -> dict:
+    """The backend and where it keeps its data (path, schema or prefix): never a DSN, its password or a key."""
+    found = {name: str(getattr(store, name)) for name in LOCATIONS if getattr(store, name, None) is not None}
+    return {"backend": backend, **found}
 
 
 def open_engine(config: Config, model: weights.Model, progress: bool = True, confirm=None) -> Engine:
@@ -104,8 +128,9 @@ def generate_text(
     stop: bool = True,
     progress: bool = False,
     confirm=None,
+    on_text: Callable[[str], None] | None = None,
 ) -> dict:
-    """Generate through a store; the dict of `vecgpt generate --json`."""
+    """Generate through a store; the dict of `vecgpt generate --json`. `on_text` as for `generate`."""
     config = config or Config()
     m = weights.load(model or config.model)
     k = config.top_k if top_k is None else top_k
@@ -113,11 +138,10 @@ def generate_text(
     check_request(m.hparams, ids, n, k, temperature, seed)
     config.top_k = max(config.top_k, k)
     engine = open_engine(config, m, progress=progress, confirm=confirm)
-    text = engine.open()
     try:
-        gen = generate(text, ids, n, temperature, k, seed, stop)
+        with engine.open() as text:
+            gen = generate(text, ids, n, temperature, k, seed, stop, on_text)
     finally:
-        text.close()
         engine.store.close()
     return {
         "prompt_tokens": gen.prompt_tokens,
@@ -128,6 +152,9 @@ def generate_text(
         "backend": config.backend,
         "metric": engine.metric,
         "model_fingerprint": m.fingerprint,
+        **settings(temperature, k, seed),
+        "store": location(engine.store, config.backend),
+        "text_id": text.name,
     }
 
 
@@ -140,11 +167,12 @@ def generate_reference(
     seed: int = 0,
     stop: bool = True,
     dtype=np.float64,
+    on_text: Callable[[str], None] | None = None,
 ) -> dict:
     m = weights.load(model, dtype=dtype)
     ids = tokenizer.encode(prompt)
     check_request(m.hparams, ids, n, top_k, temperature, seed)
-    gen = generate(Reference(m, dtype), ids, n, temperature, top_k, seed, stop)
+    gen = generate(Reference(m, dtype), ids, n, temperature, top_k, seed, stop, on_text)
     return {
         "prompt_tokens": gen.prompt_tokens,
         "tokens": gen.tokens,
@@ -152,6 +180,9 @@ def generate_reference(
         "steps": gen.steps,
         "backend": f"numpy-{np.dtype(dtype).name}",
         "model_fingerprint": m.fingerprint,
+        **settings(temperature, top_k, seed),
+        "store": None,
+        "text_id": None,
     }
 
 
@@ -163,7 +194,7 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
     ref = generate(Reference(m, np.float64), store_run["prompt_tokens"], n, top_k=config.top_k, stop=False)
     full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]  # numpy's score for any store token
     s, r = store_run["steps"][0]["candidates"], ref.steps[0]["candidates"] if ref.steps else []
-    ref_logits = dict(map(tuple, r))
+    ref_logits = {c[0]: c[1] for c in r}
     rows = [
         {
             "rank": i + 1,
@@ -173,14 +204,14 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
             "abs_error": abs(logit - float(full[tok])),
             "numpy_rank": _rank(tok, r),
         }
-        for i, (tok, logit) in enumerate(s)
+        for i, (tok, logit, _) in enumerate(s)
     ]
     first_diff = next((i for i, (a, b) in enumerate(zip(store_run["tokens"], ref.tokens)) if a != b), None)
     return {
         "prompt_tokens": store_run["prompt_tokens"],
         "scores": rows,
         "max_abs_error": max((row["abs_error"] for row in rows), default=0.0),
-        "same_top_set": {t for t, _ in s} == set(ref_logits),
+        "same_top_set": {c[0] for c in s} == set(ref_logits),
         "store_tokens": store_run["tokens"],
         "numpy_tokens": ref.tokens,
         "identical_steps": len(store_run["tokens"]) if first_diff is None else first_diff,
@@ -191,4 +222,4 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
 
 
 def _rank(token: int, candidates: list) -> int | None:
-    return next((i + 1 for i, (t, _) in enumerate(candidates) if t == token), None)
+    return next((i + 1 for i, c in enumerate(candidates) if c[0] == token), None)

@@ -108,6 +108,12 @@ class Session:
     def close(self) -> None:
         self.store.drop(self.name)
 
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def read(self, ids, k: int | None = None) -> Candidates:
         """Feed tokens; the best k next tokens after the last one."""
         ids = [int(i) for i in ids]

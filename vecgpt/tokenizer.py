@@ -7,6 +7,7 @@ is fixed: a cache that does not match is rebuilt, never trusted.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import hashlib
 import importlib.util
@@ -104,3 +105,22 @@ def encode(text: str) -> list[int]:
 
 def decode(ids: list[int]) -> str:
     return encoding().decode(list(ids))
+
+
+def token_bytes(token: int) -> bytes:
+    """A token's bytes: GPT-2's tokens are bytes, and one character may span two tokens."""
+    return encoding().decode_single_token_bytes(int(token))
+
+
+class TextStream:
+    """Text as tokens come, through an incremental UTF-8 decoder: a character split over two tokens comes out
+    once, whole, with the token that completes it. The pieces join to `decode` of the tokens, without <|endoftext|>."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return "" if token == ENDOFTEXT else self.decoder.decode(token_bytes(token))
+
+    def end(self) -> str:
+        return self.decoder.decode(b"", final=True)

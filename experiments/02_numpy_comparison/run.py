@@ -134,7 +134,7 @@ def store_run(v, model, ids, args) -> tuple[list, list[int]]:
     finally:
         session.close()
         engine.store.close()
-    return [tuple(c) for c in gen.steps[0]["candidates"]], gen.tokens
+    return [tuple(c[:2]) for c in gen.steps[0]["candidates"]], gen.tokens
 
 
 def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:

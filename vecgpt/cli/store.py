@@ -161,6 +161,7 @@ def cmd_generate(args) -> int:
         top_k=config.top_k if args.top_k is None else args.top_k,
         seed=args.seed,
         stop=not args.no_stop,
+        on_text=None if args.json else Echo(args.prompt),
     )
     if args.reference:
         out = api.generate_reference(args.prompt, **common)
@@ -168,8 +169,28 @@ def cmd_generate(args) -> int:
         out = api.generate_text(
             args.prompt, config=config, progress=True, confirm=implicit_load(args, config), **common
         )
-    print(json.dumps(out) if args.json else args.prompt + out["text"])
+    if args.json:
+        print(json.dumps(out))
+    else:
+        common["on_text"].end()
     return 0
+
+
+class Echo:
+    """Text on stdout as it is made: the prompt with the first piece, then each piece, flushed; with end()'s
+    newline, the same bytes as `print(prompt + text)`."""
+
+    def __init__(self, prompt: str):
+        self.prompt: str | None = prompt
+
+    def __call__(self, piece: str) -> None:
+        if self.prompt is not None:
+            piece, self.prompt = self.prompt + piece, None
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    def end(self) -> None:
+        self("\n")
 
 
 def cmd_compare(args) -> int:
