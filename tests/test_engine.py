@@ -136,3 +136,12 @@ def test_round_trips_per_token(make_store, tiny_model):
     # the memory store answers a layer's head searches (one search_many) with one scan
     assert summary["per_token"][1]["by_kind"]["key_search"] == L
     assert summary["per_token"][1]["subqueries_by_kind"]["key_search"] == L * tiny_model.hparams.n_head
+
+
+def test_a_text_is_a_context_manager_that_closes(make_store, tiny_model):
+    store = make_store("memory")
+    push(store, tiny_model, "l2", progress=False)
+    with Engine(store).open() as text:
+        text.read(tokenizer.encode("Hello"))
+        assert text.name in store.collections()
+    assert text.name not in store.collections()  # closing removed its keys
