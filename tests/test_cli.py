@@ -1,10 +1,14 @@
 """The command line: results on stdout, one-line errors and a non-zero exit on bad input."""
 
+import fcntl
 import json
 import os
 import stat
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 import numpy as np
@@ -368,20 +372,31 @@ def test_streamed_stdout_is_the_text_of_the_json(capsys, store_args, tiny_model_
 
 
 def test_the_first_token_reaches_stdout_while_the_rest_are_made(tmp_path):
-    """Shipped model, memory store, 20 tokens: the first piece after the prompt is read before the process ends."""
+    """Shipped model, memory store, 20 tokens, stdout a pipe with room for the prompt and the first piece only.
+
+    Streaming, the child writes those and then waits on the full pipe: seeing them while it runs proves the
+    first piece came before the last token. Printed at the end, nothing fits and nothing would ever arrive."""
     root = str(Path(vecgpt.__file__).parent.parent)  # this checkout's vecgpt, also in the child
     env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONPATH": root}
     argv = [sys.executable, "-m", "vecgpt", "generate", "--backend", "memory", "ROMEO:", "-n", "20", "--no-stop"]
-    with open(tmp_path / "err", "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
-        seen = b""
-        while len(seen) <= len(b"ROMEO:") and (chunk := os.read(proc.stdout.fileno(), 4096)):
-            seen += chunk
-        running = proc.poll() is None
-        rest = proc.stdout.read()
-    assert proc.wait() == 0, (tmp_path / "err").read_text()
     final = json.loads(subprocess.run([*argv, "--json"], capture_output=True, env=env, check=True).stdout)
-    assert (seen + rest).decode() == "ROMEO:" + final["text"] + "\n"
-    # Printed all at the end, the text came in one piece, the process still exiting: so also ask that the
-    # first arrival is not all of it (the reader, woken by the write, runs long before 19 tokens are made).
-    assert running and len(b"ROMEO:") < len(seen) < len(seen + rest)
+    first = ("ROMEO:" + tokenizer.TextStream().feed(final["tokens"][0])).encode()
+    r, w = os.pipe()
+    size = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)  # one page; a write that does not fit waits whole
+    os.write(w, b"x" * (size - len(first)))
+    with open(tmp_path / "err", "wb") as err:
+        proc = subprocess.Popen(argv, stdout=w, stderr=err, env=env)
+    os.close(w)
+    deadline = time.monotonic() + 300  # reached only by a child that never streams
+    while waiting(r) < size and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert waiting(r) == size and proc.poll() is None, (tmp_path / "err").read_text()  # the child waits on us
+    with os.fdopen(r, "rb") as out:
+        seen = out.read()
+    assert proc.wait() == 0, (tmp_path / "err").read_text()
+    assert seen[size - len(first) :].decode() == "ROMEO:" + final["text"] + "\n"
+
+
+def waiting(fd: int) -> int:
+    """Bytes in a pipe, not yet read."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
