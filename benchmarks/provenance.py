@@ -1,16 +1,16 @@
-"""What a benchmark ran on: threads pinned before numpy loads, and the machine, versions and commit it states."""
+"""What a benchmark ran on: threads pinned before numpy loads, and the machine, versions and commit it states
+(the experiments' record, plus the CPU model and the BLAS numpy uses)."""
 
 from __future__ import annotations
 
 import os
 import platform
-import subprocess
+import sys
 import time
-from importlib import metadata
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("vecgpt", "numpy", "faiss-cpu", "lancedb", "pyarrow", "psycopg", "pgvector", "turbopuffer", "matplotlib")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from common.record import commit, versions  # noqa: E402 (the experiments' helpers)
 
 
 def pin_threads(argv: list[str], default: int = 2) -> int:
@@ -41,27 +41,12 @@ def blas() -> str:
         return "unknown"
 
 
-def commit() -> str:
-    def git(*cmd):
-        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short=12", "HEAD")
-    return (
-        f"{head}{' (uncommitted changes)' if git('status', '--porcelain', '--untracked-files=no') else ''}" or "unknown"
-    )
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
-
-
 def machine(threads: int) -> dict:
+    """The machine stated in full (CPU model, cores, threads, BLAS), library versions, commit and date."""
+    import numpy as np
+
+    import vecgpt
+
     return {
         "cpu": cpu_model(),
         "arch": platform.machine(),
@@ -69,7 +54,12 @@ def machine(threads: int) -> dict:
         "threads": threads,
         "system": f"{platform.system()} {platform.release()}",
         "blas": blas(),
-        "versions": versions(),
-        "commit": commit(),
+        "versions": {
+            "python": platform.python_version(),
+            "vecgpt": vecgpt.__version__,
+            **versions(),
+            "numpy": np.__version__,
+        },
+        "commit": commit() or "unknown",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

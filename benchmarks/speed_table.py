@@ -88,6 +88,7 @@ def turbopuffer_row(model, args) -> dict:
 
 
 def measure(args) -> dict:
+    stated = machine(args.threads)  # before the run: the commit measured, the date it began
     model = per_token.load_model(args.model)
     ids = tokenizer.encode(round_trips.PROMPT)
     progress(f"numpy reference (float32): {len(ids)}-token prompt, {args.n} tokens")
@@ -108,7 +109,7 @@ def measure(args) -> dict:
         "shape": f"{hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, {hp.n_vocab:,} tokens",
         "prompt_tokens": len(ids),
         "n": args.n,
-        "machine": machine(args.threads),
+        "machine": stated,
         "rows": rows,
     }
 
@@ -122,7 +123,7 @@ def markdown(result) -> str:
     lines = [
         f"Per generated token after a {result['prompt_tokens']}-token prompt, median of {result['n']} tokens; "
         f"{result['shape']}; {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['blas']}; "
-        f"commit {m['commit']}, {m['date']}.",
+        f"commit {m['commit'][:12]}, {m['date']}.",
         "",
         "| store | ms/token | × numpy | requests/token | round trips/token | load | documents | stored | $/token |",
         "|---|---|---|---|---|---|---|---|---|",
