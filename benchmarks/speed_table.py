@@ -1,14 +1,16 @@
 """README's speed table in one command: every store against numpy float32 in the same run.
 
-    python benchmarks/speed_table.py [--stores faiss faiss-ip memory pgvector lancedb turbopuffer] [-n 16]
+    python benchmarks/speed_table.py [--stores faiss faiss-ip memory pgvector lancedb turbopuffer] [-n 16] [--repeat 1]
                                      [--threads 2] [--latency-ms 25] [--model DIR] [--out benchmarks/results/speed]
 
 Random weights at GPT-2 small shape unless --model. Each store is emptied first in a place of its own
 (a temporary folder, schema vecgpt_speed_<store>, or a private local turbopuffer server), so the load
-time is a real load and a user's default stores are not touched. After a ten-token prompt, n greedy tokens
-are timed per store (median). turbopuffer runs through the official client against the local server
-with a fixed simulated latency per request. Writes speed.json (rows plus machine, CPU, threads, BLAS,
-versions, commit, date), speed.md (the table as README shows it) and speed.png; progress goes to stderr.
+time is a real load and a user's default stores are not touched. After a ten-token prompt, n greedy
+tokens are timed per store (median); --repeat k runs the whole set k times and gives each figure as the
+median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
+turbopuffer runs through the official client against the local server with a fixed simulated latency
+per request. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
+speed.md (the table as README shows it) and speed.png; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from provenance import machine, pin_threads  # noqa: E402
 
 pin_threads(sys.argv)
 
+import numpy as np  # noqa: E402
 import per_token  # noqa: E402
 import round_trips  # noqa: E402
 
@@ -41,6 +44,7 @@ def parse_args(argv=None):
     parser.add_argument("--model", default=None, help="model folder (default: random GPT-2 small shape)")
     parser.add_argument("-n", type=int, default=16, help="generated tokens timed per store")
     parser.add_argument("--threads", type=int, default=2, help="BLAS/OpenMP threads (pinned before numpy loads)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the whole set; each figure is their median")
     parser.add_argument(
         "--latency-ms", type=float, default=25.0, help="turbopuffer: the local server's delay a request"
     )
@@ -87,10 +91,7 @@ def turbopuffer_row(model, args) -> dict:
     }
 
 
-def measure(args) -> dict:
-    stated = machine(args.threads)  # before the run: the commit measured, the date it began
-    model = per_token.load_model(args.model)
-    ids = tokenizer.encode(round_trips.PROMPT)
+def measure_once(model, ids, args) -> list[dict]:
     progress(f"numpy reference (float32): {len(ids)}-token prompt, {args.n} tokens")
     rows = [per_token.reference_row(model, ids, args.n)]
     root = tempfile.mkdtemp(prefix="vecgpt-speed-")
@@ -102,6 +103,30 @@ def measure(args) -> dict:
             rows[-1]["ratio"] = rows[-1]["per_token_s"] / rows[0]["per_token_s"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Each row of the first run with its timings replaced by their median over runs (each run's kept)."""
+    rows = []
+    for i, row in enumerate(runs[0]):
+        row = dict(row)
+        for key in ("per_token_s", "prompt_s", "load_s", "ratio"):
+            if key in row:
+                row[f"{key}_runs"] = [run[i][key] for run in runs]
+                row[key] = float(np.median(row[f"{key}_runs"]))
+        rows.append(row)
+    return rows
+
+
+def measure(args) -> dict:
+    stated = machine(args.threads)  # before the run: the commit measured, the date it began
+    model = per_token.load_model(args.model)
+    ids = tokenizer.encode(round_trips.PROMPT)
+    runs = []
+    for k in range(args.repeat):
+        progress(f"run {k + 1} of {args.repeat}")
+        runs.append(measure_once(model, ids, args))
     hp = model.hparams
     return {
         "command": "python benchmarks/speed_table.py " + " ".join(sys.argv[1:]),
@@ -109,9 +134,16 @@ def measure(args) -> dict:
         "shape": f"{hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, {hp.n_vocab:,} tokens",
         "prompt_tokens": len(ids),
         "n": args.n,
+        "repeat": args.repeat,
         "machine": stated,
-        "rows": rows,
+        "rows": median_rows(runs),
     }
+
+
+def runs_note(result) -> str:
+    return (
+        f", then the median of {result['repeat']} runs (ratios taken within each run)" if result["repeat"] > 1 else ""
+    )
 
 
 def cell_ratio(r: float) -> str:
@@ -121,7 +153,7 @@ def cell_ratio(r: float) -> str:
 def markdown(result) -> str:
     m = result["machine"]
     lines = [
-        f"Per generated token after a {result['prompt_tokens']}-token prompt, median of {result['n']} tokens; "
+        f"Per generated token after a {result['prompt_tokens']}-token prompt, median of {result['n']} tokens{runs_note(result)}; "
         f"{result['shape']}; {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['blas']}; "
         f"commit {m['commit'][:12]}, {m['date']}.",
         "",
@@ -155,7 +187,9 @@ def plot(result, path: Path) -> None:
     ax.set_xscale("log")
     ax.invert_yaxis()
     ax.set_xlabel("ms per generated token (log scale)")
-    ax.set_title(f"{result['shape']}; {m['cpu']}, {m['threads']} threads; median of {result['n']}", fontsize=9)
+    ax.set_title(
+        f"{result['shape']}; {m['cpu']}, {m['threads']} threads; median of {result['n']}{runs_note(result)}", fontsize=9
+    )
     ax.set_xlim(right=max(ms) * 20)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
