@@ -188,9 +188,10 @@ def plot(result, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("ms per generated token (log scale)")
     ax.set_title(
-        f"{result['shape']}; {m['cpu']}, {m['threads']} threads; median of {result['n']}{runs_note(result)}", fontsize=9
+        f"{result['shape']}\n{m['cpu']}, {m['cores']} cores, {m['threads']} threads; median of {result['n']}{runs_note(result)}",
+        fontsize=9,
     )
-    ax.set_xlim(right=max(ms) * 20)
+    ax.set_xlim(right=max(ms) * 8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
