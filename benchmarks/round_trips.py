@@ -137,7 +137,7 @@ def main():
     report(result, args.out)
 
 
-def measure(model, args, prefix: str = "bench-") -> dict:
+def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
     """Start the local server at args.latency_ms, load the model through the official client, read a text."""
     os.environ.setdefault("TURBOPUFFER_API_KEY", "local")
     os.environ.pop("TURBOPUFFER_REGION", None)
@@ -152,7 +152,7 @@ def measure(model, args, prefix: str = "bench-") -> dict:
             replicas=args.replicas,
             key_replicas=args.key_replicas,
             key_partition=args.key_partition,
-            max_retries=0,
+            max_retries=max_retries,
         )
         _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True))
         print(

@@ -68,7 +68,9 @@ def turbopuffer_row(model, args) -> dict:
     tp_args = argparse.Namespace(
         n=args.n, latency_ms=args.latency_ms, replicas=2, key_replicas=2, key_partition="head", layouts=False
     )
-    r = round_trips.measure(model, tp_args, prefix="speed-")
+    r = round_trips.measure(
+        model, tp_args, prefix="speed-", max_retries=3
+    )  # a dropped connection is retried, not fatal
     t = r["per_token"]
     return {
         "store": f"turbopuffer (l2, local server, {args.latency_ms:g} ms a request)",
