@@ -4,7 +4,8 @@
 
 Random weights at the full GPT-2 small shape (12 layers, 12 heads, 768 wide, 1,024 positions,
 50,257 tokens), written once under ~/.cache/vecgpt/models. Threads are pinned before numpy loads.
-Prints a table and writes benchmarks/results/per_token.json.
+Prints a table and writes benchmarks/results/per_token.json. `benchmarks/speed_table.py` runs this
+with turbopuffer in one go and writes README's table; its pieces are these functions.
 """
 
 from __future__ import annotations
@@ -12,41 +13,41 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--configs", nargs="+", default=["configs/faiss.toml", "configs/memory.toml"])
-parser.add_argument("--model", default=None, help="model folder (default: random GPT-2 small shape)")
-parser.add_argument("-n", type=int, default=16, help="generated tokens timed per store")
-parser.add_argument("--prompt", default="The history of the vector database begins")
-parser.add_argument("--threads", type=int, default=2)
-parser.add_argument("--fresh", action="store_true", help="empty each store first, so the load time is a real load")
-parser.add_argument("--out", default="benchmarks/results/per_token.json")
-args = parser.parse_args()
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[var] = str(args.threads)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import machine, pin_threads  # noqa: E402
+
+pin_threads(sys.argv)
 
 import numpy as np  # noqa: E402
 
 from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
-from vecgpt.loading import (  # noqa: E402
-    drop,
-    push,  # noqa: E402
-    store_fingerprint,
-)
+from vecgpt.loading import drop, push, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 from common.subjects import place  # noqa: E402 (the experiments' helpers)
 
 
-def model_dir() -> str:
-    return args.model or str(weights.random_gpt2_small())
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", nargs="+", default=["configs/faiss.toml", "configs/memory.toml"])
+    parser.add_argument("--model", default=None, help="model folder (default: random GPT-2 small shape)")
+    parser.add_argument("-n", type=int, default=16, help="generated tokens timed per store")
+    parser.add_argument("--prompt", default="The history of the vector database begins")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fresh", action="store_true", help="empty each store first, so the load time is a real load")
+    parser.add_argument("--out", default="benchmarks/results/per_token.json")
+    return parser.parse_args(argv)
+
+
+def load_model(name: str | None):
+    return weights.load(name or str(weights.random_gpt2_small()))
 
 
 def per_token_seconds(reader, ids, n):
@@ -62,51 +63,68 @@ def per_token_seconds(reader, ids, n):
     return first, float(np.median(times)), times
 
 
+def reference_row(model, ids, n) -> dict:
+    first, tok, _ = per_token_seconds(Reference(model, np.float32), ids, n)
+    return {"store": "numpy reference (float32)", "prompt_s": first, "per_token_s": tok, "ratio": 1.0}
+
+
+def store_row(model, ids, config, n, fresh: bool, keep: bool = True) -> dict:
+    """Load the model into the config's store (emptied first if fresh), then time n decode tokens there."""
+    store = open_store(config)
+    key = store_fingerprint(model, config.metric)
+    if fresh:
+        drop(store, key)
+    t = time.perf_counter()
+    push(store, model, config.metric, progress=True)
+    load_s = time.perf_counter() - t
+    text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key).open()
+    first, tok, _ = per_token_seconds(text, ids, n)
+    row = {"store": f"{config.backend} ({config.metric})", "prompt_s": first, "per_token_s": tok, "load_s": load_s}
+    row.update(meter_figures(text.meter.summary()), **stored(store.stats()))
+    text.close()
+    if not keep:
+        drop(store, key)
+    store.close()
+    return row
+
+
+def meter_figures(summary) -> dict:
+    decode = summary["per_token"][1:]
+    return {
+        "prompt_requests": summary["per_token"][0],
+        "requests_per_token": float(np.mean([d["total"] for d in decode])),
+        "round_trips_per_token": float(np.mean([d["round_trips"] for d in decode])),
+        "by_kind_per_token": decode[-1]["by_kind"],
+    }
+
+
+def stored(stats) -> dict:
+    model_rows = [s for name, s in stats.items() if not name.startswith("text-")]
+    return {
+        "stored_documents": sum(s["documents"] for s in model_rows),
+        "stored_bytes": sum(s["bytes"] for s in model_rows),
+    }
+
+
 def main():
-    model = weights.load(model_dir())
+    args = parse_args()
+    model = load_model(args.model)
     ids = tokenizer.encode(args.prompt)
-    first, ref_tok, _ = per_token_seconds(Reference(model, np.float32), ids, args.n)
-    rows = [{"store": "numpy reference (float32)", "prompt_s": first, "per_token_s": ref_tok, "ratio": 1.0}]
+    rows = [reference_row(model, ids, args.n)]
     for path in args.configs:
         config = load_config(path)
         place(config, "bench")  # a store of its own beside the config's, so the default stores keep their model
-        store = open_store(config)
-        key = store_fingerprint(model, config.metric)
-        if args.fresh:
-            drop(store, key)
-        t = time.perf_counter()
-        push(store, model, config.metric, progress=True)
-        load_s = time.perf_counter() - t
-        text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key).open()
-        first, tok, _ = per_token_seconds(text, ids, args.n)
-        summary = text.meter.summary()
-        decode = summary["per_token"][1:]
-        stats = store.stats()
-        rows.append(
-            {
-                "store": f"{config.backend} ({config.metric})",
-                "config": path,
-                "prompt_s": first,
-                "per_token_s": tok,
-                "ratio": tok / ref_tok,
-                "load_s": load_s,
-                "stored_documents": sum(s["documents"] for n, s in stats.items() if not n.startswith("text-")),
-                "stored_bytes": sum(s["bytes"] for n, s in stats.items() if not n.startswith("text-")),
-                "prompt_requests": summary["per_token"][0],
-                "requests_per_token": np.mean([d["total"] for d in decode]),
-                "round_trips_per_token": np.mean([d["round_trips"] for d in decode]),
-                "by_kind_per_token": decode[-1]["by_kind"],
-            }
-        )
-        text.close()
-        store.close()
-    report(rows, model)
+        rows.append({**store_row(model, ids, config, args.n, args.fresh), "config": path})
+        rows[-1]["ratio"] = rows[-1]["per_token_s"] / rows[0]["per_token_s"]
+    print_table(rows, args, len(ids))
+    write_json(args.out, {"model": model.source, "hparams": model.hparams.__dict__, "threads": args.threads}, rows)
 
 
-def report(rows, model):
+def print_table(rows, args, prompt_tokens):
+    m = machine(args.threads)
     print(
-        f"\nper generated token, median of {args.n}; prompt of {len(tokenizer.encode(args.prompt))} tokens; "
-        f"{args.threads} threads; {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+        f"\nper generated token, median of {args.n}; prompt of {prompt_tokens} tokens; "
+        f"{args.threads} threads; {m['cpu']}, {m['cores']} cores"
     )
     print(
         f"{'store':28} {'ms/token':>9} {'x numpy':>8} {'prompt ms':>10} {'req/tok':>8} {'rt/tok':>7} {'load s':>7} {'docs':>9} {'MB':>7}"
@@ -119,25 +137,12 @@ def report(rows, model):
         )
     for r in rows[1:]:
         print(f"  {r['store']}: requests per token by kind {r['by_kind_per_token']}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "model": model.source,
-                "hparams": model.hparams.__dict__,
-                "threads": args.threads,
-                "machine": {
-                    "cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "numpy": np.__version__,
-                },
-                "rows": rows,
-            },
-            f,
-            indent=1,
-            default=float,
-        )
+
+
+def write_json(out, head: dict, rows):
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump({**head, "machine": machine(head.get("threads", 0)), "rows": rows}, f, indent=1, default=float)
 
 
 if __name__ == "__main__":

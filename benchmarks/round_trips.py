@@ -20,17 +20,6 @@ import subprocess
 import sys
 import time
 
-parser = argparse.ArgumentParser()
-parser.add_argument("-n", type=int, default=8, help="generated tokens")
-parser.add_argument("--latency-ms", type=float, default=25.0)
-parser.add_argument("--replicas", type=int, default=2)
-parser.add_argument("--key-replicas", type=int, default=2)
-parser.add_argument("--key-partition", default="head", help="'' keeps a text's keys in one namespace (and its copies)")
-parser.add_argument("--layouts", action="store_true", help="also measure namespace per matrix vs per dimension")
-parser.add_argument("--model", default=None)
-parser.add_argument("--out", default="benchmarks/results/round_trips.json")
-args = parser.parse_args()
-
 import numpy as np  # noqa: E402
 
 from vecgpt import tokenizer, weights  # noqa: E402
@@ -42,8 +31,23 @@ from vecgpt.loading import plan, push  # noqa: E402
 PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
 
 
-def model_dir() -> str:
-    return args.model or str(weights.random_gpt2_small())
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-n", type=int, default=8, help="generated tokens")
+    parser.add_argument("--latency-ms", type=float, default=25.0)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--key-replicas", type=int, default=2)
+    parser.add_argument(
+        "--key-partition", default="head", help="'' keeps a text's keys in one namespace (and its copies)"
+    )
+    parser.add_argument("--layouts", action="store_true", help="also measure namespace per matrix vs per dimension")
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--out", default="benchmarks/results/round_trips.json")
+    return parser.parse_args(argv)
+
+
+def model_dir(name: str | None = None) -> str:
+    return name or str(weights.random_gpt2_small())
 
 
 def start_server(latency_ms: float):
@@ -128,26 +132,27 @@ def measure_layouts(url: str) -> dict:
 
 
 def main():
+    args = parse_args()
+    result = measure(weights.load(model_dir(args.model)), args)
+    report(result, args.out)
+
+
+def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
+    """Start the local server at args.latency_ms, load the model through the official client, read a text."""
     os.environ.setdefault("TURBOPUFFER_API_KEY", "local")
     os.environ.pop("TURBOPUFFER_REGION", None)
-    model = weights.load(model_dir())
     proc, url = start_server(args.latency_ms)
-    result = {
-        "latency_ms": args.latency_ms,
-        "replicas": args.replicas,
-        "key_replicas": args.key_replicas,
-        "key_partition": args.key_partition,
-        "model": model.source,
-    }
+    result = {k: getattr(args, k) for k in ("latency_ms", "replicas", "key_replicas", "key_partition")}
+    result["model"] = model.source
     try:
         store = get_store(
             "turbopuffer",
             base_url=url,
-            prefix="bench-",
+            prefix=prefix,
             replicas=args.replicas,
             key_replicas=args.key_replicas,
             key_partition=args.key_partition,
-            max_retries=0,
+            max_retries=max_retries,
         )
         _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True))
         print(
@@ -155,22 +160,22 @@ def main():
             f"${tpb.dollars(load_used):.4f} in writes",
             file=sys.stderr,
         )
-        result.update(measure_text(store, model))
+        result.update(measure_text(store, model, args))
         result["load"] = {
             "seconds": load_s,
             "write_requests": load_used.get("write_requests", 0),
             "dollars": tpb.dollars(load_used),
         }
-        if args.layouts:
+        if getattr(args, "layouts", False):
             result["layouts"] = measure_layouts(url)
         store.close()
     finally:
         proc.terminate()
         proc.wait(10)
-    report(result)
+    return result
 
 
-def measure_text(store, model) -> dict:
+def measure_text(store, model, args) -> dict:
     """A ten-token prompt, then args.n greedy tokens: round trips, requests, seconds and dollars."""
     ids = tokenizer.encode(PROMPT)
     assert len(ids) == 10, len(ids)
@@ -196,7 +201,7 @@ def measure_text(store, model) -> dict:
             "dollars": tpb.dollars(prompt_used),
         },
         "per_token": per_token(toks, decode),
-        "stored_model": stored_model(model),
+        "stored_model": stored_model(model, args.replicas),
         "floor_seconds_per_token": result_floor(toks, args.latency_ms),
     }
 
@@ -218,11 +223,11 @@ def per_token(toks, decode) -> dict:
     }
 
 
-def stored_model(model) -> dict:
+def stored_model(model, replicas: int) -> dict:
     rows = plan(model, "l2")
-    stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * args.replicas
+    stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * replicas
     return {
-        "documents": sum(n for _, n, _ in rows) * args.replicas,
+        "documents": sum(n for _, n, _ in rows) * replicas,
         "bytes": stored_bytes,
         "dollars_per_month": stored_bytes / 1e9 * tpb.PRICES["storage_gb_month"],
     }
@@ -232,7 +237,7 @@ def result_floor(toks, latency_ms):
     return float(np.mean([t["round_trips"] for t in toks])) * latency_ms / 1e3
 
 
-def report(r):
+def report(r, out):
     p, t = r["prompt"], r["per_token"]
     print(
         f"\nturbopuffer over HTTP, local server at {r['latency_ms']:.0f} ms a request; GPT-2 small shape, random weights; "
@@ -260,8 +265,8 @@ def report(r):
             f"  layout {name}: {m['median_ms']:.1f} ms median for a {m['rows']}-row exact search "
             f"(namespace of {m['namespace_rows']:,} rows)"
         )
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
         json.dump(r, f, indent=1, default=float)
 
 

@@ -1,0 +1,65 @@
+"""What a benchmark ran on: threads pinned before numpy loads, and the machine, versions and commit it states
+(the experiments' record, plus the CPU model and the BLAS numpy uses)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from common.record import commit, versions  # noqa: E402 (the experiments' helpers)
+
+
+def pin_threads(argv: list[str], default: int = 2) -> int:
+    """Read --threads from argv and pin the BLAS/OpenMP pools to it; must run before numpy is imported."""
+    threads = int(argv[argv.index("--threads") + 1]) if "--threads" in argv[:-1] else default
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    return threads
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas() -> str:
+    import numpy as np
+
+    try:
+        info = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        return f"{info.get('name')} {info.get('version')}"
+    except Exception:  # noqa: BLE001 - numpy before 1.26 has no dict form; the name is a nicety
+        return "unknown"
+
+
+def machine(threads: int) -> dict:
+    """The machine stated in full (CPU model, cores, threads, BLAS), library versions, commit and date."""
+    import numpy as np
+
+    import vecgpt
+
+    return {
+        "cpu": cpu_model(),
+        "arch": platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "system": f"{platform.system()} {platform.release()}",
+        "blas": blas(),
+        "versions": {
+            "python": platform.python_version(),
+            "vecgpt": vecgpt.__version__,
+            **versions(),
+            "numpy": np.__version__,
+        },
+        "commit": commit() or "unknown",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
