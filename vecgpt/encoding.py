@@ -75,10 +75,11 @@ def encode_rows(weight: np.ndarray, bias: np.ndarray | None, metric: Metric) -> 
 
 
 def power_of_two(target: np.ndarray, norm: np.ndarray) -> np.ndarray:
-    """2^round(log2(target / norm)), and 1 where either is 0."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        e = np.round(np.log2(np.asarray(target, np.float64) / np.asarray(norm, np.float64)))
-    return np.where(np.isfinite(e), np.exp2(np.clip(np.nan_to_num(e), -60, 60)), 1.0)
+    """2^round(log2(target / norm)), and 1 where either is 0 (or not finite)."""
+    t, n = np.asarray(target, np.float64), np.asarray(norm, np.float64)
+    ok = (t > 0) & (n > 0) & np.isfinite(t) & np.isfinite(n)  # checked first: no warnings, no context manager
+    ratio = np.where(ok, t, 1.0) / np.where(ok, n, 1.0)
+    return np.where(ok, np.exp2(np.clip(np.round(np.log2(ratio)), -60, 60)), 1.0)
 
 
 def encode_queries(x: np.ndarray, metric: Metric, m2: float | None = None) -> np.ndarray:
