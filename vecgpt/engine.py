@@ -124,17 +124,17 @@ class Session:
         # a store that reads a manifest for free is asked each time (it may serve a dropped model from
         # memory); any other is asked when a read fails
         if getattr(self.engine.store, "local", False) and self.engine.dropped():
-            raise self.dropped()
+            raise self.model_dropped()
         try:
             for block in [ids] if self.engine.prompt_block else [[i] for i in ids]:
                 h = self.hidden(block)
             return self.gpt2(h[-1:], k or self.engine.top_k)
         except VecgptError:
             if self.engine.dropped():
-                raise self.dropped() from None
+                raise self.model_dropped() from None
             raise
 
-    def dropped(self) -> VecgptError:
+    def model_dropped(self) -> VecgptError:
         return VecgptError(
             f"model {self.engine.key} was dropped from the store while this text was open; "
             f"load it again and start the text again"

@@ -18,13 +18,7 @@ class Catalog(Plumbing):
     """Collections as catalog rows, and the namespaces each one owns."""
 
     def _catalog(self) -> dict[str, dict]:
-        out = self._query(
-            self.catalog_ns,
-            {"rank_by": ["id", "asc"], "top_k": self.max_top_k, "include_attributes": ["spec"]},
-            "reading the catalog",
-            missing=None,
-        )
-        specs = {} if out is None else {r["id"]: json.loads(r["spec"]) for r in out.get("rows", [])}
+        specs = self._json_rows(self.catalog_ns, "spec", "reading the catalog")
         with self._lock:
             self._specs = dict(specs)
         return specs

@@ -127,6 +127,12 @@ class Plumbing:
                 self.usage["billed_queried"] += max(queried, PRICES["min_query_bytes"] * subqueries)
                 self.usage["billed_returned"] += returned
 
+    def _json_rows(self, namespace: str, attribute: str, what: str) -> dict[str, dict]:
+        """Every row of a small bookkeeping namespace (catalog, models), its JSON attribute parsed, by id."""
+        body = {"rank_by": ["id", "asc"], "top_k": self.max_top_k, "include_attributes": [attribute]}
+        out = self._query(namespace, body, what, missing=None)
+        return {row["id"]: json.loads(row[attribute]) for row in ([] if out is None else out.get("rows", []))}
+
     def _query(self, namespace: str, body: dict, what="query", missing=VecgptError, subqueries=1) -> dict | None:
         record(1, subqueries)
         out = self._raw(what, namespace, "multi_query" if "queries" in body else "query", missing=missing, **body)

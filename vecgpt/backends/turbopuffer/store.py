@@ -152,13 +152,7 @@ class TurbopufferStore(Catalog, Searching):
     # manifests: one row per loaded model in <prefix>_models, id = its key (the previous layout kept one
     # row in <prefix>_manifest, which is left alone) ----------------------------------------
     def _manifests(self) -> dict[str, dict]:
-        out = self._query(
-            self.models_ns,
-            {"rank_by": ["id", "asc"], "top_k": self.max_top_k, "include_attributes": ["json"]},
-            "reading the manifests",
-            missing=None,
-        )
-        return {row["id"]: json.loads(row["json"]) for row in ([] if out is None else out.get("rows", []))}
+        return self._json_rows(self.models_ns, "json", "reading the manifests")
 
     def read_manifest(self, key: str) -> dict | None:
         return self._manifests().get(key)
