@@ -8,8 +8,15 @@ that another package declares in the entry point group `vecgpt.stores`, e.g. in 
     mystore = "mypackage.store:connect"
 
 A collection is a named set of float32 vectors of one dimension, each with an integer id and
-integer attributes. Ids are row indices chosen by the caller, so results scatter straight into
-numpy. Distances are squared L2 ("l2") or the negated inner product ("ip"), lower is better.
+integer attributes, and optionally a float32 payload (a fixed number of floats per row, stored and
+fetched, never filtered on or ranked by: a text keeps each key's value there). Ids are row indices
+chosen by the caller, so results scatter straight into numpy. Distances are squared L2 ("l2") or the
+negated inner product ("ip"), lower is better.
+
+Texts. Collections named `text-<id>` hold a text's keys and values; rows written there survive the
+writing process and kill -9. Beside them, each text has a record (a JSON object) that is versioned:
+`write_text` succeeds only if the version it expects is still the stored one, so two processes never
+interleave edits of one text (see vecgpt/text.py).
 
 Optional beside connect(), in the same module: `estimate_cost(rows, **options) -> str`, what a load
 into this store costs (`vecgpt load --dry-run` prints it; rows as `vecgpt.loading.plan` gives them).
@@ -40,7 +47,7 @@ from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 import numpy as np
 
 from vecgpt.encoding import Metric
-from vecgpt.errors import VecgptError
+from vecgpt.errors import TextConflict, VecgptError
 
 GROUP = "vecgpt.stores"
 T = TypeVar("T")
@@ -88,13 +95,18 @@ class Search:
 class Store(Protocol):
     metrics: tuple[Metric, ...]  # the distances this store can rank by
 
-    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
-        """Make an empty collection (a no-op if it exists with the same dim and metric)."""
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = (), payload: int = 0) -> None:
+        """Make an empty collection (a no-op if it exists with the same dim and metric); `payload` floats a row."""
 
     def upsert(
-        self, name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray] | None = None
+        self,
+        name: str,
+        ids: np.ndarray,
+        vectors: np.ndarray,
+        attrs: Mapping[str, np.ndarray] | None = None,
+        payload: np.ndarray | None = None,
     ) -> None:
-        """Insert rows, replacing any row with the same id."""
+        """Insert rows, replacing any row with the same id (payload [n, width] float32; None: zeros)."""
 
     def search(self, name: str, queries: np.ndarray, k: int | None = None, where: Where | None = None) -> Hits:
         """Exact search: every matching row (k None, any order) or the k nearest, nearest first."""
@@ -102,8 +114,8 @@ class Store(Protocol):
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Several independent searches, sent together where the store can."""
 
-    def fetch(self, name: str, ids: np.ndarray) -> np.ndarray:
-        """The stored vectors [len(ids), dim] for these ids, in that order."""
+    def fetch(self, name: str, ids: np.ndarray, payload: bool = False):
+        """The stored vectors [len(ids), dim] for these ids, in that order; with payload, (vectors, payload)."""
 
     def count(self, name: str) -> int: ...
 
@@ -124,7 +136,21 @@ class Store(Protocol):
     def stats(self) -> dict:
         """Documents and bytes held, by collection."""
 
+    def read_text(self, text_id: str) -> dict | None:
+        """A text's record, with its "version", or None."""
+
+    def write_text(self, text_id: str, record: dict | None, expect: int | None) -> int:
+        """File a text's record (None: remove it) if its stored version is `expect` (None: if it has none);
+        else raise TextConflict. Atomic: readers see the old record or the new. Returns the new version."""
+
+    def texts(self) -> list[str]:
+        """The ids of every text record."""
+
     def close(self) -> None: ...
+
+    # Optional: `clone(src, dst)`, a new collection dst holding every row of src, made inside the store
+    # (no row passes through the client); a text branches by it. `text_lock(text_id)`, a context manager
+    # held while a process has the text open; another process's attempt fails at once (never waits).
 
     # Optional: `load_lock()`, a context manager that keeps other processes' loads out of this store while
     # one runs (see loading.push). Stores without it take no lock.
@@ -179,14 +205,23 @@ def cache_dir(name: str) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vecgpt" / name
 
 
-@contextmanager
 def folder_lock(folder):
     """An exclusive lock on a store folder, held across processes (flock): one load at a time."""
+    return file_lock(Path(folder) / ".load.lock")
+
+
+@contextmanager
+def file_lock(path: Path, wait: bool = True, busy: Exception | None = None):
+    """An exclusive flock on a file, held across processes; released when the holder exits, even by kill -9.
+    wait=False: raise `busy` at once if another holds it."""
     import fcntl
 
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    with open(Path(folder) / ".load.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise busy from None
         try:
             yield
         finally:
@@ -235,6 +270,31 @@ def check_rows(name: str, ids: np.ndarray, vectors: np.ndarray, dim: int) -> tup
     if len(ids) != len(vectors):
         raise VecgptError(f"upsert into {name!r}: {len(ids)} ids for {len(vectors)} vectors")
     return ids, vectors
+
+
+def check_payload(name: str, payload, n: int, width: int) -> np.ndarray:
+    """An upsert's payload as float32 [n, width] (zeros when not given)."""
+    if payload is None:
+        return np.zeros((n, width), np.float32)
+    payload = np.asarray(payload, np.float32)
+    if payload.shape != (n, width):
+        raise VecgptError(f"upsert into {name!r}: payload of shape {payload.shape}, expected ({n}, {width})")
+    return payload
+
+
+def check_version(text_id: str, held: int | None, expect: int | None) -> int:
+    """The version a conditional write of a text record sets, or TextConflict if `held` is not `expect`."""
+    if held == expect:
+        return (expect or 0) + 1
+    if expect is None:
+        raise TextConflict(f"text {text_id} exists already")
+    if held is None:
+        raise TextConflict(f"text {text_id} was removed by another process")
+    raise TextConflict(f"text {text_id} was changed by another process (version {held}, not {expect}); open it again")
+
+
+def text_busy(text_id: str) -> VecgptError:
+    return VecgptError(f"text {text_id} is open in another process; close it there (or wait for it to finish)")
 
 
 def last_writes(
@@ -319,6 +379,37 @@ class FolderStore:
     def manifests(self) -> list[str]:
         folder = self.path / "manifests"
         return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+
+    # text records: texts/<id>.json, replaced by rename under an flock of texts/<id>.lock
+    def read_text(self, text_id: str) -> dict | None:
+        path = self.path / "texts" / f"{text_id}.json"
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            raise self.damaged(f"texts/{text_id}.json is damaged", e) from None
+
+    def write_text(self, text_id: str, record: dict | None, expect: int | None) -> int:
+        path = self.path / "texts" / f"{text_id}.json"
+        with file_lock(path.with_suffix(".lock")):
+            held = self.read_text(text_id)
+            version = check_version(text_id, None if held is None else held.get("version"), expect)
+            if record is None:
+                path.unlink()
+                path.with_suffix(".lock").unlink(missing_ok=True)
+            else:
+                write_json(path, {**record, "version": version})
+        return version
+
+    def texts(self) -> list[str]:
+        folder = self.path / "texts"
+        return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+
+    @contextmanager
+    def text_lock(self, text_id: str):
+        with file_lock(self.path / "texts" / f"{text_id}.open", wait=False, busy=text_busy(text_id)):
+            yield
 
     def flush(self) -> None:
         """Write to disk what is held only in memory."""
