@@ -121,9 +121,10 @@ def test_round_trips_per_token(make_store, tiny_model):
     generate(text, tokenizer.encode("one two three"), 3, stop=False)
     summary = text.meter.summary()
     L = tiny_model.hparams.n_layer
-    # decode: a lookup, per layer c_attn, key write+search together, c_proj, c_fc, c_proj; the token search
-    assert [t["round_trips"] for t in summary["per_token"][1:]] == [1 + 5 * L + 1] * 2
-    # the prompt block: open, lookup, per layer c_attn, key write, key search, c_proj, c_fc, c_proj; token search
+    # decode: a lookup, per layer c_attn, the key search with the values' projections by head, c_fc, c_proj;
+    # the token search (the keys written with it)
+    assert [t["round_trips"] for t in summary["per_token"][1:]] == [1 + 4 * L + 1] * 2
+    # the prompt block: open, lookup, per layer c_attn, projections, key write, key search, c_fc, c_proj; token search
     assert summary["per_token"][0]["round_trips"] == 1 + 1 + 6 * L + 1
     # the memory store answers a layer's head searches (one search_many) with one scan
     assert summary["per_token"][1]["by_kind"]["key_search"] == L

@@ -42,7 +42,7 @@ def expected_rows(model: weights.Model) -> dict[str, np.ndarray]:
     """Every collection a load of `model` writes ("l2"), as float32 rows, by the name the store gives it."""
     out = {}
     for name in matrices(model.hparams):
-        p = get(model.params, name)
+        p = get(model.params, name, model.hparams.n_head)
         out[name] = encoding.encode_rows(p["weight"].T if name == "wte" else p["weight"], p.get("bias"), "l2")[0]
     out["wpe"], out["ln"] = model.params["wpe"]["weight"], ln_table(model)
     key = store_fingerprint(model, "l2")

@@ -55,7 +55,7 @@ from typing import Literal
 
 import numpy as np
 
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2  # 2: c_proj of attention stored per head (loading.matrices)
 Metric = Literal["l2", "ip"]
 
 

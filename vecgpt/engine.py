@@ -94,10 +94,14 @@ class Session:
         self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
         self.pending: list[tuple] = []  # a decode step's keys and values, written together with the next round
         self.riders: list = []  # other writes for the next round (vecgpt.text: the text's record)
-        self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd), np.float32)  # [L, ctx, H, hd] as stored
+        # each position's value, projected by its head's rows of c_proj: [L, ctx, H, d] as stored (zeros
+        # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
+        self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hp.n_embd), np.float32)
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
         opening = (
-            [later.create(self.name, hd, self.metric, ("layer", "head", "position"), payload=hd)] if create else []
+            [later.create(self.name, hd, self.metric, ("layer", "head", "position"), payload=hp.n_embd)]
+            if create
+            else []
         )
         *_, table = self.store.together(*opening, later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)))
         table = table.astype(np.float64)
@@ -159,40 +163,58 @@ class Session:
 
     def linear(self, x, name):  # [m, in] -> [m, out]: x @ weight + bias as one search returning every row
         q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
-        hits = self.store.search(self.engine.name(name), q)
-        y = np.empty((len(x), hits.ids.shape[1]))
-        np.put_along_axis(y, hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric), axis=1)
-        return y
+        return self.scatter(self.store.search(self.engine.name(name), q), q, name)
 
     def feed_forward(self, x, layer):  # [m, d] -> [m, d]
         return self.linear(gelu(self.linear(x, f"h.{layer}.mlp.c_fc")), f"h.{layer}.mlp.c_proj")
 
-    def attention(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, hd]; softmax(q k^T / sqrt(hd)) v
+    def attention(self, q, columns, layer, start):  # q [m, H, hd] -> [m, d]: sum_h softmax(q k^T / sqrt(hd)) pv_h
         m, n_head, hd = q.shape
-        state, tile = RunningSoftmax((n_head, m), hd), self.engine.tile
+        state, tile = RunningSoftmax((n_head, m), self.hp.n_embd), self.engine.tile
         query_pos = np.arange(start, start + m)[:, None]
         for pos, dots in columns:  # pos [m, n] key positions, dots q.k [H, m, n]; a tile of keys at a time
             for t in range(0, pos.shape[1], tile):
                 p = pos[:, t : t + tile]  # [m, tile]
-                values = self.values[layer, p[0]].transpose(1, 0, 2)  # [H, tile, hd]
+                values = self.projected[layer, p[0]].transpose(1, 0, 2)  # [H, tile, d]
                 state.update(dots[:, :, t : t + tile] / math.sqrt(hd), values, mask=p <= query_pos)
-        return state.finish()
+        return state.finish().sum(axis=0)
 
-    def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store, values in memory
+    def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store, projected values in memory
         hp, m = self.hp, len(x)
         q, k, v = (a.reshape(m, hp.n_head, -1) for a in np.split(self.linear(x, f"h.{layer}.attn.c_attn"), 3, axis=1))
-        k32, v32 = k.astype(np.float32), v.astype(np.float32)  # keys and values as the store holds them
-        self.values[layer, start : start + m] = v32
+        k32 = k.astype(np.float32)  # keys as the store holds them
         self.key_norms[layer, :, start : start + m] = squared_norms(k32).T
         if m == 1:  # decode: earlier keys from the store, the own key from memory; it is written with the next round
-            self.pending.append((layer, start, k32, v32))
             own = (np.array([[start]]), np.einsum("hd,hd->h", q[0], k32[0].astype(np.float64)).reshape(-1, 1, 1))
-            columns = ([self.key_scores(q, layer, start)] if start else []) + [own]
-        else:  # a block: write its keys, then every query searches all keys up to the block's end
-            self.store.upsert(*self.key_rows([(layer, start, k32, v32)]))
-            columns = [self.key_scores(q, layer, start + m)]
-        heads = self.attention(q, columns, layer, start)  # [H, m, hd]
-        return self.linear(heads.transpose(1, 0, 2).reshape(m, -1), f"h.{layer}.attn.c_proj")
+            columns = self.scores_and_projections(q, v, layer, start, start) + [own]
+            self.pending.append((layer, start, k32, self.projected[layer, start : start + 1].copy()))
+        else:  # a block: project its values, write its keys with them, then every query searches keys to its end
+            self.scores_and_projections(q, v, layer, start, 0)
+            self.store.upsert(*self.key_rows([(layer, start, k32, self.projected[layer, start : start + m])]))
+            columns = self.scores_and_projections(q, None, layer, start, start + m)
+        return self.attention(q, columns, layer, start)
+
+    def scores_and_projections(self, q, v, layer, start, end) -> list:
+        """One round: the scores of the keys < end as attention's columns, and (v given) the new positions'
+        values projected by their heads' rows of c_proj, kept in float32 in `projected`."""
+        sent, keys = self.key_searches(q, layer, end) if end else (None, [])
+        project = [] if v is None else [self.projection(v[:, h], layer, h) for h in range(self.hp.n_head)]
+        calls = [later.search_many([s for s, _ in project])] if project else []
+        found = self.store.together(*calls, *([later.search_many(keys)] if keys else []))  # filed as a key search
+        if project:
+            heads = [decode(hits) for (_, decode), hits in zip(project, found[0])]  # H x [m, d]
+            self.projected[layer, start : start + len(v)] = np.stack(heads, axis=1)
+        return [self.key_columns(sent, found[-1], layer, end)] if keys else []
+
+    def projection(self, vh, layer, h):  # vh [m, hd] -> (its search, decode(hits) -> [m, d])
+        name = f"h.{layer}.attn.c_proj.{h}"
+        vq = encoding.encode_queries(vh.astype(np.float32), self.metric, self.engine.m2[name])
+        return Search(self.engine.name(name), vq), lambda hits: self.scatter(hits, vq, name)
+
+    def scatter(self, hits, q, name):  # a search of every row -> outputs [m, out] in row order
+        y = np.empty((len(q), hits.ids.shape[1]))
+        np.put_along_axis(y, hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric), axis=1)
+        return y
 
     def transformer_block(self, x, layer, start):  # [m, d] -> [m, d]
         ln, eps = self.ln[layer], self.hp.eps
@@ -225,16 +247,14 @@ class Session:
 
     # ------------------------------------------------------------ the keys in the store
 
-    def key_scores(self, q, layer, end):  # q [m, H, hd] -> key positions [m, n] < end, q.k [H, m, n]
+    def key_searches(self, q, layer, end):  # q [m, H, hd] -> (per head (sent queries, scale), the searches)
         sent = [
             encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)
         ]
-        found = self.store.search_many(
-            [
-                Search(self.name, qs, where=Where(eq={"layer": layer, "head": h}, lt={"position": end}))
-                for h, (qs, _) in enumerate(sent)
-            ]
-        )
+        where = [Where(eq={"layer": layer, "head": h}, lt={"position": end}) for h in range(self.hp.n_head)]
+        return sent, [Search(self.name, qs, where=w) for (qs, _), w in zip(sent, where)]
+
+    def key_columns(self, sent, found, layer, end):  # key search results -> positions [m, n] < end, q.k [H, m, n]
         if any(hits.ids.shape[1] != end for hits in found):  # e.g. a crashed server emptied its unlogged tables
             raise VecgptError(
                 f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
@@ -250,7 +270,7 @@ class Session:
         ]
         return pos, np.stack(dots)
 
-    def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], v32 [m, H, hd])] -> one upsert's arguments
+    def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], pv [m, H, d])] -> one upsert's arguments
         ids, vectors, values, attrs = [], [], [], {"layer": [], "head": [], "position": []}
         for layer, start, k32, v32 in entries:
             m, n_head = k32.shape[:2]
@@ -289,12 +309,12 @@ class Session:
         layer, pos, head = np.meshgrid(np.arange(hp.n_layer), np.arange(n), np.arange(hp.n_head), indexing="ij")
         found, *others = self.send(later.fetch(self.name, self.key_ids(layer, head, pos).ravel(), payload=True), *also)
         k, v = (a.reshape(hp.n_layer, n, hp.n_head, -1) for a in found)  # [L, n, H, hd]
-        self.values[:, :n] = v
+        self.projected[:, :n] = v
         self.key_norms[:, :, :n] = squared_norms(k).transpose(0, 2, 1)
         self.tokens, self.written = list(tokens), n
         return others
 
     def adopt(self, other: Session, n: int) -> None:
         """Start from another session's first n positions, whose keys and values this text's collection holds."""
-        self.values[:, :n], self.key_norms[:, :, :n] = other.values[:, :n], other.key_norms[:, :, :n]
+        self.projected[:, :n], self.key_norms[:, :, :n] = other.projected[:, :n], other.key_norms[:, :, :n]
         self.tokens, self.written = other.tokens[:n], n

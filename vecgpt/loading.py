@@ -19,9 +19,13 @@ BARE = {"wte", "wpe", "ln"}  # names the previous layout gave every model
 
 
 def matrices(hp: HParams) -> list[str]:
+    """Every matrix a load writes. The attention output projection is split by head (h.<i>.attn.c_proj.<h>:
+    the rows of c_proj that head h's value multiplies), so each position's value is projected when it is
+    computed and attention needs no multiply after it (see engine.Session.mha)."""
     names = []
     for i in range(hp.n_layer):
-        names += [f"h.{i}.attn.c_attn", f"h.{i}.attn.c_proj", f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
+        heads = [f"h.{i}.attn.c_proj.{h}" for h in range(hp.n_head)]
+        names += [f"h.{i}.attn.c_attn", *heads, f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
     return names + ["wte"]
 
 
@@ -38,7 +42,16 @@ def matrix_of(name: str) -> str:  # "0123abcd...-e1-l2.h.0.mlp.c_fc" -> "h.0.mlp
     return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+\.", "", name)
 
 
-def get(params: dict, name: str) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]["attn"]["c_attn"]
+def get(params: dict, name: str, n_head: int | None = None) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]["attn"]["c_attn"]
+    """A matrix's {"weight" [in, out], "bias"}; a head's part of c_proj ("h.3.attn.c_proj.5", n_head needed)
+    holds its rows of the weight, and the bias only for head 0 (attention weights sum to 1, so the bias
+    carried by one head's projected values adds it once)."""
+    part = re.fullmatch(r"(h\.\d+\.attn\.c_proj)\.(\d+)", name)
+    if part:
+        whole, h = get(params, part[1]), int(part[2])
+        hd = whole["weight"].shape[0] // n_head
+        head = {"weight": whole["weight"][h * hd : (h + 1) * hd]}
+        return {**head, "bias": whole["bias"]} if h == 0 and "bias" in whole else head
     node = params
     for part in name.split("."):
         node = node[int(part)] if part.isdigit() else node[part]
@@ -48,7 +61,7 @@ def get(params: dict, name: str) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]
 def plan(model: Model, metric: str) -> list[tuple[str, int, int]]:
     """(collection, documents, dimension) of everything a load writes."""
     hp = model.hparams
-    rows = [(name, get(model.params, name)["weight"].shape) for name in matrices(hp)]
+    rows = [(name, get(model.params, name, hp.n_head)["weight"].shape) for name in matrices(hp)]
     out = [
         (n, s[0] if n == "wte" else s[1], encoding.doc_dim(hp.n_embd if n == "wte" else s[0], metric)) for n, s in rows
     ]
@@ -137,7 +150,7 @@ def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool
     m2 = {}
     bar = tqdm(total=sum(n for _, n, _ in plan(model, metric)), unit="doc", desc="load", disable=not progress)
     for name in matrices(model.hparams):
-        p = get(model.params, name)
+        p = get(model.params, name, model.hparams.n_head)
         weight = p["weight"].T if name == "wte" else p["weight"]  # [in, out]
         docs, m2[name] = encoding.encode_rows(weight, p.get("bias"), metric)
         _write(store, collection(key, name), docs, metric, bar)

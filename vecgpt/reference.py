@@ -47,11 +47,25 @@ def mha(x, c_attn, c_proj, n_head, cache, perturb=None):  # [m, d] -> [m, d]; ca
     q, k, v = np.split(linear(x, **c_attn, perturb=perturb), 3, axis=-1)  # [m, d] each
     cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
+    if getattr(perturb, "project_heads", False):
+        return projected_heads(q, c_proj, n_head, cache, mask, perturb)
     heads = [
         attention(qh, kh, vh, mask, perturb)
         for qh, kh, vh in zip(*(np.split(a, n_head, axis=-1) for a in (q, cache["k"], cache["v"])))
     ]  # n_head x [m, hd]
     return linear(np.hstack(heads), **c_proj, perturb=perturb)  # [m, d]
+
+
+def projected_heads(q, c_proj, n_head, cache, mask, perturb):  # [m, d] -> [m, d]
+    """mha's result in the engine's order: each position's value projected by its head's rows of c_proj when it is
+    computed (cache "pv" [n, H, d]; the bias rides with head 0), then attention sums softmax-weighted projections."""
+    hd, new = q.shape[1] // n_head, len(cache["v"]) - len(cache.get("pv", ()))
+    heads = np.split(cache["v"][-new:], n_head, axis=-1)  # H x [new, hd]
+    rows = [(c_proj["weight"][h * hd : (h + 1) * hd], c_proj["bias"] if h == 0 else 0) for h in range(n_head)]
+    pv = np.stack([perturb.project(vh, w, b, vh @ w + b) for vh, (w, b) in zip(heads, rows)], axis=1)
+    cache["pv"] = pv if new == len(cache["v"]) else np.concatenate([cache["pv"], pv])  # [n, H, d]
+    qs, ks = np.split(q, n_head, axis=-1), np.split(cache["k"], n_head, axis=-1)
+    return sum(attention(qh, kh, cache["pv"][:, h], mask, perturb) for h, (qh, kh) in enumerate(zip(qs, ks)))
 
 
 def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache, perturb=None):  # [m, d] -> [m, d]
@@ -98,7 +112,7 @@ class Reference:
 
     def truncate(self, n: int) -> None:
         for cache in self.caches:
-            cache["k"], cache["v"] = cache["k"][:n], cache["v"][:n]
+            cache.update({name: a[:n] for name, a in cache.items()})
 
     def hidden(self, ids) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x) of the m new positions
         ids = np.asarray(ids, dtype=np.int64)

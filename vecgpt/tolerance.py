@@ -42,6 +42,8 @@ class Perturbation:
     def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32):
         self.metric, self.u, self.per_output, self.stored = metric, u, per_output, stored
         self.rng, self.m2 = np.random.default_rng(seed), {}
+        # a store runs attention the engine's way: values projected per head, then weighed (reference.projected_heads)
+        self.project_heads = stored > 0
 
     def signs(self, shape):
         return self.rng.choice([-1.0, 1.0], shape if self.per_output else (1,) * len(shape))
@@ -53,6 +55,10 @@ class Perturbation:
             self.m2[key] = float((np.einsum("ij,ij->j", weight, weight) + b * b).max())
         bound = encoding.search_bound(x, self.m2[key], self.metric, self.u, self.stored)  # [m]
         return y + bound[:, None] * self.signs(y.shape)
+
+    def project(self, v, weight, bias, y):
+        """A value projected by its head's rows of c_proj: the search's bound, and float32 rounding as kept."""
+        return self.linear(v, weight, bias, y) + self.stored * np.abs(y) * self.signs(y.shape)
 
     def scores(self, q, k, scores):  # a decode step's own key is not searched: it is computed in memory
         norms2 = np.einsum("ij,ij->i", k, k)

@@ -36,7 +36,7 @@ def kind_of(collection: str) -> str:
     """h.3.attn.c_attn -> attn.c_attn; wte, wpe, ln as they are; anything else 'other'."""
     from vecgpt.loading import matrix_of
 
-    m = re.fullmatch(r"h\.\d+\.(.+)", matrix_of(collection))
+    m = re.fullmatch(r"h\.\d+\.(.+?)(\.\d+)?", matrix_of(collection))  # a head's part of attn.c_proj: attn.c_proj
     name = m.group(1) if m else matrix_of(collection)
     return name if name in KINDS else "other"
 
