@@ -118,17 +118,21 @@ def test_round_trips_per_token(make_store, tiny_model):
     store = make_store("memory")
     push(store, tiny_model, "l2", progress=False)
     text = Engine(store).open()
-    generate(text, tokenizer.encode("one two three"), 3, stop=False)
+    generate(text, tokenizer.encode("To be or not to be, that is"), 3, stop=False)
     summary = text.meter.summary()
     L = tiny_model.hparams.n_layer
     # decode: a lookup, per layer c_attn, the key search with the values' projections by head, c_fc, c_proj;
-    # the token search (the keys written with it)
+    # the token search (the keys written with it: the memory store has no writer thread)
     assert [t["round_trips"] for t in summary["per_token"][1:]] == [1 + 4 * L + 1] * 2
-    # the prompt block: open, lookup, per layer c_attn, projections, key write, key search, c_fc, c_proj; token search
-    assert summary["per_token"][0]["round_trips"] == 1 + 1 + 6 * L + 1
+    # the prompt block: open, lookup, per layer c_attn, projections (its own keys scored in memory), c_fc,
+    # c_proj; the token search, with the block's key writes
+    assert summary["per_token"][0]["round_trips"] == 1 + 1 + 4 * L + 1
+    assert "key_search" not in summary["per_token"][0]["by_kind"]
+    assert summary["per_token"][0]["by_kind"]["key_write"] == L
     # the memory store answers a layer's head searches (one search_many) with one scan
     assert summary["per_token"][1]["by_kind"]["key_search"] == L
     assert summary["per_token"][1]["subqueries_by_kind"]["key_search"] == L * tiny_model.hparams.n_head
+    assert summary["per_token"][1]["by_kind"]["key_write"] == 1  # every layer's keys of a step in one write
 
 
 def test_a_text_is_a_context_manager_that_closes(make_store, tiny_model):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from contextlib import suppress
 
 import numpy as np
 
@@ -25,6 +26,14 @@ from vecgpt.meter import SESSION_PREFIX, Metered, later
 from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import Candidates, ordered
 from vecgpt.weights import HParams
+from vecgpt.writer import Writer
+
+# A query at position i scores the keys of positions > i - WINDOW (and a block's own keys) in numpy from
+# memory, the earlier ones by a search of the store: a key written in the last WINDOW steps needs no write
+# to have landed, so no search waits for one. Which key is scored where depends on the positions alone,
+# never on when a write landed: a store's decoded distance and numpy's dot product differ in the last bits,
+# and a text resumed in another process must compute what the first one did, bit for bit.
+WINDOW = 4
 
 
 class Engine:
@@ -64,6 +73,11 @@ def squared_norms(k32: np.ndarray) -> np.ndarray:
     return (k * k).sum(axis=-1)
 
 
+def searched_end(start: int) -> int:
+    """A read starting at position `start` searches the store for keys below this; the rest are scored in memory."""
+    return max(0, start - WINDOW + 1)
+
+
 def only_model(store: Store) -> str:
     check_layout(store)
     keys = sorted(store.manifests())
@@ -88,12 +102,13 @@ class Session:
         self.name = name or f"{SESSION_PREFIX}{uuid.uuid4().hex[:12]}"
         hp, hd = self.hp, self.hp.n_embd // self.hp.n_head
         self.tokens: list[int] = []
-        self.written = 0  # positions < written have their keys and values in the store, every layer
         self.positions_read = 0  # positions put through the forward pass by this process
-        self.rounds = 0  # rounds sent with `send`: a rider queued before the last one has landed
         self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
-        self.pending: list[tuple] = []  # a decode step's keys and values, written together with the next round
-        self.riders: list = []  # other writes for the next round (vecgpt.text: the text's record)
+        self.pending: list[tuple] = []  # the rows of the positions being read, queued as one write when read
+        self.writer = Writer(self.store, background=getattr(engine.store, "concurrent", False))
+        self._written = 0  # positions < _written have landed in the store, every layer ...
+        self._key_writes: list[tuple[int, int, int]] = []  # ... and these (ticket, start, end) writes, once acked
+        self.keys = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd), np.float32)  # [L, ctx, H, hd] as stored
         # each position's value, projected by its head's rows of c_proj: [L, ctx, H, d] as stored (zeros
         # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
         self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hp.n_embd), np.float32)
@@ -118,13 +133,34 @@ class Session:
     def position(self) -> int:
         return len(self.tokens)
 
+    @property
+    def written(self) -> int:
+        """Positions < written have their keys and projected values in the store (acknowledged), every layer."""
+        while self._key_writes and self.writer.acked(self._key_writes[0][0]):
+            self._written = max(self._written, self._key_writes.pop(0)[2])
+        return self._written
+
     def truncate(self, n: int) -> None:
         """Forget tokens from n on; their keys stay in the store until overwritten, unseen by filters."""
         self.tokens = self.tokens[:n]
-        self.written = min(self.written, n)
-        self.pending = [entry for entry in self.pending if entry[1] < n]
+        self._written = min(self.written, n)
+        self._key_writes = [(t, a, min(b, n)) for t, a, b in self._key_writes if a < n]
+        self.pending = []
+
+    def write(self, call) -> int:
+        """Queue a write (vecgpt.writer: in order, off the critical path where the store allows); its ticket."""
+        return self.writer.queue(call)
+
+    def acked(self, ticket: int) -> bool:
+        return self.writer.acked(ticket)
+
+    def drain(self) -> None:
+        """Every write queued has landed (or the error of the one that failed)."""
+        self.writer.wait()
 
     def close(self) -> None:
+        with suppress(VecgptError):
+            self.drain()
         self.store.drop(self.name)
 
     def __enter__(self) -> Session:
@@ -179,20 +215,25 @@ class Session:
                 state.update(dots[:, :, t : t + tile] / math.sqrt(hd), values, mask=p <= query_pos)
         return state.finish().sum(axis=0)
 
-    def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store, projected values in memory
+    def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store and in memory, projected values in memory
         hp, m = self.hp, len(x)
         q, k, v = (a.reshape(m, hp.n_head, -1) for a in np.split(self.linear(x, f"h.{layer}.attn.c_attn"), 3, axis=1))
         k32 = k.astype(np.float32)  # keys as the store holds them
+        self.keys[layer, start : start + m] = k32
         self.key_norms[layer, :, start : start + m] = squared_norms(k32).T
-        if m == 1:  # decode: earlier keys from the store, the own key from memory; it is written with the next round
-            own = (np.array([[start]]), np.einsum("hd,hd->h", q[0], k32[0].astype(np.float64)).reshape(-1, 1, 1))
-            columns = self.scores_and_projections(q, v, layer, start, start) + [own]
-            self.pending.append((layer, start, k32, self.projected[layer, start : start + 1].copy()))
-        else:  # a block: project its values, write its keys with them, then every query searches keys to its end
-            self.scores_and_projections(q, v, layer, start, 0)
-            self.store.upsert(*self.key_rows([(layer, start, k32, self.projected[layer, start : start + m])]))
-            columns = self.scores_and_projections(q, None, layer, start, start + m)
+        searched = searched_end(start)  # keys < searched from the store, the rest from memory (WINDOW)
+        columns = self.scores_and_projections(q, v, layer, start, searched)
+        columns.append(self.memory_scores(q, layer, searched, start + m))
+        self.pending.append((layer, start, k32, self.projected[layer, start : start + m].copy()))
+        if m > 1:  # a block's rows go layer by layer: they land long before a later read searches them
+            self.write(later.upsert(*self.key_rows(self.pending)))
+            self.pending = []
         return self.attention(q, columns, layer, start)
+
+    def memory_scores(self, q, layer, lo, hi):  # q [m, H, hd] -> key positions lo..hi-1 [m, n], q.k [H, m, n]
+        keys = np.ascontiguousarray(self.keys[layer, lo:hi].transpose(1, 2, 0), np.float64)  # [H, hd, n]
+        dots = np.ascontiguousarray(q.transpose(1, 0, 2)) @ keys  # the same shapes whenever a position is read
+        return np.broadcast_to(np.arange(lo, hi), (len(q), hi - lo)), dots
 
     def scores_and_projections(self, q, v, layer, start, end) -> list:
         """One round: the scores of the keys < end as attention's columns, and (v given) the new positions'
@@ -223,6 +264,8 @@ class Session:
 
     def hidden(self, ids: list[int]) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x)
         start, d = self.position, self.hp.n_embd
+        self.pending = []  # what a read cut short (Ctrl-C) left
+        self.await_written(searched_end(start))
         wte, wpe = self.send(
             later.fetch(self.engine.name("wte"), np.asarray(ids)),
             later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))),
@@ -236,8 +279,9 @@ class Session:
             self.trace.append(xs)
         self.tokens += ids
         self.positions_read += len(ids)
-        if len(ids) > 1:  # a block wrote its keys layer by layer as it went
-            self.written = self.position
+        ticket = self.write(later.upsert(*self.key_rows(self.pending))) if self.pending else self.writer.issued - 1
+        self._key_writes.append((ticket, start, self.position))  # a decode step's layers in one write
+        self.pending = []
         return layer_norm(x, **self.ln_f, eps=self.hp.eps)
 
     def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
@@ -287,18 +331,23 @@ class Session:
         return (layer * self.hp.n_head + head) * self.hp.n_ctx + pos
 
     def send(self, *calls) -> list:
-        """One round trip: the calls, with the writes waiting to ride along; the calls' results."""
-        writes = [later.upsert(*self.key_rows(self.pending))] if self.pending else []
-        whole = len({layer for layer, *_ in self.pending}) == self.hp.n_layer  # not a step cut short (Ctrl-C)
-        end = max((start + 1 for _, start, _, _ in self.pending), default=0) if whole else 0
-        writes, self.pending, self.riders = writes + self.riders, [], []
+        """One round trip: the calls, with the writes waiting to ride along (a store without a writer thread);
+        the calls' results."""
+        writes, upto = self.writer.take()
         if not writes and not calls:
             return []
         results = self.store.together(*writes, *calls)
-        self.rounds += 1
-        if end:
-            self.written = max(self.written, end)
+        self.writer.done(upto)
         return results[len(writes) :]
+
+    def await_written(self, n: int) -> None:
+        """Block until positions < n have landed (only when a write is more than WINDOW steps behind)."""
+        for ticket, _, end in list(self._key_writes):
+            if self.written >= n:
+                return
+            self.writer.wait(ticket)
+        if self.written < n:
+            raise VecgptError(f"positions up to {n} of this text were never written; start the text again")
 
     # ------------------------------------------------------------ a text continued elsewhere
 
@@ -309,12 +358,13 @@ class Session:
         layer, pos, head = np.meshgrid(np.arange(hp.n_layer), np.arange(n), np.arange(hp.n_head), indexing="ij")
         found, *others = self.send(later.fetch(self.name, self.key_ids(layer, head, pos).ravel(), payload=True), *also)
         k, v = (a.reshape(hp.n_layer, n, hp.n_head, -1) for a in found)  # [L, n, H, hd]
-        self.projected[:, :n] = v
+        self.keys[:, :n], self.projected[:, :n] = k, v
         self.key_norms[:, :, :n] = squared_norms(k).transpose(0, 2, 1)
-        self.tokens, self.written = list(tokens), n
+        self.tokens, self._written, self._key_writes = list(tokens), n, []
         return others
 
     def adopt(self, other: Session, n: int) -> None:
         """Start from another session's first n positions, whose keys and values this text's collection holds."""
-        self.projected[:, :n], self.key_norms[:, :, :n] = other.projected[:, :n], other.key_norms[:, :, :n]
-        self.tokens, self.written = other.tokens[:n], n
+        self.keys[:, :n], self.projected[:, :n] = other.keys[:, :n], other.projected[:, :n]
+        self.key_norms[:, :, :n] = other.key_norms[:, :, :n]
+        self.tokens, self._written, self._key_writes = other.tokens[:n], n, []

@@ -7,6 +7,7 @@ says so). `later.search(...)` names a call without making it, for `together`.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from functools import partial
@@ -55,6 +56,7 @@ class Meter:
 
     def __init__(self, store):
         self.concurrent = getattr(store, "concurrent", False)
+        self.lock = threading.Lock()
         self.tokens: list[dict] = []
         self.start_token()
 
@@ -62,20 +64,26 @@ class Meter:
         self.current = {"requests": Counter(), "subqueries": Counter(), "rounds": Counter(), "seconds": Counter()}
         self.tokens.append(self.current)
 
-    def round(self, calls: list[tuple[str, object]]) -> list:
-        """Run (kind, fn) pairs as one round trip, concurrently where the store allows; their results."""
+    def round(self, calls: list[tuple[str, object]], background: dict | None = None) -> list:
+        """Run (kind, fn) pairs as one round trip, concurrently where the store allows; their results.
+        background: a token's tallies; the round runs beside the critical path (vecgpt.writer), so its requests
+        are counted there and it is no round trip."""
         start = time.perf_counter()
-        wrapped = [partial(self._counted, kind, fn) for kind, fn in calls]
+        into = background or self.current
+        wrapped = [partial(self._counted, kind, fn, into) for kind, fn in calls]
         results = parallel(wrapped) if self.concurrent else [w() for w in wrapped]
-        self.current["rounds"][calls[-1][0]] += 1  # a round is filed under its last (main) kind
-        self.current["seconds"][calls[-1][0]] += time.perf_counter() - start
+        if background is None:
+            with self.lock:
+                self.current["rounds"][calls[-1][0]] += 1  # a round is filed under its last (main) kind
+                self.current["seconds"][calls[-1][0]] += time.perf_counter() - start
         return results
 
-    def _counted(self, kind: str, fn):
+    def _counted(self, kind: str, fn, into: dict):
         with tally() as counts:
             result = fn()
-        self.current["requests"][kind] += counts["requests"] or 1  # a store that does not record: one per call
-        self.current["subqueries"][kind] += counts["subqueries"]
+        with self.lock:  # a writer thread counts too
+            into["requests"][kind] += counts["requests"] or 1  # a store that does not record: one per call
+            into["subqueries"][kind] += counts["subqueries"]
         return result
 
     def summary(self) -> dict:
@@ -88,9 +96,11 @@ class Metered:
     def __init__(self, store, meter: Meter | None = None):
         self.inner, self.meter = store, meter or Meter(store)
 
-    def together(self, *calls: Call) -> list:
-        """Send the calls as one round trip; their results in order."""
-        return self.meter.round([(c.kind, partial(getattr(self.inner, c.method), *c.args, **c.kwargs)) for c in calls])
+    def together(self, *calls: Call, background: dict | None = None) -> list:
+        """Send the calls as one round trip; their results in order (background: see Meter.round)."""
+        return self.meter.round(
+            [(c.kind, partial(getattr(self.inner, c.method), *c.args, **c.kwargs)) for c in calls], background
+        )
 
     def __getattr__(self, name: str):
         if name in METERED:

@@ -9,8 +9,8 @@ acknowledged before it was sent, so after kill -9 it never names what the store 
 
 Every operation takes the text (a lock where the store has one), first catches up with what another
 process wrote, and leaves the store complete; each record write is conditional on the version read, so two
-processes never interleave edits. Steady decoding adds no round trip: a step's writes ride with the next
-step's first request; an operation ends with one round that makes the record exact.
+processes never interleave edits. Steady decoding adds no round trip: a step's writes go out in order
+beside the next step's searches (vecgpt.writer); an operation ends when they have landed and the record is exact.
 
 Positions are 0-based: tokens[p] was drawn from candidates(p), the scores after reading tokens[:p].
 """
@@ -97,7 +97,7 @@ class Text:
         self.settings: dict = dict(record["settings"])
         self.scored: int = record["scored"]  # candidates of generated positions below it are in the store
         self._candidates: dict[int, Candidates] = {}
-        self._queued: dict[int, int] = {}  # position -> the session round its candidates row was queued in
+        self._queued: dict[int, int] = {}  # position -> the ticket of its candidates row's write (Session.write)
 
     # ------------------------------------------------------------ reading
 
@@ -241,17 +241,17 @@ class Text:
                 self._commit()
             except BaseException:
                 with suppress(VecgptError):  # Ctrl-C: what was drawn so far still lands
-                    self.session.send()
+                    self.session.drain()
                 raise
             finally:
                 self.cost = operation_cost(self.session.meter.tokens[start:], self.session.positions_read - read)
 
     def _commit(self) -> None:
         """The last rows and record land; then, if rows landed since, a record that claims them."""
-        self.session.send()
+        self.session.drain()
         if (self.record["written"], self.record["scored"]) != (self.session.written, self._landed()):
             self._save()
-            self.session.send()
+            self.session.drain()
 
     def _catch_up(self) -> None:
         """Re-read the text if another process changed it since this one last wrote it."""
@@ -264,20 +264,19 @@ class Text:
     def _queue(self, p: int) -> None:
         """Position p's candidates, to ride with the next round as one row of text-<id>.c."""
         row = pack(self._candidates[p])[None]
-        self.session.riders.append(
+        self._queued[p] = self.session.write(
             later.upsert(self.session.name + CANDIDATES, np.array([p]), np.array([[p]], np.float32), None, row)
         )
-        self._queued[p] = self.session.rounds
 
     def _landed(self) -> int:
-        """`scored` as the store holds it: rows queued in an earlier round than the last one sent have landed."""
+        """`scored` as the store holds it: the candidates rows whose writes were acknowledged."""
         s = self.scored
-        while s in self._candidates and self._queued.get(s, -1) < self.session.rounds:
+        while s in self._candidates and self.session.acked(self._queued.get(s, -1)):
             s += 1
         return s
 
     def _save(self) -> None:
-        """The record as it stands, to ride with the next round; it claims only rows that have landed."""
+        """The record as it stands, queued behind the rows before it; it claims only rows already acknowledged."""
         self.scored = self._landed()
         self.record = {
             **self.record,
@@ -288,7 +287,7 @@ class Text:
             "updated": time.time(),
         }
         self.record.pop("version", None)
-        self.session.riders.append(later.write_text(self.id, self.record, self.version))
+        self.session.write(later.write_text(self.id, self.record, self.version))
         self.version += 1
         self.record["version"] = self.version
 

@@ -1,0 +1,92 @@
+"""A session's writes, sent in the order they were queued, each batch once the one before has landed.
+
+`queue(call)` returns a ticket; `acked(ticket)` says whether that write has landed; `wait(ticket)` blocks until
+it has (None: every write queued so far). Writes queued together go out as one round, and a batch is sent
+only after the previous one returned, so a write that lands has every earlier write landed before it.
+
+A store that takes concurrent requests (`concurrent`, e.g. turbopuffer over HTTP) gets the writes from a
+thread of their own: no search waits for them. Any other store gets them with the session's next round
+(`take`), as one round with its searches. A failed write stops the writer: every later call raises its error
+(the session is done; a text is opened again from what landed).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from vecgpt.meter import Call, Metered
+
+
+class Writer:
+    def __init__(self, store: Metered, background: bool):
+        self.store, self.background = store, background
+        self.queued: list[tuple[Call, object]] = []  # (call, the token tally it is counted in)
+        self.issued = self.landed = 0  # tickets < issued were queued, < landed have landed
+        self.error: BaseException | None = None
+        self.running = False  # a thread is sending
+        self.cond = threading.Condition()
+
+    def queue(self, call: Call) -> int:
+        """Queue a write; its ticket."""
+        self.check()
+        with self.cond:
+            self.queued.append((call, self.store.meter.current))
+            self.issued += 1
+            if self.background and not self.running:
+                self.running = True
+                threading.Thread(target=self._run, name="vecgpt-writer", daemon=True).start()
+            return self.issued - 1
+
+    def acked(self, ticket: int) -> bool:
+        return ticket < self.landed
+
+    def take(self) -> tuple[list[Call], int]:
+        """Without a thread: the writes to send with the next round, and the ticket they land up to."""
+        self.check()
+        if self.background:
+            return [], self.landed
+        with self.cond:
+            calls, self.queued = [c for c, _ in self.queued], []
+            return calls, self.issued
+
+    def done(self, upto: int) -> None:
+        """The writes `take` handed out, up to ticket `upto`, have landed."""
+        with self.cond:
+            self.landed = max(self.landed, upto)
+            self.cond.notify_all()
+
+    def wait(self, ticket: int | None = None) -> None:
+        """Block until write `ticket` (None: every write queued) has landed; a failed write's error."""
+        target = self.issued if ticket is None else ticket + 1
+        if not self.background:
+            calls, upto = self.take()
+            if calls and upto >= target:
+                self.store.together(*calls)
+                self.done(upto)
+        with self.cond:
+            while self.landed < target and self.error is None and self.running:
+                self.cond.wait()
+        self.check()
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                if not self.queued or self.error is not None:
+                    self.running = False
+                    self.cond.notify_all()
+                    return
+                tally = self.queued[0][1]  # a batch is counted in one token: the first write's
+                n = next((i for i, (_, t) in enumerate(self.queued) if t is not tally), len(self.queued))
+                batch, self.queued = [c for c, _ in self.queued[:n]], self.queued[n:]
+                upto = self.issued - len(self.queued)
+            try:
+                self.store.together(*batch, background=tally)
+            except BaseException as e:  # raised by the session's next call
+                with self.cond:
+                    self.error = e
+                continue
+            self.done(upto)
