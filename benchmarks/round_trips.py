@@ -35,6 +35,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("-n", type=int, default=8, help="generated tokens")
     parser.add_argument("--latency-ms", type=float, default=25.0)
+    parser.add_argument("--write-latency-ms", type=float, default=0.0, help="more before a write returns (commit)")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--key-replicas", type=int, default=2)
     parser.add_argument(
@@ -50,7 +51,7 @@ def model_dir(name: str | None = None) -> str:
     return name or str(weights.random_gpt2_small())
 
 
-def start_server(latency_ms: float):
+def start_server(latency_ms: float, write_latency_ms: float = 0.0):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -63,6 +64,8 @@ def start_server(latency_ms: float):
             str(port),
             "--latency-ms",
             str(latency_ms),
+            "--write-latency-ms",
+            str(write_latency_ms),
             "--api-key",
             os.environ["TURBOPUFFER_API_KEY"],
         ],
@@ -141,8 +144,9 @@ def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
     """Start the local server at args.latency_ms, load the model through the official client, read a text."""
     os.environ.setdefault("TURBOPUFFER_API_KEY", "local")
     os.environ.pop("TURBOPUFFER_REGION", None)
-    proc, url = start_server(args.latency_ms)
-    result = {k: getattr(args, k) for k in ("latency_ms", "replicas", "key_replicas", "key_partition")}
+    proc, url = start_server(args.latency_ms, getattr(args, "write_latency_ms", 0.0))
+    keys = ("latency_ms", "write_latency_ms", "replicas", "key_replicas", "key_partition")
+    result = {k: getattr(args, k, 0.0) for k in keys}
     result["model"] = model.source
     try:
         store = get_store(
