@@ -2,8 +2,12 @@
 
 The forward pass has reference.py's functions in its order; where the reference computes
 `x @ weight + bias` the engine searches. `Engine.open()` starts a `Session`, one decoding session:
-its attention keys live in the store (collection text-<id>, tagged layer/head/position), its values
-in process memory. Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64.
+its attention keys live in the store (collection text-<id>, tagged layer/head/position) and in memory.
+Attention's output projection is applied per head to each position's value when it is computed
+(collections h.<i>.attn.c_proj.<h>, in the same round as the key search), so a layer is four dependent
+rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
+in memory and as the key rows' payload. Writes go out in order beside the searches (vecgpt.writer).
+Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64.
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter.
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 
 import numpy as np
 
@@ -91,8 +95,8 @@ def only_model(store: Store) -> str:
 
 
 class Session:
-    """One decoding session: keys and values in the store (text-<id>), cached in memory with |k|^2, and the
-    tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
+    """One decoding session: keys and projected values in the store (text-<id>), also in memory with |k|^2,
+    and the tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -336,13 +340,14 @@ class Session:
         writes, upto = self.writer.take()
         if not writes and not calls:
             return []
-        results = self.store.together(*writes, *calls)
+        with self.writer.failing() if writes else nullcontext():
+            results = self.store.together(*writes, *calls)
         self.writer.done(upto)
         return results[len(writes) :]
 
     def await_written(self, n: int) -> None:
         """Block until positions < n have landed (only when a write is more than WINDOW steps behind)."""
-        for ticket, _, end in list(self._key_writes):
+        for ticket, _, _ in list(self._key_writes):
             if self.written >= n:
                 return
             self.writer.wait(ticket)

@@ -42,7 +42,9 @@ def matrix_of(name: str) -> str:  # "0123abcd...-e1-l2.h.0.mlp.c_fc" -> "h.0.mlp
     return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+\.", "", name)
 
 
-def get(params: dict, name: str, n_head: int | None = None) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]["attn"]["c_attn"]
+def get(
+    params: dict, name: str, n_head: int | None = None
+) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]["attn"]["c_attn"]
     """A matrix's {"weight" [in, out], "bias"}; a head's part of c_proj ("h.3.attn.c_proj.5", n_head needed)
     holds its rows of the weight, and the bias only for head 0 (attention weights sum to 1, so the bias
     carried by one head's projected values adds it once)."""

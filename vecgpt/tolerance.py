@@ -24,6 +24,7 @@ import numpy as np
 
 from vecgpt import encoding
 from vecgpt.encoding import U32, U64
+from vecgpt.engine import searched_end
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates
 from vecgpt.weights import Model
@@ -60,9 +61,10 @@ class Perturbation:
         """A value projected by its head's rows of c_proj: the search's bound, and float32 rounding as kept."""
         return self.linear(v, weight, bias, y) + self.stored * np.abs(y) * self.signs(y.shape)
 
-    def scores(self, q, k, scores):  # a decode step's own key is not searched: it is computed in memory
+    def scores(self, q, k, scores):  # the last keys are scored in memory (engine.WINDOW): not searched
         norms2 = np.einsum("ij,ij->i", k, k)
-        searched = norms2[:-1] if len(q) == 1 and len(k) > 1 else norms2
+        end = searched_end(len(k) - len(q))
+        searched = norms2[:end] if end else norms2
         return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(
             scores.shape
         )

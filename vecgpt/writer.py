@@ -13,6 +13,7 @@ thread of their own: no search waits for them. Any other store gets them with th
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager, suppress
 
 from vecgpt.meter import Call, Metered
 
@@ -58,15 +59,25 @@ class Writer:
     def wait(self, ticket: int | None = None) -> None:
         """Block until write `ticket` (None: every write queued) has landed; a failed write's error."""
         target = self.issued if ticket is None else ticket + 1
-        if not self.background:
-            calls, upto = self.take()
-            if calls and upto >= target:
+        calls, upto = self.take()
+        if calls:
+            with self.failing():
                 self.store.together(*calls)
-                self.done(upto)
+            self.done(upto)
         with self.cond:
             while self.landed < target and self.error is None and self.running:
                 self.cond.wait()
         self.check()
+
+    @contextmanager
+    def failing(self):
+        """Around a round that carries writes: if it fails, the writer stops with its error."""
+        try:
+            yield
+        except Exception as e:  # not Ctrl-C: the writes of that round are lost, as they were never sent
+            with self.cond:
+                self.error = e
+            raise
 
     def check(self) -> None:
         if self.error is not None:
@@ -83,10 +94,6 @@ class Writer:
                 n = next((i for i, (_, t) in enumerate(self.queued) if t is not tally), len(self.queued))
                 batch, self.queued = [c for c, _ in self.queued[:n]], self.queued[n:]
                 upto = self.issued - len(self.queued)
-            try:
+            with suppress(BaseException), self.failing():  # raised by the session's next call
                 self.store.together(*batch, background=tally)
-            except BaseException as e:  # raised by the session's next call
-                with self.cond:
-                    self.error = e
-                continue
-            self.done(upto)
+                self.done(upto)
