@@ -15,12 +15,16 @@ from vecgpt.backends._in_process import InProcessStore, Table
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
 
 
-def threads_for(queries: np.ndarray) -> None:
+def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
     # OpenMP splits work by query; for a single query its threads only add overhead (a 50,257-row
-    # scan took 26 ms with 2 threads and 9 ms with 1 here), so one query runs on one thread.
-    faiss.omp_set_num_threads(1 if len(queries) == 1 else THREADS[0])
+    # scan took 26 ms with 2 threads and 9 ms with 1 here), and so they do for a small search: a
+    # layer's 12 key queries over a few hundred keys took 300 ms a token with 2 threads on a busy
+    # 2-core machine (threads waiting for a core at each barrier) and 8 ms with 1 (docs/speed.md).
+    many = len(queries) > 1 and len(queries) * rows * dim >= PARALLEL_WORK
+    faiss.omp_set_num_threads(THREADS[0] if many else 1)
 
 
+PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
 THREADS = [faiss.omp_get_max_threads()]
 
 
@@ -58,7 +62,7 @@ class FaissTable(Table):
     def all_dists(self, queries, slots):
         if slots is not None and len(slots) == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        threads_for(queries)
+        threads_for(queries, self.n if slots is None else len(slots), self.dim)
         _, d, found = self.index.range_search(
             np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots)
         )
@@ -67,7 +71,7 @@ class FaissTable(Table):
     def topk(self, queries, k, slots):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        threads_for(queries)
+        threads_for(queries, self.n if slots is None else len(slots), self.dim)
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
 
