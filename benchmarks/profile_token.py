@@ -44,6 +44,7 @@ def parse_args(argv=None):
     parser.add_argument("--prompt", default="The history of the vector database begins")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25, help="functions listed, by own time")
+    parser.add_argument("--place", default="bench", help="suffix of the store's place beside the config's")
     return parser.parse_args(argv)
 
 
@@ -66,15 +67,19 @@ def timed_tokens(reader, ids, n, profiler=None, started=lambda: None):
 def main():
     args = parse_args()
     model, ids = load_model(None), tokenizer.encode(args.prompt)
-    numpy_s = timed_tokens(Reference(model, np.float32), ids, args.n)
     config = load_config(args.config)
-    place(config, "bench")
+    place(config, args.place)
     store = timed(without_payload(open_store(config)))
     push(store, model, config.metric, progress=False)
-    engine = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile,
-                    model=store_fingerprint(model, config.metric))
+    engine = Engine(
+        store,
+        top_k=config.top_k,
+        prompt_block=config.prompt_block,
+        tile=config.tile,
+        model=store_fingerprint(model, config.metric),
+    )
     text = engine.open()
-    plain_s = timed_tokens(text, ids, args.n, started=store.seconds.clear)
+    numpy_s, plain_s = interleaved([Reference(model, np.float32), text], ids, args.n, store.seconds.clear)
     by_matrix = {k: v / args.n for k, v in sorted(store.seconds.items())}
     store_s = mean_seconds(text.meter.summary()["per_token"][1:])
     text.close()
@@ -86,18 +91,22 @@ def main():
 
 
 def timed(store):
-    """The store, its searches timed by matrix (the collection's last part; text-*: keys) in store.seconds."""
-    store.seconds = Counter()
+    """The store, its searches timed by matrix (matrix()) in store.seconds; a search that calls
+    search_many inside is counted once."""
+    store.seconds, depth = Counter(), [0]
     for method in ("search", "search_many"):
         inner = getattr(store, method)
 
         def wrapped(*args, inner=inner, **kw):
             first = args[0] if isinstance(args[0], str) else args[0][0].collection
+            depth[0] += 1
             t = time.perf_counter()
             try:
                 return inner(*args, **kw)
             finally:
-                store.seconds[matrix(first)] += time.perf_counter() - t
+                depth[0] -= 1
+                if not depth[0]:
+                    store.seconds[matrix(first)] += time.perf_counter() - t
 
         setattr(store, method, wrapped)
     return store
@@ -121,6 +130,20 @@ def without_payload(store):
     return store
 
 
+def interleaved(readers, ids, n, started):
+    """Median seconds a token of each reader, their tokens taken in turn: a busy machine slows both alike."""
+    cands, times = [r.read(ids) for r in readers], [[] for _ in readers]
+    started()
+    for _ in range(n):
+        for j, reader in enumerate(readers):
+            if hasattr(reader, "meter"):
+                reader.meter.start_token()
+            t = time.perf_counter()
+            cands[j] = reader.read([int(cands[j].ids[0])])
+            times[j].append(time.perf_counter() - t)
+    return [float(np.median(t)) for t in times]
+
+
 def mean_seconds(tokens) -> dict:
     """The meter's seconds per kind, averaged over the generated tokens (the prompt's read left out)."""
     kinds = sorted({k for t in tokens for k in t["seconds_by_kind"]})
@@ -128,16 +151,23 @@ def mean_seconds(tokens) -> dict:
 
 
 def report(args, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler):
-    print(f"{args.config}: {plain_s * 1e3:.1f} ms/token (numpy float32 {numpy_s * 1e3:.1f}, "
-          f"x{plain_s / numpy_s:.2f}); under cProfile {profiled_s * 1e3:.1f}")
+    print(
+        f"{args.config}: {plain_s * 1e3:.1f} ms/token (numpy float32 {numpy_s * 1e3:.1f}, "
+        f"x{plain_s / numpy_s:.2f}); under cProfile {profiled_s * 1e3:.1f}"
+    )
     in_store = sum(store_s.values())
-    print("  store calls (meter), ms/token (mean): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in store_s.items())
-          + f"; total {in_store * 1e3:.1f}; engine outside store calls {(plain_s - in_store) * 1e3:.1f}")
-    print("  searches by matrix, ms/token (the 12 layers together): "
-          + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in by_matrix.items()))
+    print(
+        "  store calls (meter), ms/token (mean): "
+        + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in store_s.items())
+        + f"; total {in_store * 1e3:.1f}; engine outside store calls {(plain_s - in_store) * 1e3:.1f}"
+    )
+    print(
+        "  searches by matrix, ms/token (the 12 layers together): "
+        + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in by_matrix.items())
+    )
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
-    print("\n".join(line for line in out.getvalue().splitlines()[:args.top + 12] if line.strip()))
+    print("\n".join(line for line in out.getvalue().splitlines()[: args.top + 12] if line.strip()))
 
 
 if __name__ == "__main__":

@@ -10,13 +10,21 @@ from psycopg import sql
 
 from vecgpt.backends import base
 from vecgpt.backends.base import Hits, Metric, Search, Where, record
+from vecgpt.backends.pgvector.arrays import numpy_arrays
 from vecgpt.backends.pgvector.manifests import Manifests
 from vecgpt.backends.pgvector.session import Session
 from vecgpt.backends.pgvector.statements import Meta, copy_stream, search_sql, table_name
+from vecgpt.backends.pgvector.wide import join, parts_for, row_ids, split, width
 from vecgpt.errors import VecgptError
 
-PLAIN_MAX_DIM = 2000  # 4 * dim + 8 bytes plus a row header must fit in one 8 KB page
 SMALL_WRITE = 256  # upserts up to this many rows are one INSERT ... ON CONFLICT; larger ones COPY
+
+
+def arrays(found: tuple | None) -> tuple[np.ndarray, np.ndarray]:
+    """A query's (ids, dists), empty where it matched no row (array_agg over no rows is NULL)."""
+    if found is None or found[0] is None:
+        return np.zeros(0, np.int64), np.zeros(0)
+    return found
 
 
 class PgStore(Manifests, Session):
@@ -63,14 +71,16 @@ class PgStore(Manifests, Session):
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
             row = self.conn.execute(
-                sql.SQL("SELECT tbl, dim, metric, attrs FROM {}._collections WHERE name = %s").format(
-                    sql.Identifier(self.schema)
-                ),
+                sql.SQL(
+                    "SELECT tbl, dim, metric, attrs, (SELECT atttypmod FROM pg_attribute WHERE attname = 'embedding' "
+                    "AND attrelid = to_regclass(format('%%I.%%I', {}::text, tbl))) FROM {}._collections WHERE name = %s"
+                ).format(sql.Literal(self.schema), sql.Identifier(self.schema)),
                 (name,),
             ).fetchone()
             if row is None:
                 return None
-            self._meta[name] = Meta(*row)
+            *row, columns = row  # the embedding column's width: dim, or a part's (stores before parts: dim)
+            self._meta[name] = Meta(*row, parts=1 if columns in (None, row[1]) else parts_for(row[1]))
         return self._meta[name]
 
     def _col(self, name: str) -> Meta:
@@ -92,12 +102,12 @@ class PgStore(Manifests, Session):
         bad = [a for a in attrs if a in ("id", "embedding") or not a.isidentifier()]
         if bad:
             raise VecgptError(f"attribute name {bad[0]!r} is not allowed (reserved or not an identifier)")
-        meta = Meta(table_name(name), dim, metric, attrs)
+        meta = Meta(table_name(name), dim, metric, attrs, parts_for(dim))
         text = name.startswith("text-")
         columns = [sql.SQL("id bigint PRIMARY KEY")]
         columns += [sql.SQL("{} bigint NOT NULL DEFAULT 0").format(sql.Identifier(a)) for a in attrs]
-        columns.append(sql.SQL("embedding vector({}) NOT NULL").format(sql.Literal(dim)))
-        storage = sql.SQL("PLAIN" if dim <= PLAIN_MAX_DIM else "EXTERNAL")
+        columns.append(sql.SQL("embedding vector({}) NOT NULL").format(sql.Literal(width(dim, meta.parts))))
+        storage = sql.SQL("PLAIN")  # a page holds every row (wide.py)
         if not text:  # stays open: the collection's rows go in with it, or nothing does
             self.conn.execute("BEGIN")
             self._pending = name
@@ -151,11 +161,14 @@ class PgStore(Manifests, Session):
         )
 
     def count(self, name: str) -> int:
-        return self._run(
-            lambda: self.conn.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(self._table(self._col(name)))
-            ).fetchone()[0]
-        )
+        def run():
+            meta = self._col(name)
+            return (
+                self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self._table(meta))).fetchone()[0]
+                // meta.parts
+            )
+
+        return self._run(run)
 
     def stats(self) -> dict:
         def run():
@@ -168,6 +181,7 @@ class PgStore(Manifests, Session):
                         sql.Literal(f'"{self.schema}"."{meta.table}"'), self._table(meta)
                     )
                 ).fetchone()
+                n //= meta.parts
                 out[name] = {"documents": n, "bytes": size, "vector_bytes": n * (4 * meta.dim + 8)}
             return out
 
@@ -185,6 +199,9 @@ class PgStore(Manifests, Session):
         if len(ids) == 0:
             return
         ids, vectors, columns = base.last_writes(name, ids, vectors, attrs, meta.attrs)
+        if meta.parts > 1:
+            ids, vectors = row_ids(ids, meta.parts), split(vectors, meta.parts)
+            columns = {a: np.repeat(c, meta.parts) for a, c in columns.items()}
         record()
         table = self._table(meta)
         names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
@@ -221,7 +238,8 @@ class PgStore(Manifests, Session):
         def run():
             self._commit()
             meta = self._col(name)
-            want = np.asarray(ids, np.int64)
+            asked = np.asarray(ids, np.int64)
+            want = row_ids(asked, meta.parts)
             record()
             rows = (
                 self.conn.cursor(binary=True)
@@ -232,11 +250,15 @@ class PgStore(Manifests, Session):
                 .fetchall()
             )
             found = {int(i): v for i, v in rows}
-            base.check_found(name, want, found)
-            return np.array(
-                [found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)] for i in want],
-                np.float32,
-            ).reshape(len(want), meta.dim)
+            base.check_found(name, asked, {int(i) // meta.parts for i in found})
+            return join(
+                np.array(
+                    [found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)] for i in want],
+                    np.float32,
+                ).reshape(len(want), -1),
+                meta.dim,
+                meta.parts,
+            )
 
         return self._run(run)
 
@@ -263,7 +285,7 @@ class PgStore(Manifests, Session):
         if parts:
             record(1, sum(len(q) for q in prepared))
             query = " UNION ALL ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
-            rows = self.conn.cursor(binary=True).execute(query, params).fetchall()
+            rows = numpy_arrays(self.conn.cursor(binary=True)).execute(query, params).fetchall()
             got: dict[int, dict[int, tuple]] = {}
             for s_index, i, ids, dists in rows:
                 got.setdefault(s_index, {})[i] = (ids, dists)
@@ -271,14 +293,11 @@ class PgStore(Manifests, Session):
                 found = got.get(s_index)
                 if found is not None:
                     m = len(prepared[s_index])
-                    ids = [found.get(i, ([], []))[0] or [] for i in range(1, m + 1)]
-                    dists = [found.get(i, ([], []))[1] or [] for i in range(1, m + 1)]
+                    ids, dists = zip(*(arrays(found.get(i)) for i in range(1, m + 1)))
                     n = len(ids[0])
                     if any(len(r) != n for r in ids):  # every query sees the same rows
                         raise VecgptError(f"search in {s.collection!r}: queries got different numbers of rows")
-                    out[s_index] = Hits(
-                        np.array(ids, np.int64).reshape(m, n), np.array(dists, np.float64).reshape(m, n)
-                    )
+                    out[s_index] = Hits(np.vstack(ids).reshape(m, n), np.vstack(dists).reshape(m, n))
         for s_index, hits in enumerate(out):
             if hits is None:
                 out[s_index] = Hits(
@@ -301,7 +320,12 @@ class PgStore(Manifests, Session):
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
             text = self._sql[key] = search_sql(
-                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters]
+                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters], meta.parts
             ).as_string(self.conn)
         args = [f[2] for f in filters]
+        if meta.parts > 1:  # a vector (single) or an array of vectors per part
+            split_queries = split(queries, meta.parts).reshape(len(queries), meta.parts, -1)
+            return text, [
+                split_queries[0, p] if single else list(split_queries[:, p]) for p in range(meta.parts)
+            ] + args
         return text, [queries[0] if single else list(queries), *args]
