@@ -166,6 +166,21 @@ def test_split_documents_search_as_whole_ones(store, metric):
         assert np.all(true_top <= fifth + 2 * b.max())
 
 
+def test_a_wide_table_made_before_parts_is_read_as_whole_vectors(store):
+    s = sql.Identifier(store.schema)
+    store.conn.execute(
+        sql.SQL("CREATE TABLE {}.old (id bigint PRIMARY KEY, embedding vector(2101) NOT NULL)").format(s)
+    )
+    store.conn.execute(sql.SQL("INSERT INTO {}._collections VALUES ('old', 'old', 2101, 'l2', '{{}}')").format(s))
+    store.conn.commit()
+    store._forget()
+    x = rng.standard_normal((4, 2101)).astype(np.float32)
+    store.upsert("old", np.arange(4), x)
+    assert store._col("old").parts == 1 and store.count("old") == 4
+    np.testing.assert_array_equal(store.fetch("old", np.arange(4)), x)
+    assert store.search("old", x[:1], k=1).ids.tolist() == [[0]]
+
+
 def one_line(error) -> str:
     message = str(error.value)
     assert "\n" not in message, message
