@@ -205,28 +205,39 @@ class TurbopufferStore(Catalog, Searching, Records):
 
     # housekeeping ---------------------------------------------------------------------------
     def leftover_texts(self) -> list[dict]:
-        """The texts in the catalog (each run's keys; a crashed run leaves them behind), with the size and
-        last write of the namespaces the catalog names for them (no listing)."""
+        """Every text the store holds: its key collection `text-<id>` as the catalog names it (a crashed run
+        leaves one behind; sizes and last write from the namespaces the catalog names, no listing) and its
+        record `<id>` if it was kept (version, when written); a text's age is its newest write of either."""
+        specs = {n: s for n, s in self._catalog().items() if n.startswith("text-")}
+        records = {"text-" + r["id"]: r for r in self._record_rows(["version", "written_at"])}
         out = []
-        for text, spec in sorted(self._catalog().items()):
-            if not text.startswith("text-"):
-                continue
-            spaces = [ns for group in self._groups(text, spec) for ns in group]
-            metas = [
-                m
-                for m in parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
-                if m
-            ]
+        for text in sorted(set(specs) | set(records)):
+            metas = self._metas(text, specs[text]) if text in specs else []
+            record = records.get(text, {})
             out.append(
                 {
                     "text": text,
                     "namespaces": len(metas),
                     "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
                     "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
-                    "updated_at": max((m.get("updated_at", "") for m in metas), default=""),
+                    "updated_at": max([m.get("updated_at", "") for m in metas] + [record.get("written_at", "")]),
+                    "collection": text in specs,
+                    "record": record.get("version"),
                 }
             )
         return out
+
+    def _metas(self, name: str, spec: dict) -> list[dict]:
+        spaces = [ns for group in self._groups(name, spec) for ns in group]
+        metas = parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
+        return [m for m in metas if m]
+
+    def remove_text(self, text: str, record: int | None) -> None:
+        """`vecgpt tpuf-gc --remove`: a text's record (if the version is still the one listed: TextConflict
+        if another process wrote it meanwhile), then its key collection."""
+        if record is not None:
+            self.write_text(text[len("text-") :], None, expect=record)
+        self.drop(text)
 
     def close(self) -> None:
         self.client.close()
