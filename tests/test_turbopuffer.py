@@ -451,7 +451,7 @@ def test_fetch_pages_large_id_lists_in_multi_queries(small_server, local):
         v, got = store.fetch("text-page", ids, payload=True)
     assert np.array_equal(v, x[ids]) and np.array_equal(got, p[ids]) and got.dtype == np.float32
     assert (counts["requests"], counts["subqueries"]) == (3, 36)
-    assert store.stats()["text-page"]["bytes"] == 600 * (4 * 4 * 2 + 8 * 3)  # vectors in 2 copies, payload once
+    assert store.stats()["text-page"]["bytes"] == 600 * (4 * 4 * 2 + 16)  # vectors in 2 copies, 12 payload bytes once
 
 
 class _DropNext:

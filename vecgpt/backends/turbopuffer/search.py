@@ -163,7 +163,9 @@ class Searching:
             return vectors
         values = np.zeros((len(ids), width), np.float32)
         for row, i in enumerate(ids.tolist() if width else []):
-            values[row] = found[i].get("payload") or 0  # a row written before the collection had a payload: 0
+            held = found[i].get("payload")
+            if held is not None:  # else written without one: zeros
+                values[row] = np.frombuffer(base64.b64decode(held), "<f4")
         return vectors, values
 
     def _fetch_rows(self, name: str, replicas: list[str], chunks: list[list[int]], payload, found: dict) -> None:
