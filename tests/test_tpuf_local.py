@@ -318,6 +318,8 @@ def test_conditional_writes_and_patches_as_documented(client):
     assert sorted(_held(ns)) == ["b", "c"]
     with pytest.raises(turbopuffer.BadRequestError, match="patched"):
         client.namespace("forms").write(patch_rows=[{"id": 1, "vector": [0.0] * 5}])
+    with pytest.raises(turbopuffer.BadRequestError, match="more than once"):  # the write page: a 400
+        ns.write(upsert_rows=[{"id": "b", "v": 1}, {"id": "b", "v": 2}])
 
 
 def test_attribute_sizes_and_unfilterable_attributes(client):

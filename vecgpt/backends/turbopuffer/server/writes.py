@@ -154,6 +154,9 @@ def _batches(body: dict, kind: str) -> list[tuple]:
         if len(lengths) != 1 or any(not isinstance(v, list) for v in cols.values()):
             raise ApiError(400, f"{kind}_columns: every column must be an array of the same length")
         batches.append((cols["id"], cols.get("vector"), {k: v for k, v in cols.items() if k not in ("id", "vector")}))
+    for ids, _, _ in batches:
+        if len(set(valid_id(i) for i in ids)) != len(ids):
+            raise ApiError(400, f"{kind}: the same document id appears more than once in the request")
     return batches
 
 
