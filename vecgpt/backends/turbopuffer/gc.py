@@ -59,7 +59,7 @@ def _one(store, t: dict, args) -> bool:
     if not (args.remove and old):
         return False
     try:
-        store.remove_text(t["text"], t["record"])
+        store.remove_text(t)
     except TextConflict:
         print(f"{t['text']}: written by another process meanwhile; kept")
         return False

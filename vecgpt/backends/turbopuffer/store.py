@@ -211,23 +211,26 @@ class TurbopufferStore(Catalog, Searching, Records):
 
     # housekeeping ---------------------------------------------------------------------------
     def leftover_texts(self) -> list[dict]:
-        """Every text the store holds: its key collection `text-<id>` as the catalog names it (a crashed run
-        leaves one behind; sizes and last write from the namespaces the catalog names, no listing) and its
-        record `<id>` if it was kept (version, when written); a text's age is its newest write of either."""
+        """Every text the store holds: its collections `text-<id>` and `text-<id>.<suffix>` as the catalog
+        names them (a crashed run leaves them behind; sizes and last write from the namespaces the catalog
+        names, no listing) and its record `<id>` if it was kept (version, when written); a text's age is its
+        newest write of either."""
         specs = {n: s for n, s in self._catalog().items() if n.startswith("text-")}
         records = {"text-" + r["id"]: r for r in self._record_rows(["version", "written_at"])}
+        texts = {n.split(".")[0] for n in specs} | set(records)
         out = []
-        for text in sorted(set(specs) | set(records)):
-            metas = self._metas(text, specs[text]) if text in specs else []
+        for text in sorted(texts):
+            names = sorted(n for n in specs if n.split(".")[0] == text)
+            metas = [m for n in names for m in self._metas(n, specs[n])]
             record = records.get(text, {})
             out.append(
                 {
                     "text": text,
+                    "collections": names,
                     "namespaces": len(metas),
                     "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
                     "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
                     "updated_at": max([m.get("updated_at", "") for m in metas] + [record.get("written_at", "")]),
-                    "collection": text in specs,
                     "record": record.get("version"),
                 }
             )
@@ -238,12 +241,13 @@ class TurbopufferStore(Catalog, Searching, Records):
         metas = parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
         return [m for m in metas if m]
 
-    def remove_text(self, text: str, record: int | None) -> None:
+    def remove_text(self, entry: dict) -> None:
         """`vecgpt tpuf-gc --remove`: a text's record (if the version is still the one listed: TextConflict
-        if another process wrote it meanwhile), then its key collection."""
-        if record is not None:
-            self.write_text(text[len("text-") :], None, expect=record)
-        self.drop(text)
+        if another process wrote it meanwhile), then its collections (an entry of `leftover_texts`)."""
+        if entry["record"] is not None:
+            self.write_text(entry["text"][len("text-") :], None, expect=entry["record"])
+        for name in entry["collections"]:
+            self.drop(name)
 
     def close(self) -> None:
         self.client.close()
