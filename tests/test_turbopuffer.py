@@ -516,7 +516,9 @@ def test_gc_knows_kept_texts_by_their_record(small_server, local, tmp_path, caps
     store = local(small_server.url)
     _keys_with_payload(store, "text-0a0a", n=6)  # a crashed run's keys: no record
     _keys_with_payload(store, "text-0b0b", n=6)
-    store.write_text("0b0b", {"tokens": [1]}, expect=None)  # a kept text
+    store.write_text("0b0b", {"tokens": [1]}, expect=None)  # a kept text, with its candidates' collection
+    store.create("text-0b0b.c", 1, "l2", payload=4)
+    store.upsert("text-0b0b.c", np.arange(2), np.zeros((2, 1)), payload=np.ones((2, 4)))
     store.write_text("0c0c", {"tokens": [2]}, expect=None)  # a record whose keys are gone
     config = tmp_path / "tp.toml"
     config.write_text(
