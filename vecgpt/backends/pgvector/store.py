@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import psycopg
@@ -22,7 +22,9 @@ SMALL_WRITE = 256  # upserts up to this many rows are one INSERT ... ON CONFLICT
 
 def check_shape(dim: int, payload: int, attrs: Sequence[str]) -> None:
     if not 1 <= dim <= 16000 or not 0 <= payload <= 16000:
-        raise VecgptError(f"pgvector holds vectors of dimension 1 to 16000 (payloads up to 16000), not {dim} ({payload})")
+        raise VecgptError(
+            f"pgvector holds vectors of dimension 1 to 16000 (payloads up to 16000), not {dim} ({payload})"
+        )
     bad = [a for a in attrs if a in ("id", "embedding", "payload") or not a.isidentifier()]
     if bad:
         raise VecgptError(f"attribute name {bad[0]!r} is not allowed (reserved or not an identifier)")
@@ -124,32 +126,37 @@ class PgStore(Manifests, Texts, Session):
         if meta is not None:
             base.check_same(name, (meta.dim, meta.metric), dim, metric)
             if meta.payload != payload:
-                raise VecgptError(f"collection {name!r} exists with payload width {meta.payload}, not {payload}; drop it first")
+                raise VecgptError(
+                    f"collection {name!r} exists with payload width {meta.payload}, not {payload}; drop it first"
+                )
             return
         check_shape(dim, payload, attrs)
         meta = Meta(table_name(name), dim, metric, attrs, payload)
-        text = name.startswith("text-")
-        if not text:  # stays open: the collection's rows go in with it, or nothing does
-            self.conn.execute("BEGIN")
-            self._pending = name
+        if name.startswith("text-"):  # made whole or not at all; its rows each commit on their own
+            with self.conn.transaction():
+                self._make(name, meta, index=True)
+            return
+        self.conn.execute("BEGIN")  # stays open: the collection's rows go in with it, or nothing does
+        self._pending = name
+        self._make(name, meta, index=False)
+
+    def _make(self, name: str, meta: Meta, index: bool) -> None:
+        """The collection's table, its columns' storage, (index: a btree on the attributes), its catalog row."""
+        table = self._table(meta)
         try:
-            self.conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table(meta), column_list(meta)))
-            storage = sql.SQL("PLAIN" if dim + payload <= PLAIN_MAX_DIM else "EXTERNAL")
-            for column in meta.vector_columns():
-                self.conn.execute(
-                    sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(
-                        self._table(meta), sql.Identifier(column), storage
-                    )
-                )
-            if text and attrs:  # keys are searched by layer/head and a position range
-                self.conn.execute(
-                    sql.SQL("CREATE INDEX ON {} ({})").format(
-                        self._table(meta), sql.SQL(", ").join(map(sql.Identifier, attrs))
-                    )
-                )
-            self._register(name, meta)
+            self.conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table, column_list(meta)))
         except psycopg.errors.DuplicateTable:
             raise VecgptError(f"a table {self.schema}.{meta.table} exists that is not a collection; drop it") from None
+        storage = sql.SQL("PLAIN" if meta.dim + meta.payload <= PLAIN_MAX_DIM else "EXTERNAL")
+        for column in meta.vector_columns():
+            self.conn.execute(
+                sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(table, sql.Identifier(column), storage)
+            )
+        if index and meta.attrs:  # keys are searched by layer/head and a position range
+            self.conn.execute(
+                sql.SQL("CREATE INDEX ON {} ({})").format(table, sql.SQL(", ").join(map(sql.Identifier, meta.attrs)))
+            )
+        self._register(name, meta)
 
     def _register(self, name: str, meta: Meta) -> None:
         self.conn.execute(
@@ -176,7 +183,9 @@ class PgStore(Manifests, Texts, Session):
                 self.conn.execute(
                     sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(self._table(new), self._table(meta))
                 )
-                self.conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {}").format(self._table(new), self._table(meta)))
+                self.conn.execute(
+                    sql.SQL("INSERT INTO {} SELECT * FROM {}").format(self._table(new), self._table(meta))
+                )
                 self._register(dst, new)
         except psycopg.errors.DuplicateTable:
             raise VecgptError(f"a table {self.schema}.{new.table} exists that is not a collection; drop it") from None
@@ -232,14 +241,7 @@ class PgStore(Manifests, Texts, Session):
         return self._run(run)
 
     # rows
-    def upsert(
-        self,
-        name: str,
-        ids: np.ndarray,
-        vectors: np.ndarray,
-        attrs: Mapping[str, np.ndarray] | None = None,
-        payload: np.ndarray | None = None,
-    ) -> None:
+    def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
         self._run(self._upsert, name, ids, vectors, attrs or {}, payload, loading=name)
 
     def _upsert(self, name, ids, vectors, attrs, payload):

@@ -89,7 +89,9 @@ class Texts:
     def texts(self) -> list[str]:
         def run():
             self._commit()
-            return [r[0] for r in self.conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(self._texts_table()))]
+            return [
+                r[0] for r in self.conn.execute(sql.SQL("SELECT id FROM {} ORDER BY id").format(self._texts_table()))
+            ]
 
         return self._run(run)
 
