@@ -259,7 +259,29 @@ class InProcessStore(FolderStore):
             if not self._has(name):
                 raise base.no_collection(self, name)
             self._cols[name] = self._replay(name) if is_text(name) else self._load(name)
+        elif is_text(name):
+            self._catch_up(name, self._cols[name])
         return self._cols[name]
+
+    def _catch_up(self, name: str, col: Collection) -> None:
+        """Rows another process appended to a text's log since this one last read or wrote it (one stat)."""
+        try:
+            size = self._log(name).stat().st_size
+        except FileNotFoundError:  # closed by another process
+            del self._cols[name]
+            raise base.no_collection(self, name) from None
+        if size == col.log_end:
+            return
+        _, chunks, end = text_log.read(self._log(name), col.log_end)
+        if chunks:
+            rows = text_log.Rows(
+                np.concatenate([c.ids for c in chunks]),
+                np.concatenate([c.vectors for c in chunks]),
+                {a: np.concatenate([c.attrs[a] for c in chunks]) for a in col.names},
+                np.concatenate([c.payload for c in chunks]),
+            )
+            col.upsert(text_log.last_rows(name, rows, col.names))
+        col.log_end = end
 
     def _save(self, name: str, col: Collection) -> None:
         # Written beside the collection, then swapped in by renames: a kill at any point leaves

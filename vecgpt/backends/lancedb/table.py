@@ -67,6 +67,12 @@ class Table:
         self.writes = 0  # writes since the last compaction
         self.indexed = {c for index in handle.list_indices() for c in index.columns}
 
+    def latest(self) -> None:
+        """Move to the table's newest version, forgetting what this process knew of the older one."""
+        with self.lock.write():
+            self.handle.checkout_latest()
+            self.ids, self.rows = None, None
+
     def row_count(self) -> int:
         if self.rows is None:
             self.rows = self.handle.count_rows()
