@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import inspect
 import io
 import pstats
 import sys
@@ -69,7 +68,7 @@ def main():
     model, ids = load_model(None), tokenizer.encode(args.prompt)
     config = load_config(args.config)
     place(config, args.place)
-    store = timed(without_payload(open_store(config)))
+    store = timed(open_store(config))
     push(store, model, config.metric, progress=False)
     engine = Engine(
         store,
@@ -117,17 +116,6 @@ def matrix(collection: str) -> str:
     if collection.startswith("text-"):
         return "keys"
     return ".".join(p for p in collection.split(".")[1:] if p != "h" and not p.isdigit())
-
-
-def without_payload(store):
-    """A store whose create/upsert take no payload (pgvector on main, before its texts keep values) gets
-    them dropped: a session keeps its values in memory, so only the stored copy of them is missing."""
-    if "payload" in inspect.signature(store.create).parameters:
-        return store
-    create, upsert = store.create, store.upsert
-    store.create = lambda name, dim, metric, attrs=(), payload=0: create(name, dim, metric, attrs)
-    store.upsert = lambda name, ids, vectors, attrs=None, payload=None: upsert(name, ids, vectors, attrs)
-    return store
 
 
 def interleaved(readers, ids, n, started):
