@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -13,8 +14,10 @@ pytest.importorskip("psycopg")
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from vecgpt import tolerance  # noqa: E402
 from vecgpt.backends import pgvector  # noqa: E402
 from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.encoding import distance_bound  # noqa: E402
 from vecgpt.errors import VecgptError  # noqa: E402
 
 rng = np.random.default_rng(3)
@@ -115,17 +118,18 @@ def test_keys_overwrite_by_position_and_drop_with_the_text(store):
         "WHERE n.nspname = %s AND c.relname = %s",
         (store.schema, table),
     ).fetchone()
-    assert kind == ("u",)  # unlogged: keys belong to one run
+    assert kind == ("p",)  # logged: a text's keys survive a crash of the server, not only of the client
     store.drop(name)
     assert store.conn.execute("SELECT to_regclass(%s)", (f'"{store.schema}"."{table}"',)).fetchone() == (None,)
 
 
-def test_wide_vectors_stay_inline_and_the_widest_go_out_of_line_uncompressed(store):
+def test_wide_vectors_stay_inline_and_the_widest_are_split_across_rows(store):
     for dim in (770, 3074):
         store.create(f"d{dim}", dim, "l2")
         x = rng.standard_normal((3, dim)).astype(np.float32)
         store.upsert(f"d{dim}", np.arange(3), x)
         np.testing.assert_array_equal(store.fetch(f"d{dim}", np.arange(3)), x)
+        assert store.count(f"d{dim}") == 3 and store.stats()[f"d{dim}"]["documents"] == 3
     storage = dict(
         store.conn.execute(
             "SELECT c.relname, a.attstorage FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
@@ -133,7 +137,49 @@ def test_wide_vectors_stay_inline_and_the_widest_go_out_of_line_uncompressed(sto
             (store.schema,),
         ).fetchall()
     )
-    assert storage == {"d770": "p", "d3074": "e"}
+    assert storage == {"d770": "p", "d3074": "p"}  # 3,074 floats: two inline rows of 1,537
+    assert store.conn.execute(f'SELECT count(*) FROM "{store.schema}".d3074').fetchone() == (6,)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_split_documents_search_as_whole_ones(store, metric):
+    """A search over documents split across rows sums their parts: every shape the engine sends."""
+    dim, n = 2101, 40  # parts of 1,051 and 1,050 floats (the last one padded)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    store.create("wide", dim, metric, attrs=("row",))
+    store.upsert("wide", np.arange(n) * 3, x, {"row": np.arange(n)})
+    store.upsert("wide", np.array([6]), x[:1], {"row": np.array([2])})  # a document rewritten
+    x[2] = x[0]
+    q = rng.standard_normal((3, dim)).astype(np.float32)
+    q64, x64 = q.astype(np.float64), x.astype(np.float64)
+    truth = ((q64[:, None, :] - x64[None]) ** 2).sum(-1) if metric == "l2" else -(q64 @ x64.T)
+    norms = np.linalg.norm(q64, axis=1)[:, None], np.linalg.norm(x64, axis=1)[None]
+    bound = distance_bound(*norms, dim, metric, tolerance.unit_roundoff("pgvector"))  # parts: fewer terms each
+    for m in (1, 3):
+        t, b = truth[:m], bound[:m]
+        hits = store.search("wide", q[:m])
+        assert np.all(np.abs(np.take_along_axis(hits.dists, np.argsort(hits.ids, axis=1), 1) - t) <= b)
+        top = store.search("wide", q[:m], k=5, where=Where(lt={"row": 30}))
+        assert top.ids.shape == (m, 5) and np.all(top.ids < 90) and np.all(top.ids % 3 == 0)
+        true_top = np.take_along_axis(t, top.ids // 3, 1)
+        assert np.all(np.abs(top.dists - true_top) <= np.take_along_axis(b, top.ids // 3, 1))
+        fifth = np.sort(t[:, :30], axis=1)[:, 4:5]  # none better left out, near ties aside
+        assert np.all(true_top <= fifth + 2 * b.max())
+
+
+def test_a_wide_table_made_before_parts_is_read_as_whole_vectors(store):
+    s = sql.Identifier(store.schema)
+    store.conn.execute(
+        sql.SQL("CREATE TABLE {}.old (id bigint PRIMARY KEY, embedding vector(2101) NOT NULL)").format(s)
+    )
+    store.conn.execute(sql.SQL("INSERT INTO {}._collections VALUES ('old', 'old', 2101, 'l2', '{{}}')").format(s))
+    store.conn.commit()
+    store._forget()
+    x = rng.standard_normal((4, 2101)).astype(np.float32)
+    store.upsert("old", np.arange(4), x)
+    assert store._col("old").parts == 1 and store.count("old") == 4
+    np.testing.assert_array_equal(store.fetch("old", np.arange(4)), x)
+    assert store.search("old", x[:1], k=1).ids.tolist() == [[0]]
 
 
 def one_line(error) -> str:
@@ -203,3 +249,105 @@ def test_defaults_are_per_user(monkeypatch):
         assert store.schema == "vecgpt_ann"
     finally:
         store.close()
+
+
+def test_a_resume_sized_fetch_comes_back_in_order_with_its_payload(store):
+    n = 12 * 12 * 1024  # every key of a full GPT-2 small text, in one fetch
+    vectors = rng.standard_normal((n, 4)).astype(np.float32)
+    payload = rng.standard_normal((n, 3)).astype(np.float32)
+    payload[0] = [-0.0, np.finfo(np.float32).tiny / 2, np.finfo(np.float32).max]  # signed zero, subnormal, largest
+    store.create("text-big", 4, "l2", ("position",), payload=3)
+    store.upsert("text-big", np.arange(n), vectors, {"position": np.arange(n)}, payload=payload)
+    want = rng.permutation(n)
+    v, p = store.fetch("text-big", want, payload=True)
+    assert v.tobytes() == vectors[want].tobytes() and p.tobytes() == payload[want].tobytes()  # bit for bit
+    with pytest.raises(VecgptError, match=f"has no id {n}"):
+        store.fetch("text-big", np.array([5, n, 7]))
+    assert store.fetch("text-big", np.array([], np.int64)).shape == (0, 4)
+
+
+def test_payload_width_is_part_of_a_collection(store):
+    store.create("text-w", 4, "l2", payload=2)
+    store.create("text-w", 4, "l2", payload=2)  # the same: a no-op
+    with pytest.raises(VecgptError, match="payload width 2, not 3"):
+        store.create("text-w", 4, "l2", payload=3)
+    store.create("plain", 4, "l2")
+    store.upsert("plain", np.arange(2), np.ones((2, 4)))
+    v, p = store.fetch("plain", np.arange(2), payload=True)
+    assert p.shape == (2, 0) and v.shape == (2, 4)
+
+
+def test_a_clone_is_one_request_and_a_logged_table_of_its_own(store):
+    from vecgpt.backends.base import tally
+
+    x = rng.standard_normal((30, 4)).astype(np.float32)
+    store.create("text-a", 4, "l2", ("layer", "position"), payload=2)
+    store.upsert("text-a", np.arange(30), x, {"layer": np.arange(30) % 3}, payload=x[:, :2])
+    with tally() as counts:
+        store.clone("text-a", "text-b")
+    assert counts["requests"] == 1
+    with pytest.raises(VecgptError, match="exists"):
+        store.clone("text-a", "text-b")
+    again = pgvector.PgStore(store.dsn, store.schema)  # the catalog, not this object's cache, knows it
+    try:
+        meta = again._col("text-b")
+        assert (meta.dim, meta.attrs, meta.payload) == (4, ["layer", "position"], 2)
+        assert again.count("text-b") == 30
+        kind = again.conn.execute(
+            "SELECT relpersistence FROM pg_class WHERE oid = %s::regclass", (again._table(meta).as_string(again.conn),)
+        ).fetchone()
+        assert kind == ("p",)
+    finally:
+        again.close()
+
+
+def test_a_text_lock_is_released_when_its_holder_is_killed(store):
+    script = textwrap.dedent(f"""
+        import time
+        from vecgpt.backends import pgvector
+        store = pgvector.PgStore({store.dsn!r}, {store.schema!r})
+        with store.text_lock("t1"):
+            print("held", flush=True)
+            time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(VecgptError, match="t1 is open in another process"):
+            with store.text_lock("t1"):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    for _ in range(100):  # the server notices the closed socket at once; give it a moment on a busy machine
+        try:
+            with store.text_lock("t1"):
+                return
+        except VecgptError:
+            time.sleep(0.05)
+    raise AssertionError("the lock outlived its holder")
+
+
+def test_a_text_record_write_goes_through_a_lost_connection(store):
+    store.write_text("t", {"tokens": [1]}, expect=None)
+    store.conn.execute("SELECT 1")
+    killer = psycopg.connect(store.dsn, autocommit=True)
+    killer.execute("SELECT pg_terminate_backend(%s)", (store.conn.info.backend_pid,))
+    killer.close()
+    pid = store.conn.info.backend_pid
+    assert store.write_text("t", {"tokens": [1, 2], "version": 1}, expect=1) == 2  # reconnected, written once
+    assert store.read_text("t") == {"tokens": [1, 2], "version": 2} and store.conn.info.backend_pid != pid
+    assert store._landed({"a": 1, "version": 3}, {"a": 1}, 2) and not store._landed({"a": 1, "version": 3}, {"a": 2}, 2)
+    assert store._landed(None, None, 2) and not store._landed({"version": 2}, None, 2)
+
+
+def test_a_store_of_the_layout_before_payloads_opens(store):
+    store.create("old", 4, "l2")
+    store.conn.execute(sql.SQL("ALTER TABLE {}._collections DROP COLUMN payload").format(sql.Identifier(store.schema)))
+    store.close()
+    again = pgvector.PgStore(store.dsn, store.schema)
+    try:
+        again.upsert("old", np.arange(1), np.ones((1, 4)))
+        assert again._col("old").payload == 0 and again.count("old") == 1
+    finally:
+        again.close()

@@ -303,7 +303,7 @@ class Session:
         return sent, [Search(self.name, qs, where=w) for (qs, _), w in zip(sent, where)]
 
     def key_columns(self, sent, found, layer, end):  # key search results -> positions [m, n] < end, q.k [H, m, n]
-        if any(hits.ids.shape[1] != end for hits in found):  # e.g. a crashed server emptied its unlogged tables
+        if any(hits.ids.shape[1] != end for hits in found):  # rows removed under the text (closed, lost by a store)
             raise VecgptError(
                 f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
                 f"positions found in layer {layer}); start the text again"

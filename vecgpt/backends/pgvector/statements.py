@@ -28,8 +28,13 @@ SEARCH = {
 
 
 class Meta:
-    def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str]):
-        self.table, self.dim, self.metric, self.attrs = table, dim, metric, list(attrs)
+    def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str], payload: int = 0, parts: int = 1):
+        self.table, self.dim, self.metric, self.attrs, self.payload = table, dim, metric, list(attrs), payload
+        self.parts = parts  # rows a document: 1, or more for a wide one (vecgpt/backends/pgvector/wide.py)
+
+    def vector_columns(self) -> list[str]:
+        """The vector(n) columns: the embedding, and the payload where the collection has one."""
+        return ["embedding", "payload"] if self.payload else ["embedding"]
 
 
 def table_name(name: str) -> str:
@@ -40,29 +45,91 @@ def table_name(name: str) -> str:
 
 
 def search_sql(
-    s_index: int, table: sql.Composable, metric: Metric, single: bool, k: int | None, filters: Sequence[tuple[str, str]]
+    s_index: int,
+    table: sql.Composable,
+    metric: Metric,
+    single: bool,
+    k: int | None,
+    filters: Sequence[tuple[str, str]],
+    parts: int = 1,
 ) -> sql.Composed:
-    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters."""
+    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters;
+    the query vector(s) first: one per part (single), or one array per part."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    q = sql.SQL("%b::vector") if single else sql.SQL("q.v")
-    dist = sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q)
-    fmt = dict(s=sql.Literal(s_index), table=table, dist=dist, cond=cond)
+    fmt = dict(s=sql.Literal(s_index), table=table, cond=cond)
     if k is not None:
         fmt["k"] = sql.Literal(int(k))
-    return sql.SQL(SEARCH[single, k is not None]).format(**fmt)
+    if parts > 1:
+        return wide_sql(metric, single, k, parts, fmt)
+    q = sql.SQL("%b::vector") if single else sql.SQL("q.v")
+    return sql.SQL(SEARCH[single, k is not None]).format(
+        dist=sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q), **fmt
+    )
 
 
-def copy_stream(ids: np.ndarray, attrs: list[np.ndarray], vectors: np.ndarray) -> bytes:
-    """PostgreSQL's binary COPY format for rows (id, attrs..., vector), all big-endian."""
-    n, dim = vectors.shape
+# A wide collection's search: the same shapes, a document's distance the sum over its part rows.
+WIDE = {
+    (True, False): "SELECT {s}::int, 1::bigint, array_agg(x.id), array_agg(x.d) FROM "
+    "(SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} GROUP BY 1) x",
+    (False, False): "SELECT {s}::int, x.i, array_agg(x.id), array_agg(x.d) FROM "
+    "(SELECT q.i, t.id / {p} AS id, sum({dist}) AS d FROM {table} t CROSS JOIN {unnest}{cond} GROUP BY 1, 2) x "
+    "GROUP BY x.i",
+    (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
+    "FROM (SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x",
+    (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
+    "FROM {unnest} CROSS JOIN LATERAL (SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} "
+    "GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x GROUP BY q.i",
+}
+
+
+def wide_sql(metric: Metric, single: bool, k: int | None, parts: int, fmt: dict) -> sql.Composed:
+    queries = [sql.SQL("%b::vector")] * parts if single else [sql.SQL(f"q.v{p}") for p in range(parts)]
+    cases = [
+        sql.SQL("WHEN {} THEN ").format(sql.Literal(p)) + sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q)
+        for p, q in enumerate(queries)
+    ]
+    dist = sql.SQL("CASE t.id %% {} ").format(sql.Literal(parts)) + sql.SQL(" ").join(cases) + sql.SQL(" END")
+    names = ", ".join(f"v{p}" for p in range(parts))
+    unnest = sql.SQL(f"unnest({', '.join(['%b::vector[]'] * parts)}) WITH ORDINALITY q({names}, i)")
+    return sql.SQL(WIDE[single, k is not None]).format(dist=dist, p=sql.Literal(parts), unnest=unnest, **fmt)
+
+
+def row_dtype(ints: int, dims: Sequence[int]) -> np.dtype:
+    """One row of a binary COPY (either way): a field count, then `ints` bigints and a pgvector per dim."""
     fields = [("count", ">i2")]
-    for i in range(1 + len(attrs)):
+    for i in range(ints):
         fields += [(f"len{i}", ">i4"), (f"int{i}", ">i8")]
-    fields += [("vlen", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))]
-    rows = np.zeros(n, np.dtype(fields))
-    rows["count"] = 2 + len(attrs)
-    for i, column in enumerate([ids, *attrs]):
+    for j, dim in enumerate(dims):
+        fields += [(f"vlen{j}", ">i4"), (f"dim{j}", ">i2"), (f"unused{j}", ">i2"), (f"vec{j}", ">f4", (dim,))]
+    return np.dtype(fields)
+
+
+def copy_stream(ids: np.ndarray, attrs: list[np.ndarray], vectors: Sequence[np.ndarray]) -> bytes:
+    """PostgreSQL's binary COPY format for rows (id, attrs..., vectors...), all big-endian."""
+    ints = [ids, *attrs]
+    rows = np.zeros(len(ids), row_dtype(len(ints), [v.shape[1] for v in vectors]))
+    rows["count"] = len(ints) + len(vectors)
+    for i, column in enumerate(ints):
         rows[f"len{i}"], rows[f"int{i}"] = 8, column
-    rows["vlen"], rows["dim"], rows["vec"] = 4 + 4 * dim, dim, vectors
+    for j, block in enumerate(vectors):
+        dim = block.shape[1]
+        rows[f"vlen{j}"], rows[f"dim{j}"], rows[f"vec{j}"] = 4 + 4 * dim, dim, block
     return COPY_HEADER + rows.tobytes() + COPY_TRAILER
+
+
+def read_copy(data: bytes, dims: Sequence[int]) -> np.ndarray:
+    """The rows (id, vectors...) of a binary COPY TO STDOUT: every field has a fixed width, so one frombuffer."""
+    if not data.startswith(COPY_HEADER[:11]) or not data.endswith(COPY_TRAILER):
+        raise ValueError("not a binary COPY stream")
+    row = row_dtype(1, dims)
+    body = len(data) - len(COPY_HEADER) - len(COPY_TRAILER)
+    return np.frombuffer(data, row, offset=len(COPY_HEADER), count=body // row.itemsize)
+
+
+def fetch_copy(table: sql.Composable, columns: Sequence[str], ids: np.ndarray) -> sql.Composed:
+    """COPY out the rows of these ids (a literal: COPY takes no parameters), in any order."""
+    listed = "{" + ",".join(map(str, ids.tolist())) + "}"
+    return sql.SQL("COPY (SELECT id, {} FROM {} WHERE id = ANY({}::bigint[])) TO STDOUT (FORMAT BINARY)").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), table, sql.Literal(listed)
+    )
