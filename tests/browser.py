@@ -105,7 +105,7 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1100, "height": 800})
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
     p = context.new_page()
     p.set_default_timeout(30000)
     yield p
