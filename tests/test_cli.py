@@ -400,3 +400,22 @@ def test_the_first_token_reaches_stdout_while_the_rest_are_made(tmp_path):
 def waiting(fd: int) -> int:
     """Bytes in a pipe, not yet read."""
     return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["serve", "--port", "70000"], "--port must be 0..65535"),
+        (["serve", "--config", "no/such.toml"], "config file no/such.toml does not exist"),
+    ],
+)
+def test_serve_refuses_bad_options_in_one_line(capsys, argv, words):
+    code, _, err = run(capsys, *argv)
+    assert_one_line_error(code, err, words)
+
+
+def test_serve_listens_on_this_machine_only_by_default():
+    from vecgpt.cli import parser
+
+    args = parser("serve").parse_args(["serve"])
+    assert (args.host, args.port, args.workers) == ("127.0.0.1", 8000, 1)

@@ -97,7 +97,9 @@ def test_the_first_token_reaches_the_page_before_the_last_is_computed(playground
         page.fill("#n", str(n))
         last[0] = len(tokenizer.encode("JULIET:")) + n - 1
         page.get_by_role("button", name="Generate", exact=True).click()
-        page.wait_for_selector("#text [data-token]", state="attached", timeout=20000)  # while the last token waits for us
+        page.wait_for_selector(
+            "#text [data-token]", state="attached", timeout=20000
+        )  # while the last token waits for us
         assert blocked == [last[0]] and not released.is_set()
         released.set()
         page.wait_for_function(f"document.querySelectorAll('#text [data-token]').length === {n}")
