@@ -6,9 +6,12 @@ from __future__ import annotations
 import threading
 from urllib.parse import parse_qs, urlparse
 
-from vecgpt import tokenizer
+import pytest
 
-from browser import IMAGES, call
+from vecgpt import tokenizer
+from vecgpt.playground.server import Settings
+
+from browser import IMAGES, Running, call
 
 
 def text_id(page) -> str:
@@ -106,3 +109,31 @@ def test_the_first_token_reaches_the_page_before_the_last_is_computed(playground
     finally:
         released.set()
         playground.app.state.before_token = None
+
+
+def test_a_store_error_is_one_line_on_the_page_and_the_server_lives_on(tmp_path, page, monkeypatch):
+    pytest.importorskip("turbopuffer")
+    from vecgpt.backends.turbopuffer.server import Running as Turbopuffer
+
+    key = "tpuf-SECRET-KEY-5e1b7d"
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", key)
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    service = Turbopuffer(api_key=key)
+    config = tmp_path / "tpuf.toml"
+    config.write_text(
+        f'backend = "turbopuffer"\n[store]\nbase_url = "{service.url}"\nprefix = "play-"\nmax_retries = 0\n'
+    )
+    server = Running(Settings(configs=[str(config)]))
+    try:
+        assert call(f"{server.url}/api/stores")[0] == 200
+        service.stop()  # the store is gone from under the running server
+        status, body = call(f"{server.url}/api/stores")
+        assert status == 503 and body["error"].startswith("store error: ") and key not in body["error"]
+        page.goto(server.url)
+        page.wait_for_selector("body[data-ready]")
+        shown = page.inner_text("#error")
+        assert shown.startswith("store error: ") and "\n" not in shown and key not in page.content()
+        assert call(f"{server.url}/api/attention-memory?heads=12&context=1024")[1]["full"] == 50_331_648
+    finally:
+        server.stop()
+        service.stop()

@@ -19,10 +19,9 @@ from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from vecgpt import api, tokenizer
-from vecgpt.errors import VecgptError
+from vecgpt import tokenizer
 from vecgpt.playground import views
-from vecgpt.playground.server import Library, Refused
+from vecgpt.playground.server import Library, Refused, check_request
 
 STATIC = resources.files("vecgpt.playground") / "static"
 
@@ -38,8 +37,6 @@ def clean(message: str, secrets: list[str]) -> str:
 def failure(e: Exception, library: Library) -> JSONResponse:
     if isinstance(e, Refused):
         return JSONResponse({"error": clean(e, library.secrets())}, e.status)
-    if isinstance(e, VecgptError):
-        return JSONResponse({"error": clean(e, library.secrets())}, 400)
     return JSONResponse({"error": f"store error: {clean(e, library.secrets())}"}, 503)
 
 
@@ -137,6 +134,8 @@ def branch(library, request, body):
         field(body, "token", int),
     )
     shelf = library.shelf(entry.store)
+    if not 0 <= token < shelf.engine(entry.model).hparams.n_vocab:
+        raise Refused(f"token {token} is outside the model's vocabulary")
     with shelf.lock:
         check_position(entry, position)
         new = entry.text.branch(position, token)
@@ -188,7 +187,7 @@ async def generate(request: Request):
         entry = await run_in_threadpool(library.entry, request.path_params["text_id"])
         t, shelf = entry.text, library.shelf(entry.store)
         s = t.settings
-        api.check_request(shelf.engine(entry.model).hparams, t.tokens, n, s["top_k"], s["temperature"], s["seed"])
+        check_request(shelf.engine(entry.model).hparams, t.tokens, n, s["top_k"], s["temperature"], s["seed"])
     except Exception as e:  # noqa: BLE001
         return failure(e, library)
     events: queue.Queue = queue.Queue()

@@ -30,11 +30,20 @@ class Settings:
 
 
 class Refused(VecgptError):
-    """A request over a limit or naming nothing known: a 4xx with a one-line message."""
+    """A request over a limit or naming nothing known: a 4xx with a one-line message. Any other error is the
+    store's (a 503)."""
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
+
+
+def check_request(hp, tokens: list[int], n: int, top_k: int, temperature: float, seed: int) -> None:
+    """`vecgpt generate`'s checks (-n within the context, top-k within the vocabulary ...) as a 400."""
+    try:
+        api.check_request(hp, tokens, n, top_k, temperature, seed)
+    except VecgptError as e:
+        raise Refused(str(e)) from None
 
 
 @dataclass
@@ -130,10 +139,12 @@ class Library:
                 )
         shelf = self.shelf(store)
         with shelf.lock:
+            if model and shelf.store.read_manifest(model) is None:
+                raise Refused(f"store {store} holds no model {model}; /api/stores lists what it holds")
             key = model or only_key(shelf)
             engine = shelf.engine(key)
             ids = tokenizer.encode(prompt)
-            api.check_request(engine.hparams, ids, 0, top_k, temperature, seed)
+            check_request(engine.hparams, ids, 0, top_k, temperature, seed)
             text = Text.start(engine, ids, temperature=temperature, top_k=top_k, seed=seed)
         return self.remember(text, store, key)
 
