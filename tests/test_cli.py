@@ -367,7 +367,7 @@ def test_streamed_stdout_is_the_text_of_the_json(capsys, store_args, tiny_model_
     assert code == 0 and run(capsys, *argv)[1] == "Hello" + d["text"] + "\n"
     assert [d[k] for k in ("seed", "temperature", "top_k", "version")] == [0, 0.0, 40, vecgpt.__version__]
     assert d["store"] == {"backend": "faiss", "path": store_args[-1].replace("c.toml", "faiss")}
-    assert d["text_id"].startswith("text-")
+    assert len(d["text_id"]) == 12 and not d["kept"]
     assert all(c[2] == tokenizer.decode([c[0]]) for s in d["steps"] for c in s["candidates"])
 
 
@@ -419,3 +419,33 @@ def test_serve_listens_on_this_machine_only_by_default():
 
     args = parser("serve").parse_args(["serve"])
     assert (args.host, args.port, args.workers) == ("127.0.0.1", 8000, 1)
+
+
+def test_kept_texts_resume_list_and_close_from_the_cli(capsys, store_args, tiny_model_dir):
+    base = ["--model", str(tiny_model_dir)]
+    code, out, err = run(capsys, "generate", *store_args, *base, "Hello", "-n", "2", "--keep", "--json")
+    text_id = json.loads(out)["text_id"]
+    assert code == 0 and f"text {text_id} is kept" in err
+    code, out, _ = run(capsys, "texts", *store_args, "--json")
+    assert [t["id"] for t in json.loads(out)] == [text_id] and json.loads(out)[0]["tokens"] == 3
+    code, out, _ = run(capsys, "generate", *store_args, "--resume", text_id, "-n", "2")
+    assert code == 0 and out.endswith("\n")
+    assert json.loads(run(capsys, "texts", *store_args, "--json")[1])[0]["tokens"] == 5
+    assert run(capsys, "texts", *store_args, "close", text_id)[0] == 0
+    assert json.loads(run(capsys, "texts", *store_args, "--json")[1]) == []
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["generate", "-n", "2"], "give a prompt, or --resume"),
+        (["generate", "--resume", "nosuchtext"], "has no text nosuchtext"),
+        (["generate", "--reference", "Hi", "--keep"], "--reference keeps no text"),
+        (["texts", "gc", "--older-than", "soon"], "--older-than 'soon'"),
+        (["texts", "close"], "name the text to close"),
+        (["texts", "close", "nosuchtext"], "has no text nosuchtext"),
+    ],
+)
+def test_text_commands_refuse_bad_input_in_one_line(capsys, store_args, argv, needle):
+    code, _, err = run(capsys, argv[0], *store_args, *argv[1:])
+    assert_one_line_error(code, err, needle)

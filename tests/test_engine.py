@@ -10,7 +10,7 @@ from vecgpt.api import generate
 from vecgpt.engine import Engine
 from vecgpt.loading import push
 from vecgpt.reference import Reference
-from vecgpt.sampling import choose
+from vecgpt.sampling import choose, draw
 from vecgpt.weights import load
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over", ""]
@@ -66,14 +66,6 @@ def test_free_greedy_on_the_float64_memory_store(make_store, tiny_model, model64
         text.close()
 
 
-class Uniform:  # the one draw `choose` makes, given
-    def __init__(self, u):
-        self.u = u
-
-    def random(self):
-        return self.u
-
-
 def test_sampling_draws_the_same_tokens(make_store, backend, tiny_model, model64):
     """Teacher-forced on numpy's sampled tokens: the store's draw with the same uniform number is
     numpy's wherever the derived tolerance cannot move it (no near tie at the chosen rank, the
@@ -84,15 +76,15 @@ def test_sampling_draws_the_same_tokens(make_store, backend, tiny_model, model64
     text = engine.open()
     r = tolerance.forced_comparison(text, model64, ids, ref.tokens, "l2", tolerance.unit_roundoff(backend), k)
     text.close()
-    rng, checked, skipped = np.random.default_rng(seed), 0, Counter()
+    checked, skipped = 0, Counter()
     for step, (cands, row, tol) in enumerate(zip(r["candidates"], r["exact"], r["tol"])):
-        u = rng.random()
+        u = draw(seed, len(ids) + step)
         want, why = tolerance.sure_draw(row, u, temperature, k, tol)
         if want is None:
             skipped[why] += 1
             continue
         assert want == ref.tokens[step]
-        assert choose(cands, temperature, k, Uniform(u)) == want, step
+        assert choose(cands, temperature, k, u) == want, step
         checked += 1
     print(f"{backend}: {checked} draws checked, skipped {dict(skipped)}")
     assert checked >= 8  # deterministic: which steps count depends on float64 numpy alone

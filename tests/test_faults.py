@@ -7,7 +7,6 @@ the shared pgvector and local turbopuffer test servers, or a dedicated one where
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from procs import ROOT, assert_one_line_error, cli, env, finish, needs, store_config, wait_for, write_config
 
 from vecgpt import api, encoding, weights
 from vecgpt.backends.base import get_store, worst_case_s
@@ -25,57 +25,17 @@ from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import collection, get, ln_table, matrices, store_fingerprint
 
-from conftest import LIBRARIES, store_options, tiny_params
+from conftest import tiny_params
 
 pytestmark = pytest.mark.fault
 
-ROOT = Path(__file__).resolve().parents[1]
 LONG = weights.HParams(n_layer=4, n_head=4, n_embd=64, n_ctx=256, n_vocab=50257)  # a text that takes a moment
 PROMPT = "Hello world"  # numpy's top-2 gaps on the tiny model: >= 0.048 for 3 steps
-
-
-def needs(backend: str) -> None:
-    lib = LIBRARIES.get(backend)
-    if lib:
-        pytest.importorskip(lib)
 
 
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory) -> Path:
     return weights.save(tmp_path_factory.mktemp("long"), LONG, tiny_params(LONG))
-
-
-def write_config(path: Path, backend: str, store: dict) -> Path:
-    lines = [f"backend = {json.dumps(backend)}", 'metric = "l2"', "[store]"]
-    lines += [f"{key} = {json.dumps(value)}" for key, value in store.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def env() -> dict:  # read at each start: a store's test setup may have set TURBOPUFFER_API_KEY
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-
-
-def cli(*argv: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "vecgpt.cli", *argv],
-        env=env(),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-def assert_one_line_error(rc: int, err: str) -> None:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert rc == 2 and lines and lines[-1].startswith("vecgpt: error: "), err
-    assert "Traceback" not in err, err
 
 
 def expected_rows(model: weights.Model) -> dict[str, np.ndarray]:
@@ -107,22 +67,7 @@ def assert_greedy_matches_numpy(config, model_dir: Path, n: int = 3) -> list[int
     return out["tokens"]
 
 
-def wait_for(condition, timeout: float, step: float = 0.002) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(step)
-    return False
-
-
 # 1. kill -9 during a load ------------------------------------------------------------------------------------
-def store_config(backend: str, tmp_path: Path, **extra) -> tuple[Path, dict]:
-    needs(backend)
-    options = {**store_options(backend, tmp_path), **extra}
-    return write_config(tmp_path / f"{backend}.toml", backend, options), options
-
-
 def kill_midway(load: tuple, store, tries: int = 3) -> int:
     """Start the load, SIGKILL it once it has written a collection; again if it finished first. The try that landed."""
     for attempt in range(1, tries + 1):

@@ -37,8 +37,9 @@ def test_greedy_ties_go_to_lowest_id():
 
 def test_sampling_is_inverse_cdf_over_top_k():
     c = sampling.top_k(np.log(np.array([0.1, 0.2, 0.3, 0.4])), 2)  # ids 3, 2 with p 4/7, 3/7
-    draws = [sampling.choose(c, 1.0, 2, np.random.default_rng(s)) for s in range(400)]
-    u = [np.random.default_rng(s).random() for s in range(400)]
+    u = [sampling.draw(7, p) for p in range(400)]
+    draws = [sampling.choose(c, 1.0, 2, x) for x in u]
+    assert len(set(u)) == 400 and all(0 <= x < 1 for x in u)
     assert draws == [3 if x < 4 / 7 else 2 for x in u]
 
 

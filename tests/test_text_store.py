@@ -11,10 +11,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import store_options
 
 from vecgpt.backends.base import Where
 from vecgpt.errors import TextConflict, VecgptError
+
+from conftest import store_options
 
 rng = np.random.default_rng(7)
 DIM, WIDTH = 8, 5
@@ -37,7 +38,9 @@ def test_payload_round_trips_exactly_and_never_ranks(make_store, backend):
     assert np.array_equal(got_v, vectors[[3, 0, 17]]) and np.array_equal(got_p, payload[[3, 0, 17]])
     assert got_p.dtype == np.float32
     assert np.array_equal(store.fetch("text-a", np.array([5])), vectors[[5]])  # without payload: the vectors only
-    store.upsert("text-a", np.array([3]), vectors[[4]], {"layer": [1], "head": [0], "position": [9]}, payload=payload[[9]])
+    store.upsert(
+        "text-a", np.array([3]), vectors[[4]], {"layer": [1], "head": [0], "position": [9]}, payload=payload[[9]]
+    )
     _, p = store.fetch("text-a", np.array([3]), payload=True)
     assert np.array_equal(p, payload[[9]])  # an upsert replaces the payload with the row
     hits = store.search("text-a", vectors[:1], where=Where(eq={"layer": 0}))
@@ -88,7 +91,9 @@ def test_clone_copies_every_row_inside_the_store(make_store, backend):
     assert np.array_equal(v, vectors) and np.array_equal(p, payload)
     hits = store.search("text-b", vectors[:1], where=Where(eq={"layer": 1}, lt={"position": 5}))
     assert sorted(hits.ids[0]) == [i for i in range(40) if i % 2 == 1 and i // 4 < 5]
-    store.upsert("text-b", np.array([0]), vectors[[1]], {"layer": [0], "head": [0], "position": [0]}, payload=payload[[1]])
+    store.upsert(
+        "text-b", np.array([0]), vectors[[1]], {"layer": [0], "head": [0], "position": [0]}, payload=payload[[1]]
+    )
     assert np.array_equal(store.fetch("text-a", np.array([0])), vectors[[0]])  # the source is untouched
     store.drop("text-b")
     assert np.array_equal(store.fetch("text-a", np.arange(40)), vectors)

@@ -19,7 +19,8 @@ from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import push, store_fingerprint
 from vecgpt.reference import Reference
-from vecgpt.sampling import Candidates, choose
+from vecgpt.sampling import Candidates, choose, draw
+from vecgpt.text import Text
 
 
 @dataclass
@@ -66,13 +67,13 @@ def generate(
 
     `on_text(piece)`, when given, gets the text as it is made: after each token the characters it completes
     (maybe none), then the rest at the end; the pieces join to the generation's `text`."""
-    rng, out, stream = np.random.default_rng(seed), Generation(list(prompt_tokens)), tokenizer.TextStream()
+    out, stream = Generation(list(prompt_tokens)), tokenizer.TextStream()
     say = on_text or (lambda piece: None)
     if n == 0:
         return out
     cands: Candidates = reader.read(prompt_tokens, top_k)
     for step in range(n):
-        token = choose(cands, temperature, top_k, rng)
+        token = choose(cands, temperature, top_k, draw(seed, len(prompt_tokens) + step))
         out.tokens.append(token)
         out.steps.append({"token": token, "candidates": decoded(cands)})
         say(stream.feed(token))
@@ -118,7 +119,7 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
 
 
 def generate_text(
-    prompt: str,
+    prompt: str | None,
     n: int = 8,
     config: Config | None = None,
     model: str | None = None,
@@ -129,33 +130,89 @@ def generate_text(
     progress: bool = False,
     confirm=None,
     on_text: Callable[[str], None] | None = None,
+    keep: bool = False,
+    resume: str | None = None,
+    on_kept: Callable[[str], None] | None = None,
 ) -> dict:
-    """Generate through a store; the dict of `vecgpt generate --json`. `on_text` as for `generate`."""
+    """Generate through a store; the dict of `vecgpt generate --json`. `on_text` as for `generate`.
+
+    keep: leave the text in the store (its id is `text_id`); resume: continue that kept text with the
+    settings it was started with (prompt, model and sampling arguments are then ignored); it stays kept.
+    on_kept(text_id) is called once a kept text exists, before generating."""
     config = config or Config()
-    m = weights.load(model or config.model)
-    k = config.top_k if top_k is None else top_k
-    ids = tokenizer.encode(prompt)
-    check_request(m.hparams, ids, n, k, temperature, seed)
-    config.top_k = max(config.top_k, k)
-    engine = open_engine(config, m, progress=progress, confirm=confirm)
+    if resume:
+        engine = engine_for_text(config, resume)
+        open_text = lambda: Text.resume(engine, resume)  # noqa: E731
+    else:
+        m = weights.load(model or config.model)
+        k = config.top_k if top_k is None else top_k
+        ids = tokenizer.encode(prompt or "")
+        check_request(m.hparams, ids, n, k, temperature, seed)
+        config.top_k = max(config.top_k, k)
+        engine = open_engine(config, m, progress=progress, confirm=confirm)
+        open_text = lambda: Text.start(engine, ids, temperature, k, seed)  # noqa: E731
     try:
-        with engine.open() as text:
-            gen = generate(text, ids, n, temperature, k, seed, stop, on_text)
+        text = open_text()
+        if keep or resume:
+            text.keep()  # before generating: after Ctrl-C or kill -9 the text stays, complete up to its last write
+            if on_kept:
+                on_kept(text.id)
+        try:
+            out = _run(text, n, stop, on_text)
+        finally:
+            if not text.kept:
+                text.close()
     finally:
         engine.store.close()
     return {
-        "prompt_tokens": gen.prompt_tokens,
-        "tokens": gen.tokens,
-        "text": gen.text,
-        "steps": gen.steps,
-        "requests": text.meter.summary(),
+        **out,
         "backend": config.backend,
         "metric": engine.metric,
-        "model_fingerprint": m.fingerprint,
-        **settings(temperature, k, seed),
+        "model_fingerprint": engine.manifest["model_fingerprint"],
+        **settings(text.settings["temperature"], text.settings["top_k"], text.settings["seed"]),
         "store": location(engine.store, config.backend),
-        "text_id": text.name,
+        "text_id": text.id,
+        "kept": text.kept,
     }
+
+
+def _run(text: Text, n: int, stop: bool, on_text) -> dict:
+    """Generate n tokens of a text, saying the text as it is made; what `generate --json` reports of it."""
+    say, stream, steps = on_text or (lambda piece: None), tokenizer.TextStream(), []
+    for t in text.tokens[text.prompt_len :]:  # a resumed text: a character may span the last token and the next
+        stream.feed(t)
+    reread = text.unread if text.resumed else 0
+
+    def on_token(position: int, token: int, candidates: list) -> None:
+        steps.append({"position": position, "token": token, "candidates": candidates})
+        say(stream.feed(token))
+
+    tokens = text.generate(n, on_token, stop)
+    say(stream.end())
+    return {
+        "prompt_tokens": text.tokens[: text.prompt_len],
+        "tokens": tokens,
+        "text": tokenizer.decode([t for t in tokens if t != tokenizer.ENDOFTEXT]),
+        "text_tokens": list(text.tokens),
+        "steps": steps,
+        "requests": text.session.meter.summary(),
+        "positions_reread": reread,
+    }
+
+
+def engine_for_text(config: Config, text_id: str) -> Engine:
+    """The engine a kept text runs on: its store, and the model its record names."""
+    store = open_store(config)
+    try:
+        record = store.read_text(text_id)
+        if record is None:
+            raise VecgptError(f"the store has no text {text_id}; `vecgpt texts` lists the open ones")
+        return Engine(
+            store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=record["model"]
+        )
+    except BaseException:
+        store.close()
+        raise
 
 
 def generate_reference(

@@ -57,6 +57,13 @@ class Engine:
         return Session(self)
 
 
+def squared_norms(k32: np.ndarray) -> np.ndarray:
+    """|k|^2 over the last axis in float64, summed the same way however many keys: a resumed text's norms
+    (from the stored keys) equal those its first process computed, to the last bit."""
+    k = np.ascontiguousarray(k32, np.float64)
+    return (k * k).sum(axis=-1)
+
+
 def only_model(store: Store) -> str:
     check_layout(store)
     keys = sorted(store.manifests())
@@ -70,23 +77,29 @@ def only_model(store: Store) -> str:
 
 
 class Session:
-    """One decoding session: keys in the store, values and |k|^2 in memory, and the tokens read so far."""
+    """One decoding session: keys and values in the store (text-<id>), cached in memory with |k|^2, and the
+    tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
+        """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
         self.engine, self.hp, self.metric = engine, engine.hparams, engine.metric
         self.store = Metered(engine.store)
         self.meter = self.store.meter
-        self.name = f"{SESSION_PREFIX}{uuid.uuid4().hex[:12]}"
+        self.name = name or f"{SESSION_PREFIX}{uuid.uuid4().hex[:12]}"
         hp, hd = self.hp, self.hp.n_embd // self.hp.n_head
         self.tokens: list[int] = []
+        self.written = 0  # positions < written have their keys and values in the store, every layer
+        self.positions_read = 0  # positions put through the forward pass by this process
+        self.rounds = 0  # rounds sent with `send`: a rider queued before the last one has landed
         self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
-        self.pending: list[tuple] = []  # a decode step's keys, written together with the next round
-        self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd))  # [L, ctx, H, hd]
+        self.pending: list[tuple] = []  # a decode step's keys and values, written together with the next round
+        self.riders: list = []  # other writes for the next round (vecgpt.text: the text's record)
+        self.values = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd), np.float32)  # [L, ctx, H, hd] as stored
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
-        _, table = self.store.together(
-            later.create(self.name, hd, self.metric, ("layer", "head", "position")),
-            later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)),
+        opening = (
+            [later.create(self.name, hd, self.metric, ("layer", "head", "position"), payload=hd)] if create else []
         )
+        *_, table = self.store.together(*opening, later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)))
         table = table.astype(np.float64)
         self.ln = [
             {
@@ -104,6 +117,8 @@ class Session:
     def truncate(self, n: int) -> None:
         """Forget tokens from n on; their keys stay in the store until overwritten, unseen by filters."""
         self.tokens = self.tokens[:n]
+        self.written = min(self.written, n)
+        self.pending = [entry for entry in self.pending if entry[1] < n]
 
     def close(self) -> None:
         self.store.drop(self.name)
@@ -166,17 +181,15 @@ class Session:
     def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store, values in memory
         hp, m = self.hp, len(x)
         q, k, v = (a.reshape(m, hp.n_head, -1) for a in np.split(self.linear(x, f"h.{layer}.attn.c_attn"), 3, axis=1))
-        k32 = k.astype(np.float32)  # the keys as the store holds them
-        self.values[layer, start : start + m] = v
-        self.key_norms[layer, :, start : start + m] = np.einsum(
-            "mhd,mhd->hm", k32.astype(np.float64), k32.astype(np.float64)
-        )
+        k32, v32 = k.astype(np.float32), v.astype(np.float32)  # keys and values as the store holds them
+        self.values[layer, start : start + m] = v32
+        self.key_norms[layer, :, start : start + m] = squared_norms(k32).T
         if m == 1:  # decode: earlier keys from the store, the own key from memory; it is written with the next round
-            self.pending.append((layer, start, k32))
+            self.pending.append((layer, start, k32, v32))
             own = (np.array([[start]]), np.einsum("hd,hd->h", q[0], k32[0].astype(np.float64)).reshape(-1, 1, 1))
             columns = ([self.key_scores(q, layer, start)] if start else []) + [own]
         else:  # a block: write its keys, then every query searches all keys up to the block's end
-            self.store.upsert(*self.key_rows([(layer, start, k32)]))
+            self.store.upsert(*self.key_rows([(layer, start, k32, v32)]))
             columns = [self.key_scores(q, layer, start + m)]
         heads = self.attention(q, columns, layer, start)  # [H, m, hd]
         return self.linear(heads.transpose(1, 0, 2).reshape(m, -1), f"h.{layer}.attn.c_proj")
@@ -188,8 +201,7 @@ class Session:
 
     def hidden(self, ids: list[int]) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x)
         start, d = self.position, self.hp.n_embd
-        *_, wte, wpe = self.store.together(
-            *self.flush(),
+        wte, wpe = self.send(
             later.fetch(self.engine.name("wte"), np.asarray(ids)),
             later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))),
         )
@@ -201,11 +213,14 @@ class Session:
         if self.trace is not None:
             self.trace.append(xs)
         self.tokens += ids
+        self.positions_read += len(ids)
+        if len(ids) > 1:  # a block wrote its keys layer by layer as it went
+            self.written = self.position
         return layer_norm(x, **self.ln_f, eps=self.hp.eps)
 
     def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
         q = encoding.encode_queries(h, self.metric, self.engine.m2["wte"])
-        *_, hits = self.store.together(*self.flush(), later.search(self.engine.name("wte"), q, k=k))
+        (hits,) = self.send(later.search(self.engine.name("wte"), q, k=k))
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
 
     # ------------------------------------------------------------ the keys in the store
@@ -235,24 +250,51 @@ class Session:
         ]
         return pos, np.stack(dots)
 
-    def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd])] -> one upsert's arguments
-        ids, vectors, attrs = [], [], {"layer": [], "head": [], "position": []}
-        for layer, start, k32 in entries:
+    def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], v32 [m, H, hd])] -> one upsert's arguments
+        ids, vectors, values, attrs = [], [], [], {"layer": [], "head": [], "position": []}
+        for layer, start, k32, v32 in entries:
             m, n_head = k32.shape[:2]
             pos, head = np.repeat(np.arange(start, start + m), n_head), np.tile(np.arange(n_head), m)
-            ids.append((layer * n_head + head) * self.hp.n_ctx + pos)
+            ids.append(self.key_ids(layer, head, pos))
             vectors.append(k32.reshape(m * n_head, -1))
+            values.append(v32.reshape(m * n_head, -1))
             for name, column in (("layer", np.full(m * n_head, layer)), ("head", head), ("position", pos)):
                 attrs[name].append(column)
-        return (
-            self.name,
-            np.concatenate(ids),
-            np.vstack(vectors),
-            {name: np.concatenate(c) for name, c in attrs.items()},
-        )
+        columns = {name: np.concatenate(c) for name, c in attrs.items()}
+        return self.name, np.concatenate(ids), np.vstack(vectors), columns, np.vstack(values)
 
-    def flush(self) -> list:  # the pending key write, to ride along with another round
-        if not self.pending:
+    def key_ids(self, layer, head, pos):  # the row id of a key: one per (layer, head, position)
+        return (layer * self.hp.n_head + head) * self.hp.n_ctx + pos
+
+    def send(self, *calls) -> list:
+        """One round trip: the calls, with the writes waiting to ride along; the calls' results."""
+        writes = [later.upsert(*self.key_rows(self.pending))] if self.pending else []
+        whole = len({layer for layer, *_ in self.pending}) == self.hp.n_layer  # not a step cut short (Ctrl-C)
+        end = max((start + 1 for _, start, _, _ in self.pending), default=0) if whole else 0
+        writes, self.pending, self.riders = writes + self.riders, [], []
+        if not writes and not calls:
             return []
-        entries, self.pending = self.pending, []
-        return [later.upsert(*self.key_rows(entries))]
+        results = self.store.together(*writes, *calls)
+        self.rounds += 1
+        if end:
+            self.written = max(self.written, end)
+        return results[len(writes) :]
+
+    # ------------------------------------------------------------ a text continued elsewhere
+
+    def restore(self, tokens: list[int], *also) -> list:
+        """Continue a text whose keys and values for these tokens are in the store: one fetch, nothing read
+        (with `also`, other calls in the same round; their results)."""
+        hp, n = self.hp, len(tokens)
+        layer, pos, head = np.meshgrid(np.arange(hp.n_layer), np.arange(n), np.arange(hp.n_head), indexing="ij")
+        found, *others = self.send(later.fetch(self.name, self.key_ids(layer, head, pos).ravel(), payload=True), *also)
+        k, v = (a.reshape(hp.n_layer, n, hp.n_head, -1) for a in found)  # [L, n, H, hd]
+        self.values[:, :n] = v
+        self.key_norms[:, :, :n] = squared_norms(k).transpose(0, 2, 1)
+        self.tokens, self.written = list(tokens), n
+        return others
+
+    def adopt(self, other: Session, n: int) -> None:
+        """Start from another session's first n positions, whose keys and values this text's collection holds."""
+        self.values[:, :n], self.key_norms[:, :, :n] = other.values[:, :n], other.key_norms[:, :, :n]
+        self.tokens, self.written = other.tokens[:n], n

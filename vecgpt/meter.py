@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 from vecgpt.backends.base import parallel, tally
 
-KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search")
+KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search", "record", "restore", "clone")
 SESSION_PREFIX = "text-"  # a decoding session's keys: text-<id>, tagged layer/head/position
-METERED = ("create", "upsert", "search", "search_many", "fetch")
+METERED = ("create", "upsert", "search", "search_many", "fetch", "clone", "read_text", "write_text")
+ON_TEXTS = {"create": "open", "upsert": "key_write", "fetch": "restore", "clone": "clone"}  # else key_search
 
 
 class Call(NamedTuple):
@@ -27,10 +28,12 @@ class Call(NamedTuple):
     @property
     def kind(self) -> str:
         """What the engine asks for, told by the collection it asks."""
+        if self.method in ("read_text", "write_text"):
+            return "record"
         first = self.args[0]
         name = first if isinstance(first, str) else first[0].collection  # search_many: a list of Search
         if name.startswith(SESSION_PREFIX):
-            return {"create": "open", "upsert": "key_write"}.get(self.method, "key_search")
+            return ON_TEXTS.get(self.method, "key_search")
         table = name.rpartition(".")[2]  # a model's collections are <store fingerprint>.<matrix>
         if table == "ln":
             return "open"
@@ -80,7 +83,7 @@ class Meter:
 
 
 class Metered:
-    """A store whose create/upsert/search/search_many/fetch are counted by `meter`; the rest pass through."""
+    """A store whose calls in METERED are counted by `meter`; the rest pass through."""
 
     def __init__(self, store, meter: Meter | None = None):
         self.inner, self.meter = store, meter or Meter(store)

@@ -1,6 +1,8 @@
-"""What the in-process stores (memory, faiss) share: ids, attributes, filters and a folder on disk.
+"""What the in-process stores (memory, faiss) share: ids, attributes, payloads, filters and a folder on disk.
 
-A subclass says how vectors are held and how distances are computed (`Table`). See docs/memory.md.
+A subclass says how vectors are held and how distances are computed (`Table`). Model collections are
+saved as folders when a load ends; text collections (`text-*`) as they are written, in a log each
+(vecgpt/backends/_text_log.py). See docs/memory.md.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from vecgpt.backends import _text_log as text_log
 from vecgpt.backends import base
 from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, record
+from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
 
@@ -31,21 +35,33 @@ class Table:
         self, queries: np.ndarray, slots: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]: ...  # dists, slots [m, n]
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
+    def copy(self) -> Table: ...
     def save(self, folder: Path) -> None: ...
     @classmethod
     def load(cls, folder: Path, dim: int, metric: Metric) -> Table: ...
 
 
 class Collection:
-    def __init__(self, table: Table, attrs: Sequence[str]):
+    def __init__(self, table: Table, attrs: Sequence[str], width: int = 0):
         self.table = table
         self.ids = np.zeros(0, np.int64)  # [n] slot -> id
         self.slot_of: dict[int, int] = {}
         self.attrs = {a: np.zeros(0, np.int64) for a in attrs}
+        self.payload = np.zeros((0, width), np.float32)  # [n, width], beside the vectors
         self.dirty = True
+        self.log_end = 0  # a text collection: where its log ends, as far as this process knows
 
-    def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray]) -> None:
+    @property
+    def meta(self) -> dict:
+        return {"dim": self.table.dim, "metric": self.table.metric, "attrs": list(self.attrs), "payload": self.width}
+
+    @property
+    def width(self) -> int:
+        return self.payload.shape[1]
+
+    def upsert(self, rows: text_log.Rows) -> None:
         """Rows of distinct ids (base.last_writes), every attribute given."""
+        ids, vectors, attrs, payload = rows
         slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
         old, new = slots >= 0, slots < 0
         if old.any():
@@ -58,7 +74,25 @@ class Collection:
         for a, column in attrs.items():
             self.attrs[a] = np.concatenate([self.attrs[a], column[new]])
             self.attrs[a][slots[old]] = column[old]
+        self.payload = np.concatenate([self.payload, payload[new]])
+        self.payload[slots[old]] = payload[old]
         self.dirty = True
+
+    def rows(self) -> text_log.Rows:
+        return text_log.Rows(self.ids, self.table.vectors(np.arange(self.table.n)), self.attrs, self.payload)
+
+    def slots_of(self, name: str, ids: np.ndarray) -> np.ndarray:
+        try:
+            return np.fromiter(map(self.slot_of.__getitem__, ids.tolist()), np.int64, len(ids))
+        except KeyError:
+            base.check_found(name, ids, self.slot_of)
+            raise
+
+    def copy(self) -> Collection:
+        twin = Collection(self.table.copy(), list(self.attrs), self.width)
+        twin.ids, twin.slot_of, twin.payload = self.ids.copy(), dict(self.slot_of), self.payload.copy()
+        twin.attrs = {a: column.copy() for a, column in self.attrs.items()}
+        return twin
 
     def slots(self, where: Where | None) -> np.ndarray | None:
         return None if where is None else np.flatnonzero(self.mask(where))
@@ -77,19 +111,37 @@ class InProcessStore(FolderStore):
         self._cols: dict[str, Collection] = {}
 
     # collections
-    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = (), payload: int = 0) -> None:
         base.check_metric(self.backend, metric, self.metrics)
         if self._has(name):
             col = self._col(name)
             base.check_same(name, (col.table.dim, col.table.metric), dim, metric)
+            if col.width != payload:
+                raise VecgptError(f"collection {name!r} exists with payload {col.width}, not {payload}; drop it first")
             return
-        self._cols[name] = Collection(self.table_class(dim, metric), attrs)
+        self._add(name, Collection(self.table_class(dim, metric), attrs, payload))
 
-    def upsert(self, name, ids, vectors, attrs=None) -> None:
+    def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
         col = self._col(name)
         ids, vectors = base.check_rows(name, ids, vectors, col.table.dim)
+        payload = base.check_payload(name, payload, len(ids), col.width)
         record()
-        col.upsert(*base.last_writes(name, ids, vectors, attrs or {}, list(col.attrs)))
+        rows = text_log.last_rows(name, text_log.Rows(ids, vectors, attrs or {}, payload), list(col.attrs))
+        if is_text(name):
+            col.log_end = text_log.append(self._log(name), text_log.chunk(col.meta, rows), col.log_end)
+        col.upsert(rows)
+
+    def clone(self, src: str, dst: str) -> None:
+        """dst: a copy of src's rows, made in this process's memory (and dst's log, if a text's)."""
+        if self._has(dst):
+            raise VecgptError(f"cannot clone {src!r} to {dst!r}: {dst!r} exists; drop it first")
+        record()
+        self._add(dst, self._col(src).copy())
+
+    def _add(self, name: str, col: Collection) -> None:
+        if is_text(name):  # on disk from the start, as one chunk: a text's collection exists once made
+            col.log_end = text_log.create(self._log(name), text_log.chunk(col.meta, col.rows()))
+        self._cols[name] = col
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         col = self._col(name)
@@ -126,44 +178,40 @@ class InProcessStore(FolderStore):
             row += len(q)
         return out
 
-    def fetch(self, name, ids) -> np.ndarray:
+    def fetch(self, name, ids, payload=False):
         col = self._col(name)
         record()
-        base.check_found(name, ids, col.slot_of)
-        slots = np.array([col.slot_of[int(i)] for i in ids], np.int64)
-        return col.table.vectors(slots)
+        slots = col.slots_of(name, np.asarray(ids, np.int64))
+        vectors = col.table.vectors(slots)
+        return (vectors, col.payload[slots]) if payload else vectors
 
     def count(self, name) -> int:
         return self._col(name).table.n
 
     def drop(self, name) -> None:
         self._cols.pop(name, None)
-        if not name.startswith("text-"):
+        if is_text(name):
+            self._log(name).unlink(missing_ok=True)
+        else:
             shutil.rmtree(self._folder(name), ignore_errors=True)
 
     def collections(self) -> list[str]:
-        on_disk = (
-            [
-                p.name
-                for p in (self.path / "collections").glob("*")
-                if (p / "meta.json").is_file() and not p.name.endswith(TEMPORARY)
-            ]
-            if (self.path / "collections").is_dir()
-            else []
-        )
-        return sorted(set(on_disk) | set(self._cols))
+        folders = (self.path / "collections").glob("*/meta.json")
+        models = [p.parent.name for p in folders if not p.parent.name.endswith(TEMPORARY)]
+        texts = [p.stem for p in (self.path / "texts" / "keys").glob("*.log")]
+        return sorted(set(models) | set(texts) | set(self._cols))
 
     def stats(self) -> dict:
         out = {}
         for name in self.collections():
             col = self._col(name)
-            out[name] = {"documents": col.table.n, "bytes": col.table.n * col.table.dim * 4}
+            out[name] = {"documents": col.table.n, "bytes": col.table.n * (col.table.dim + col.width) * 4}
         return out
 
     # persistence
     def flush(self) -> None:
         for name, col in self._cols.items():
-            if col.dirty and not name.startswith("text-"):
+            if col.dirty and not is_text(name):  # a text's rows are on disk as soon as written
                 self._save(name, col)
 
     def close(self) -> None:
@@ -172,14 +220,18 @@ class InProcessStore(FolderStore):
     def _folder(self, name: str) -> Path:
         return self.path / "collections" / name
 
+    def _log(self, name: str) -> Path:
+        return self.path / "texts" / "keys" / f"{name}.log"  # beside texts/<id>.json, never named like one
+
     def _has(self, name: str) -> bool:
-        return name in self._cols or (self._folder(name) / "meta.json").is_file()
+        on_disk = self._log(name) if is_text(name) else self._folder(name) / "meta.json"
+        return name in self._cols or on_disk.is_file()
 
     def _col(self, name: str) -> Collection:
         if name not in self._cols:
             if not self._has(name):
                 raise base.no_collection(self, name)
-            self._cols[name] = self._load(name)
+            self._cols[name] = self._replay(name) if is_text(name) else self._load(name)
         return self._cols[name]
 
     def _save(self, name: str, col: Collection) -> None:
@@ -190,7 +242,9 @@ class InProcessStore(FolderStore):
         tmp.mkdir(parents=True)
         col.table.save(tmp)
         np.savez(tmp / "attrs.npz", __ids__=col.ids, **col.attrs)
-        base.write_json(tmp / "meta.json", {"dim": col.table.dim, "metric": col.table.metric, "attrs": list(col.attrs)})
+        if col.width:
+            np.save(tmp / "payload.npy", col.payload)
+        base.write_json(tmp / "meta.json", col.meta)
         shutil.rmtree(old, ignore_errors=True)
         if folder.exists():
             folder.rename(old)
@@ -206,13 +260,36 @@ class InProcessStore(FolderStore):
             with np.load(folder / "attrs.npz") as saved:
                 col.ids = saved["__ids__"]
                 col.attrs = {a: saved[a] for a in meta["attrs"]}
+            width = meta.get("payload", 0)  # saved before payloads: none
+            col.payload = np.load(folder / "payload.npy") if width else np.zeros((len(col.ids), 0), np.float32)
         except Exception as e:  # any file missing, cut short or garbled: numpy, json and FAISS each raise their own
             raise self.damaged(f"collection {name!r} is damaged", e) from None
-        sizes = {len(col.ids), col.table.n, *(len(c) for c in col.attrs.values())}
-        if len(sizes) > 1 or col.table.dim != meta["dim"]:
+        sizes = {len(col.ids), col.table.n, len(col.payload), *(len(c) for c in col.attrs.values())}
+        if len(sizes) > 1 or col.table.dim != meta["dim"] or col.width != width:
             raise self.damaged(
                 f"collection {name!r} is damaged", ValueError("its files disagree on the number of rows")
             )
         col.slot_of = dict(zip(col.ids.tolist(), range(len(col.ids))))
         col.dirty = False
         return col
+
+    def _replay(self, name: str) -> Collection:
+        """A text collection from its log: every whole chunk in order, the last write of each id kept."""
+        try:
+            meta, chunks, end = text_log.read(self._log(name))
+        except OSError as e:
+            raise self.damaged(f"collection {name!r} is damaged", e) from None
+        if meta is None:
+            raise self.damaged(f"collection {name!r} is damaged", ValueError(f"{self._log(name)} has no whole chunk"))
+        col = Collection(self.table_class(meta["dim"], meta["metric"]), meta["attrs"], meta["payload"])
+        ids, vectors = np.concatenate([c.ids for c in chunks]), np.concatenate([c.vectors for c in chunks])
+        attrs = {a: np.concatenate([c.attrs[a] for c in chunks]) for a in meta["attrs"]}
+        payload = np.concatenate([c.payload for c in chunks])
+        col.upsert(text_log.last_rows(name, text_log.Rows(ids, vectors, attrs, payload), meta["attrs"]))
+        col.dirty, col.log_end = False, end
+        return col
+
+
+def is_text(name: str) -> bool:
+    """A text's collection: kept on disk as it is written (the others are saved when a load ends)."""
+    return name.startswith("text-")

@@ -228,10 +228,10 @@ def file_lock(path: Path, wait: bool = True, busy: Exception | None = None):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def write_json(path: Path, value) -> None:
+def write_json(path: Path, value, indent: int | None = 1) -> None:
     """Write beside the file, then rename over it: a reader sees the old file or the new, never half of one."""
     tmp = path.with_suffix(".part")
-    tmp.write_text(json.dumps(value, indent=1))
+    tmp.write_text(json.dumps(value, indent=indent))
     tmp.replace(path)
 
 
@@ -399,7 +399,7 @@ class FolderStore:
                 path.unlink()
                 path.with_suffix(".lock").unlink(missing_ok=True)
             else:
-                write_json(path, {**record, "version": version})
+                write_json(path, {**record, "version": version}, indent=None)  # written every token: compact
         return version
 
     def texts(self) -> list[str]:

@@ -71,6 +71,9 @@ class FaissTable(Table):
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
 
+    def copy(self):
+        return FaissTable(self.dim, self.metric, faiss.clone_index(self.index))
+
     def save(self, folder: Path):
         faiss.write_index(self.index, str(folder / "index.faiss"))
 

@@ -52,6 +52,9 @@ class NumpyTable(Table):
         order = np.lexsort((chosen[part], d), axis=1)  # nearest first, ties to the lowest slot
         return np.take_along_axis(d, order, 1), chosen[np.take_along_axis(part, order, 1)]
 
+    def copy(self):
+        return NumpyTable(self.dim, self.metric, self._data)  # astype copies
+
     def save(self, folder: Path):
         np.save(folder / "vectors.npy", self._data.astype(np.float32))
 

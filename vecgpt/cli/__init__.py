@@ -74,6 +74,12 @@ COMMANDS = (
     Command(
         "compare", "store against numpy: scores and greedy tokens", f"{STORE}:compare_arguments", f"{STORE}:cmd_compare"
     ),
+    Command(
+        "texts",
+        "list the texts a store keeps; gc or close them",
+        "vecgpt.cli.texts:add_arguments",
+        "vecgpt.cli.texts:run",
+    ),
     Command("tokenize", "GPT-2 token ids of a text", f"{MODEL}:tokenize_arguments", f"{MODEL}:cmd_tokenize"),
     Command(
         "make-model",

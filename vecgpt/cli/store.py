@@ -163,17 +163,34 @@ def cmd_generate(args) -> int:
         stop=not args.no_stop,
         on_text=None if args.json else Echo(args.prompt),
     )
+    if args.prompt is None and not args.resume:
+        raise VecgptError("give a prompt, or --resume TEXT_ID to continue a kept text")
     if args.reference:
+        if args.keep or args.resume:
+            raise VecgptError("--reference keeps no text; drop --keep/--resume")
         out = api.generate_reference(args.prompt, **common)
     else:
+        if args.resume:
+            common["on_text"] = None if args.json else Echo("")
         out = api.generate_text(
-            args.prompt, config=config, progress=True, confirm=implicit_load(args, config), **common
+            args.prompt,
+            config=config,
+            progress=True,
+            confirm=implicit_load(args, config),
+            keep=args.keep,
+            resume=args.resume,
+            on_kept=kept_notice,
+            **common,
         )
     if args.json:
         print(json.dumps(out))
     else:
         common["on_text"].end()
     return 0
+
+
+def kept_notice(text_id: str) -> None:
+    print(f"vecgpt: text {text_id} is kept; continue it with --resume {text_id}", file=sys.stderr, flush=True)
 
 
 class Echo:
@@ -224,8 +241,12 @@ def load_arguments(p: argparse.ArgumentParser) -> None:
 
 def generate_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p)
-    p.add_argument("prompt")
+    p.add_argument("prompt", nargs="?")
     p.add_argument("-n", type=int, default=8, help="tokens to generate")
+    p.add_argument("--keep", action="store_true", help="leave the text in the store (its id on stderr and in --json)")
+    p.add_argument(
+        "--resume", metavar="TEXT_ID", help="continue a kept text (with its own model and sampling settings)"
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-k", type=int, default=None, help="candidates to sample from (default 40)")
     p.add_argument("--seed", type=int, default=0)

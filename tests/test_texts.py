@@ -1,0 +1,182 @@
+"""Texts that any process can continue, step back, retry and branch, on every backend.
+
+The resume tests drive the real CLI in separate processes (see procs.py); the others use vecgpt.text
+directly. Equality here is exact: a resumed text reads what the uninterrupted one read, in the same
+order, from keys and values the store holds bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import numpy as np
+import pytest
+from procs import cli, finish, store_config, wait_for
+
+from vecgpt import tokenizer, tolerance, weights
+from vecgpt.backends.base import get_store
+from vecgpt.engine import Engine
+from vecgpt.errors import VecgptError
+from vecgpt.loading import drop, push, store_fingerprint
+from vecgpt.sampling import choose, draw
+from vecgpt.text import Text, gc_texts, list_texts
+
+from conftest import tiny_params
+
+PROMPT = "Hello world"
+SAMPLED = ["--temperature", "0.8", "--seed", "5", "--no-stop"]
+LONG = weights.HParams(n_layer=2, n_head=4, n_embd=64, n_ctx=256, n_vocab=50257)  # room for a 200-token text
+
+
+@pytest.fixture(scope="module")
+def long_model(tmp_path_factory):
+    return weights.load(str(weights.save(tmp_path_factory.mktemp("long"), LONG, tiny_params(LONG, seed=3))))
+
+
+def run_json(*argv: str) -> dict:
+    rc, out, err = finish(cli(*argv), timeout=300)
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def uninterrupted(args: list[str], n: int) -> list[int]:
+    whole = run_json("generate", PROMPT, "-n", str(n), "--json", *args, *SAMPLED)
+    return whole["prompt_tokens"] + whole["tokens"]
+
+
+def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_dir):
+    config, _ = store_config(backend, tmp_path)
+    args = ["--config", str(config), "--model", str(tiny_model_dir)]
+    a = run_json("generate", PROMPT, "-n", "5", "--keep", "--json", *args, *SAMPLED)
+    assert a["kept"] and len(a["tokens"]) == 5
+    b = run_json("generate", "--resume", a["text_id"], "-n", "5", "--json", *args)
+    assert b["positions_reread"] == 0 and b["text_id"] == a["text_id"]
+    assert b["text_tokens"] == uninterrupted(args, 10)
+    assert a["tokens"] + b["tokens"] == b["text_tokens"][-10:]
+
+
+def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, long_model):
+    config, options = store_config(backend, tmp_path)
+    args = ["--config", str(config), "--model", long_model.source]
+    writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
+    store = get_store(backend, **options)
+    try:
+
+        def progressed() -> bool:
+            records = [store.read_text(t) for t in store.texts()]
+            return any(r and len(r["tokens"]) >= r["prompt_len"] + 4 for r in records)
+
+        assert wait_for(progressed, timeout=120, step=0.005), finish(writer)[2]
+        assert writer.poll() is None, "the writer finished before it could be killed"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        (text_id,) = store.texts()
+        held = store.read_text(text_id)
+    finally:
+        store.close()
+    b = run_json("generate", "--resume", text_id, "-n", "3", "--json", *args)
+    assert b["text_tokens"][: len(held["tokens"])] == held["tokens"]  # nothing the record held is lost
+    assert b["positions_reread"] == len(held["tokens"]) - 1 - held["written"]
+    assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
+
+
+@pytest.fixture
+def engine_of(make_store):
+    def make(backend, model):
+        store = make_store(backend)
+        push(store, model, "l2", progress=False)
+        return Engine(store, model=store_fingerprint(model, "l2"))
+
+    return make
+
+
+def test_loading_and_dropping_another_model_leaves_a_text_unchanged(backend, engine_of, tiny_model, long_model):
+    engine = engine_of(backend, tiny_model)
+    ids = tokenizer.encode(PROMPT)
+    with Text.start(engine, ids, temperature=0.8, seed=2) as alone:
+        alone.generate(9, stop=False)
+    with Text.start(engine, ids, temperature=0.8, seed=2) as text:
+        text.generate(3, stop=False)
+        push(engine.store, long_model, "l2", progress=False)
+        text.generate(3, stop=False)
+        drop(engine.store, store_fingerprint(long_model, "l2"))
+        text.generate(3, stop=False)
+        assert text.tokens == alone.tokens
+
+
+def test_step_back_and_retry_read_nothing_again(backend, engine_of, tiny_model):
+    engine = engine_of(backend, tiny_model)
+    with Text.start(engine, tokenizer.encode(PROMPT), temperature=0.8, seed=4) as text:
+        text.generate(6, stop=False)
+        first, p = list(text.tokens), text.prompt_len + 3
+        text.step_back(p)
+        assert text.tokens == first[:p] and text.cost["positions_read"] == 0
+        text.generate(3, stop=False)  # the same draws at the same positions: the same tokens
+        assert text.tokens == first and text.cost["positions_read"] == 2
+        last = len(text.tokens) - 1
+        token = text.retry(seed=11)
+        want = choose(text._candidates[last], 0.8, 40, draw(11, last))
+        assert token == want == text.tokens[-1] and text.cost["positions_read"] == 0
+        assert text.settings["seed"] == 11
+
+
+def test_branching_late_reads_only_the_positions_after_the_branch(backend, engine_of, long_model):
+    engine = engine_of(backend, long_model)
+    ids = tokenizer.encode(PROMPT)
+    with Text.start(engine, ids) as text:
+        text.generate(200 - len(ids), stop=False)
+        p = 190
+        second = text.candidates(p)[1][0]
+        with text.branch(p, second) as child:
+            assert not {"key_write", "restore", "key_search"} & set(text.cost["by_kind"])  # no key passed the client
+            assert child.tokens == text.tokens[:p] + [second]
+            child.generate(10, stop=False)
+            assert child.cost["positions_read"] == 10  # 190..199: the branch's token and the ones drawn after it
+            assert len(child.tokens) == 201 and text.tokens[:p] == child.tokens[:p]
+            check_against_numpy(child, long_model, backend)
+        assert len(text.tokens) == 200  # the parent is untouched
+
+
+def check_against_numpy(text: Text, model, backend: str) -> None:
+    """Each generated position's candidates against float64 numpy on the same tokens, by the derived rule."""
+    m64 = weights.load(model.source, dtype=np.float64)
+    exact, tol = tolerance.block_tolerance(m64, text.tokens[:-1], "l2", tolerance.unit_roundoff(backend))
+    for p in range(len(text.tokens) - 10, len(text.tokens)):
+        assert not tolerance.disagreements(text._candidates[p], exact[p - 1], 40, tol[p - 1]), p
+
+
+def test_two_processes_never_interleave_edits(backend, engine_of, tiny_model, make_store):
+    engine = engine_of(backend, tiny_model)
+    text = Text.start(engine, tokenizer.encode(PROMPT), temperature=0.8, seed=1)
+    text.generate(2, stop=False)
+    other_store = make_store(backend)
+    other = Text.resume(Engine(other_store, model=engine.key), text.id)
+    text.generate(2, stop=False)  # the other copy is now behind: its next operation catches up first
+    other.generate(2, stop=False)
+    with Text.start(engine, tokenizer.encode(PROMPT), temperature=0.8, seed=1) as alone:
+        alone.generate(6, stop=False)
+    assert other.tokens == alone.tokens
+    if hasattr(other_store, "text_lock"):
+        with other_store.text_lock(text.id), pytest.raises(VecgptError, match="open in another process"):
+            text.generate(1)
+    text.close()
+    with pytest.raises(VecgptError, match="closed by another process"):
+        other.generate(1)
+
+
+def test_texts_are_listed_and_abandoned_ones_collected(backend, engine_of, tiny_model):
+    engine = engine_of(backend, tiny_model)
+    old = Text.start(engine, tokenizer.encode(PROMPT))
+    old.generate(2)
+    time.sleep(1.2)
+    new = Text.start(engine, tokenizer.encode(PROMPT))
+    listed = {t["id"]: t for t in list_texts(engine.store)}
+    assert listed[old.id]["tokens"] == len(old.tokens) and listed[old.id]["model"] == engine.key
+    assert listed[old.id]["bytes"] > 0 and listed[old.id]["age_s"] >= 1
+    assert gc_texts(engine.store, older_than_s=1.0) == [old.id]
+    assert [t["id"] for t in list_texts(engine.store)] == [new.id]
+    assert f"text-{old.id}" not in engine.store.collections()
+    new.close()
+    assert list_texts(engine.store) == []
