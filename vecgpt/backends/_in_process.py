@@ -228,11 +228,19 @@ class InProcessStore(FolderStore):
         return name in self._cols or on_disk.is_file()
 
     def _col(self, name: str) -> Collection:
+        if name in self._cols and is_text(name) and self._grown(name):
+            del self._cols[name]  # another process wrote the text (vecgpt serve --workers 2): read its log again
         if name not in self._cols:
             if not self._has(name):
                 raise base.no_collection(self, name)
             self._cols[name] = self._replay(name) if is_text(name) else self._load(name)
         return self._cols[name]
+
+    def _grown(self, name: str) -> bool:
+        try:
+            return self._log(name).stat().st_size != self._cols[name].log_end
+        except FileNotFoundError:  # dropped by another process
+            return True
 
     def _save(self, name: str, col: Collection) -> None:
         # Written beside the collection, then swapped in by renames: a kill at any point leaves

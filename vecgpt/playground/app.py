@@ -75,17 +75,11 @@ def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, workers
         f"vecgpt serve: http://{shown}:{where[1]}/ ({workers} worker{'s' * (workers > 1)})", file=sys.stderr, flush=True
     )
     os.environ[ENV] = json.dumps(asdict(settings))
-    config = uvicorn.Config(
+    uvicorn.run(  # uvicorn binds nothing: it serves the socket above (in each worker, for --workers)
         "vecgpt.playground.app:from_env",
         factory=True,
+        fd=sock.fileno(),
         workers=workers,
         log_level="warning",
         timeout_graceful_shutdown=2,
     )
-    server = uvicorn.Server(config)
-    if workers == 1:
-        server.run(sockets=[sock])
-        return
-    from uvicorn.supervisors import Multiprocess
-
-    Multiprocess(config, target=server.run, sockets=[sock]).run()

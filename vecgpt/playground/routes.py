@@ -107,57 +107,63 @@ def start(library, request, body):
 
 def show(library, request, body):
     entry = library.entry(request.path_params["text_id"])
-    with library.shelf(entry.store).lock:
-        return views.text_view(entry, library.shelf(entry.store))
+    shelf = library.shelf(entry.store)
+    with shelf.lock:
+        shelf.current(entry.text)
+        return views.text_view(entry, shelf)
 
 
 def candidates(library, request, body):
     entry = library.entry(request.path_params["text_id"])
-    with library.shelf(entry.store).lock:
+    shelf = library.shelf(entry.store)
+    with shelf.lock:
+        shelf.current(entry.text)
         return views.candidates_view(entry, int(request.path_params["position"]))
 
 
 def step_back(library, request, body):
+    """Step back to a generated token: drop it and what follows."""
     entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
     shelf = library.shelf(entry.store)
-    with shelf.lock:
-        if not entry.text.prompt_len <= position <= len(entry.text.tokens):
-            raise Refused(f"step back to a position from {entry.text.prompt_len} to {len(entry.text.tokens)}")
+    with shelf.measured(entry.text) as cost:
+        shelf.current(entry.text)
+        check_position(entry, position, len(entry.text.tokens))
         entry.text.step_back(position)
-        return {**views.text_view(entry, shelf), "cost": entry.text.cost}
+    return {**views.text_view(entry, shelf), "cost": cost}
 
 
 def branch(library, request, body):
-    entry, position, token = (
-        library.entry(request.path_params["text_id"]),
-        field(body, "position", int),
-        field(body, "token", int),
-    )
-    shelf = library.shelf(entry.store)
+    entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
+    token, shelf = field(body, "token", int), library.shelf(entry.store)
     if not 0 <= token < shelf.engine(entry.model).hparams.n_vocab:
         raise Refused(f"token {token} is outside the model's vocabulary")
-    with shelf.lock:
+    with shelf.measured(entry.text) as cost:
+        shelf.current(entry.text)
         check_position(entry, position)
         new = entry.text.branch(position, token)
-        branched = library.remember(new, entry.store, entry.model)
-        return {**views.text_view(branched, shelf), "cost": new.cost}
+    return {**views.text_view(library.remember(new, entry.store, entry.model), shelf), "cost": cost}
 
 
 def retry(library, request, body):
-    """Retry at a position: keep the tokens up to it, draw it again with another seed."""
+    """Retry at a generated position: keep the tokens before it, draw it again with another seed (which later
+    draws of the text use too)."""
     entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
-    seed = field(body, "seed", int, 1)
-    shelf = library.shelf(entry.store)
-    with shelf.lock:
+    seed, shelf = field(body, "seed", int, 1), library.shelf(entry.store)
+    if seed < 0:
+        raise Refused(f"seed must be 0 or more, not {seed}")
+    with shelf.measured(entry.text) as cost:
+        shelf.current(entry.text)
         check_position(entry, position)
-        entry.text.step_back(position + 1)
+        if position + 1 < len(entry.text.tokens):
+            entry.text.step_back(position + 1)
         entry.text.retry(seed)
-        return {**views.text_view(entry, shelf), "cost": entry.text.cost}
+    return {**views.text_view(entry, shelf), "cost": cost}
 
 
-def check_position(entry, position: int) -> None:
+def check_position(entry, position: int, end: int | None = None) -> None:
+    """A generated position (or, with `end`, up to it)."""
     t = entry.text
-    if not t.prompt_len <= position < len(t.tokens):
+    if not t.prompt_len <= position < (end + 1 if end is not None else len(t.tokens)):
         raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
 
 
@@ -165,6 +171,7 @@ def check(library, request, body):
     entry = library.entry(request.path_params["text_id"])
     shelf = library.shelf(entry.store)
     with shelf.lock:
+        shelf.current(entry.text)
         return views.check_view(entry, shelf)
 
 
@@ -186,6 +193,7 @@ async def generate(request: Request):
         n = field(dict(request.query_params), "n", int, 8)
         entry = await run_in_threadpool(library.entry, request.path_params["text_id"])
         t, shelf = entry.text, library.shelf(entry.store)
+        await run_in_threadpool(shelf.current, t)
         s = t.settings
         check_request(shelf.engine(entry.model).hparams, t.tokens, n, s["top_k"], s["temperature"], s["seed"])
     except Exception as e:  # noqa: BLE001
@@ -203,9 +211,9 @@ def produce(library: Library, entry, n: int, events: queue.Queue, hook) -> None:
         for _ in range(n):
             if hook is not None:
                 hook(len(t.tokens))
-            with shelf.lock:
+            with shelf.measured(t) as cost:
                 drawn = t.generate(1)
-                cost, position = t.cost, len(t.tokens) - 1
+                position = len(t.tokens) - 1
             if not drawn:
                 break
             row = views.token_rows([drawn[-1]], position)[0]

@@ -7,6 +7,7 @@ threads while it works.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -89,6 +90,29 @@ class Shelf:
 
     def secrets(self) -> list[str]:
         return [str(v) for k, v in self.config.store.items() if any(s in k.lower() for s in SECRET_KEYS) and v]
+
+    @contextlib.contextmanager
+    def measured(self, text):
+        """Hold the store for operations on `text`; the dict yielded gets what they cost: the meter's summary
+        (requests, subqueries, round trips and seconds, by kind), positions read and, where the store keeps a
+        usage tally (turbopuffer), dollars at the published prices."""
+        from vecgpt.backends.base import extra
+        from vecgpt.meter import summarize
+
+        with self.lock:
+            session, cost = text.session, {}
+            start, read = len(session.meter.tokens), session.positions_read
+            usage = dict(getattr(self.store, "usage", None) or {})
+            yield cost
+            cost.update(summarize(session.meter.tokens[start:]), positions_read=session.positions_read - read)
+            price = extra(self.config.backend, "dollars") if hasattr(self.store, "usage") else None
+            if price is not None:
+                cost["dollars"] = price(self.store.usage) - price(usage)
+
+    def current(self, text) -> None:
+        """Catch up with what another process wrote to the text (an operation that draws nothing)."""
+        with self.lock:
+            text.generate(0)
 
 
 def shelf_of(path: str | None, store: str | None) -> Shelf:
