@@ -80,7 +80,11 @@ def call(url: str, method: str = "GET", body=None, raw: bytes | None = None) -> 
 def events(url: str) -> list[tuple[str, dict]]:
     """The server-sent events of one stream, read to its end."""
     out, kind = [], None
-    with urllib.request.urlopen(url, timeout=300) as r:
+    try:
+        stream = urllib.request.urlopen(url, timeout=300)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{url}: {e.code} {e.read().decode()}") from None
+    with stream as r:
         for line in r:
             line = line.decode().rstrip("\n")
             if line.startswith("event: "):

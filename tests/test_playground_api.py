@@ -197,6 +197,7 @@ def test_a_text_started_on_one_process_continues_on_another(tmp_path, small_conf
         status, again = call(f"{url_a}/api/texts/{text['id']}")
         assert status == 200, again
         assert [t["id"] for t in again["tokens"][-6:]] == whole  # a re-reads what b wrote
+        assert run(url_b, start(url_a, **setting)["id"], 6) == whole  # started on a, nothing read, all on b
     finally:
         stop(a), stop(b)
 

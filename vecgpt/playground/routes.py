@@ -105,20 +105,23 @@ def start(library, request, body):
     return views.text_view(entry, library.shelf(entry.store))
 
 
-def show(library, request, body):
-    entry = library.entry(request.path_params["text_id"])
-    shelf = library.shelf(entry.store)
-    with shelf.lock:
-        shelf.current(entry.text)
-        return views.text_view(entry, shelf)
+def current(make):
+    """A handler answering make(entry, shelf, request) on the text as the store holds it now (caught up with
+    what another process wrote)."""
+
+    def handler(library, request, body):
+        entry = library.entry(request.path_params["text_id"])
+        shelf = library.shelf(entry.store)
+        with shelf.lock:
+            shelf.current(entry.text)
+            return make(entry, shelf, request)
+
+    return handler
 
 
-def candidates(library, request, body):
-    entry = library.entry(request.path_params["text_id"])
-    shelf = library.shelf(entry.store)
-    with shelf.lock:
-        shelf.current(entry.text)
-        return views.candidates_view(entry, int(request.path_params["position"]))
+show = current(lambda entry, shelf, request: views.text_view(entry, shelf))
+candidates = current(lambda entry, shelf, request: views.candidates_view(entry, int(request.path_params["position"])))
+check = current(lambda entry, shelf, request: views.check_view(entry, shelf))
 
 
 def step_back(library, request, body):
@@ -165,14 +168,6 @@ def check_position(entry, position: int, end: int | None = None) -> None:
     t = entry.text
     if not t.prompt_len <= position < (end + 1 if end is not None else len(t.tokens)):
         raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
-
-
-def check(library, request, body):
-    entry = library.entry(request.path_params["text_id"])
-    shelf = library.shelf(entry.store)
-    with shelf.lock:
-        shelf.current(entry.text)
-        return views.check_view(entry, shelf)
 
 
 def close(library, request, body):
