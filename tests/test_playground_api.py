@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vecgpt import tokenizer, weights
@@ -210,3 +211,35 @@ def test_two_workers_share_one_port(tmp_path, small_config):
         assert call(f"{url}/api/texts/{text['id']}")[0] == 200  # whichever worker answers finds it
     finally:
         stop(proc)
+
+
+def test_candidates_are_what_sampling_draws_from(playground):
+    url = playground.url
+    view = start(url, prompt="ROMEO:", temperature=0.8, top_k=5, seed=2)
+    (token,) = run(url, view["id"], 1)
+    status, c = call(f"{url}/api/texts/{view['id']}/candidates/{view['prompt_len']}")
+    logits = np.array([r["logit"] for r in c["rows"]])
+    z = logits[:5] / 0.8
+    want = np.exp(z - z.max())
+    got = np.array([r["probability"] for r in c["rows"]])
+    # softmax(logits / T) over the top 5 in float64; 1e-15 covers a different order of the 5-term sum
+    assert status == 200 and np.allclose(got[:5], want / want.sum(), rtol=0, atol=1e-15) and not got[5:].any()
+    assert [r["id"] for r in c["rows"] if r["chosen"]] == [token]
+
+
+def test_operations_pay_only_unread_positions(playground):
+    url = playground.url
+    view = start(url, prompt="ROMEO:")
+    got = events(f"{url}/api/texts/{view['id']}/generate?n=4")
+    reads = [data["cost"]["positions_read"] for kind, data in got if kind == "token"]
+    assert reads == [view["prompt_len"], 1, 1, 1]  # the prompt once, then each new token once
+    p = view["prompt_len"] + 2
+    cands = call(f"{url}/api/texts/{view['id']}/candidates/{p}")[1]["rows"]
+    status, child = call(f"{url}/api/texts/{view['id']}/branch", "POST", {"position": p, "token": cands[1]["id"]})
+    assert status == 200 and child["cost"]["positions_read"] == 0 and child["cost"]["total"] > 0
+    more = events(f"{url}/api/texts/{child['id']}/generate?n=1")
+    assert more[0][1]["cost"]["positions_read"] == 1  # only the new candidate: positions before it are shared
+    status, back = call(f"{url}/api/texts/{view['id']}/step-back", "POST", {"position": p})
+    assert status == 200 and back["cost"]["positions_read"] == 0 and len(back["tokens"]) == p
+    status, again = call(f"{url}/api/texts/{child['id']}/retry", "POST", {"position": p, "seed": 9})
+    assert status == 200 and again["cost"]["positions_read"] == 0 and len(again["tokens"]) == p + 1
