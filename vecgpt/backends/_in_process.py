@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,41 +41,69 @@ class Table:
     def load(cls, folder: Path, dim: int, metric: Metric) -> Table: ...
 
 
+def grow(held: np.ndarray, n: int, new: np.ndarray) -> np.ndarray:
+    """held[:n] then `new`, in a buffer that doubles when full: a text's row-by-row appends stay O(rows) in all."""
+    if n + len(new) > len(held):
+        bigger = np.empty((max(2 * len(held), n + len(new)), *held.shape[1:]), held.dtype)
+        bigger[:n] = held[:n]
+        held = bigger
+    held[n : n + len(new)] = new
+    return held
+
+
 class Collection:
     def __init__(self, table: Table, attrs: Sequence[str], width: int = 0):
         self.table = table
-        self.ids = np.zeros(0, np.int64)  # [n] slot -> id
-        self.slot_of: dict[int, int] = {}
-        self.attrs = {a: np.zeros(0, np.int64) for a in attrs}
-        self.payload = np.zeros((0, width), np.float32)  # [n, width], beside the vectors
+        self.hold(np.zeros(0, np.int64), {a: np.zeros(0, np.int64) for a in attrs}, np.zeros((0, width), np.float32))
         self.dirty = True
         self.log_end = 0  # a text collection: where its log ends, as far as this process knows
 
+    def hold(self, ids: np.ndarray, attrs: dict[str, np.ndarray], payload: np.ndarray) -> None:
+        """The ids, attributes and payload of the table's rows (buffers: rows past table.n are spare)."""
+        self._ids, self._attrs, self._payload = ids, attrs, payload
+        self.slot_of: dict[int, int] = dict(zip(self.ids.tolist(), range(self.table.n)))
+
     @property
-    def meta(self) -> dict:
-        return {"dim": self.table.dim, "metric": self.table.metric, "attrs": list(self.attrs), "payload": self.width}
+    def ids(self) -> np.ndarray:  # [n] slot -> id
+        return self._ids[: self.table.n]
+
+    @property
+    def attrs(self) -> dict[str, np.ndarray]:
+        return {a: column[: self.table.n] for a, column in self._attrs.items()}
+
+    @property
+    def payload(self) -> np.ndarray:  # [n, width], beside the vectors
+        return self._payload[: self.table.n]
+
+    @property
+    def names(self) -> list[str]:  # of the attributes
+        return list(self._attrs)
 
     @property
     def width(self) -> int:
-        return self.payload.shape[1]
+        return self._payload.shape[1]
+
+    @property
+    def meta(self) -> dict:
+        return {"dim": self.table.dim, "metric": self.table.metric, "attrs": self.names, "payload": self.width}
 
     def upsert(self, rows: text_log.Rows) -> None:
         """Rows of distinct ids (base.last_writes), every attribute given."""
         ids, vectors, attrs, payload = rows
+        n = self.table.n
         slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
         old, new = slots >= 0, slots < 0
         if old.any():
             self.table.overwrite(slots[old], vectors[old])
-        new_slots = np.arange(self.table.n, self.table.n + new.sum())
         if new.any():
             self.table.append(vectors[new])
-            self.ids = np.concatenate([self.ids, ids[new]])
-            self.slot_of.update(zip(ids[new].tolist(), new_slots.tolist()))
+            self._ids = grow(self._ids, n, ids[new])
+            self.slot_of.update(zip(ids[new].tolist(), range(n, self.table.n)))
         for a, column in attrs.items():
-            self.attrs[a] = np.concatenate([self.attrs[a], column[new]])
-            self.attrs[a][slots[old]] = column[old]
-        self.payload = np.concatenate([self.payload, payload[new]])
-        self.payload[slots[old]] = payload[old]
+            self._attrs[a] = grow(self._attrs[a], n, column[new])
+            self._attrs[a][slots[old]] = column[old]
+        self._payload = grow(self._payload, n, payload[new])
+        self._payload[slots[old]] = payload[old]
         self.dirty = True
 
     def rows(self) -> text_log.Rows:
@@ -89,16 +117,15 @@ class Collection:
             raise
 
     def copy(self) -> Collection:
-        twin = Collection(self.table.copy(), list(self.attrs), self.width)
-        twin.ids, twin.slot_of, twin.payload = self.ids.copy(), dict(self.slot_of), self.payload.copy()
-        twin.attrs = {a: column.copy() for a, column in self.attrs.items()}
+        twin = Collection(self.table.copy(), self.names, self.width)
+        twin.hold(self.ids.copy(), {a: column.copy() for a, column in self.attrs.items()}, self.payload.copy())
         return twin
 
     def slots(self, where: Where | None) -> np.ndarray | None:
         return None if where is None else np.flatnonzero(self.mask(where))
 
     def mask(self, where: Where | None) -> np.ndarray:
-        return np.ones(self.table.n, bool) if where is None else where.mask(self.attrs, self.table.n)
+        return np.ones(self.table.n, bool) if where is None else where.mask(self._attrs, self.table.n)
 
 
 class InProcessStore(FolderStore):
@@ -126,7 +153,7 @@ class InProcessStore(FolderStore):
         ids, vectors = base.check_rows(name, ids, vectors, col.table.dim)
         payload = base.check_payload(name, payload, len(ids), col.width)
         record()
-        rows = text_log.last_rows(name, text_log.Rows(ids, vectors, attrs or {}, payload), list(col.attrs))
+        rows = text_log.last_rows(name, text_log.Rows(ids, vectors, attrs or {}, payload), col.names)
         if is_text(name):
             col.log_end = text_log.append(self._log(name), text_log.chunk(col.meta, rows), col.log_end)
         col.upsert(rows)
@@ -146,7 +173,7 @@ class InProcessStore(FolderStore):
     def search(self, name, queries, k=None, where=None) -> Hits:
         col = self._col(name)
         queries = base.check_vectors(name, queries, col.table.dim)
-        base.check_where(name, where, list(col.attrs))
+        base.check_where(name, where, col.names)
         record(1, len(queries))
         slots = col.slots(where)
         if k is None:
@@ -165,7 +192,7 @@ class InProcessStore(FolderStore):
         col = self._col(searches[0].collection)
         queries = [base.check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
         for s in searches:
-            base.check_where(s.collection, s.where, list(col.attrs))
+            base.check_where(s.collection, s.where, col.names)
         masks = [col.mask(s.where) for s in searches]
         record(1, sum(len(q) for q in queries))
         dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(np.logical_or.reduce(masks)))
@@ -228,19 +255,33 @@ class InProcessStore(FolderStore):
         return name in self._cols or on_disk.is_file()
 
     def _col(self, name: str) -> Collection:
-        if name in self._cols and is_text(name) and self._grown(name):
-            del self._cols[name]  # another process wrote the text (vecgpt serve --workers 2): read its log again
         if name not in self._cols:
             if not self._has(name):
                 raise base.no_collection(self, name)
             self._cols[name] = self._replay(name) if is_text(name) else self._load(name)
+        elif is_text(name):
+            self._catch_up(name, self._cols[name])
         return self._cols[name]
 
-    def _grown(self, name: str) -> bool:
+    def _catch_up(self, name: str, col: Collection) -> None:
+        """Rows another process appended to a text's log since this one last read or wrote it (one stat)."""
         try:
-            return self._log(name).stat().st_size != self._cols[name].log_end
-        except FileNotFoundError:  # dropped by another process
-            return True
+            size = self._log(name).stat().st_size
+        except FileNotFoundError:  # closed by another process
+            del self._cols[name]
+            raise base.no_collection(self, name) from None
+        if size == col.log_end:
+            return
+        _, chunks, end = text_log.read(self._log(name), col.log_end)
+        if chunks:
+            rows = text_log.Rows(
+                np.concatenate([c.ids for c in chunks]),
+                np.concatenate([c.vectors for c in chunks]),
+                {a: np.concatenate([c.attrs[a] for c in chunks]) for a in col.names},
+                np.concatenate([c.payload for c in chunks]),
+            )
+            col.upsert(text_log.last_rows(name, rows, col.names))
+        col.log_end = end
 
     def _save(self, name: str, col: Collection) -> None:
         # Written beside the collection, then swapped in by renames: a kill at any point leaves
@@ -264,20 +305,20 @@ class InProcessStore(FolderStore):
         folder = self._folder(name)
         try:
             meta = json.loads((folder / "meta.json").read_text())
-            col = Collection(self.table_class.load(folder, meta["dim"], meta["metric"]), meta["attrs"])
+            table = self.table_class.load(folder, meta["dim"], meta["metric"])
             with np.load(folder / "attrs.npz") as saved:
-                col.ids = saved["__ids__"]
-                col.attrs = {a: saved[a] for a in meta["attrs"]}
+                ids, attrs = saved["__ids__"], {a: saved[a] for a in meta["attrs"]}
             width = meta.get("payload", 0)  # saved before payloads: none
-            col.payload = np.load(folder / "payload.npy") if width else np.zeros((len(col.ids), 0), np.float32)
+            payload = np.load(folder / "payload.npy") if width else np.zeros((len(ids), 0), np.float32)
         except Exception as e:  # any file missing, cut short or garbled: numpy, json and FAISS each raise their own
             raise self.damaged(f"collection {name!r} is damaged", e) from None
-        sizes = {len(col.ids), col.table.n, len(col.payload), *(len(c) for c in col.attrs.values())}
-        if len(sizes) > 1 or col.table.dim != meta["dim"] or col.width != width:
+        sizes = {len(ids), table.n, len(payload), *(len(c) for c in attrs.values())}
+        if len(sizes) > 1 or table.dim != meta["dim"] or payload.shape[1] != width:
             raise self.damaged(
                 f"collection {name!r} is damaged", ValueError("its files disagree on the number of rows")
             )
-        col.slot_of = dict(zip(col.ids.tolist(), range(len(col.ids))))
+        col = Collection(table, meta["attrs"], width)
+        col.hold(ids, attrs, payload)
         col.dirty = False
         return col
 

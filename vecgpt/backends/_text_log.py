@@ -49,13 +49,8 @@ def chunk(meta: dict, rows: Rows) -> bytes:
     """One chunk: `meta` (dim, metric, attrs, payload) and the rows."""
     head = json.dumps({**meta, "rows": len(rows.ids)}).encode()
     columns = [np.asarray(rows.attrs[a], np.int64) for a in meta["attrs"]]
-    body = (
-        b"".join(
-            np.ascontiguousarray(a).tobytes()
-            for a in (np.asarray(rows.ids, np.int64), np.asarray(rows.vectors, np.float32), *columns)
-        )
-        + np.ascontiguousarray(rows.payload, np.float32).tobytes()
-    )
+    arrays = [np.asarray(rows.ids, np.int64), np.asarray(rows.vectors, np.float32), *columns, rows.payload]
+    body = b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)
     return HEAD.pack(MAGIC, len(head), len(body), zlib.crc32(body, zlib.crc32(head))) + head + body
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends._in_process import InProcessStore, Table
+from vecgpt.backends._in_process import InProcessStore, Table, grow
 
 
 class NumpyTable(Table):
@@ -21,9 +21,9 @@ class NumpyTable(Table):
 
     def append(self, vectors):
         v = vectors.astype(np.float64)
-        self._data = np.concatenate([self._data, v])
-        self._norms = np.concatenate([self._norms, np.einsum("ij,ij->i", v, v)])
-        self.n = len(self._data)
+        self._data = grow(self._data, self.n, v)  # rows past n are spare
+        self._norms = grow(self._norms, self.n, np.einsum("ij,ij->i", v, v))
+        self.n += len(v)
 
     def overwrite(self, slots, vectors):
         v = vectors.astype(np.float64)
@@ -33,7 +33,9 @@ class NumpyTable(Table):
         return self._data[slots].astype(np.float32)
 
     def all_dists(self, queries, slots):
-        data, norms = (self._data, self._norms) if slots is None else (self._data[slots], self._norms[slots])
+        data, norms = (
+            (self._data[: self.n], self._norms[: self.n]) if slots is None else (self._data[slots], self._norms[slots])
+        )
         q = queries.astype(np.float64)
         chosen = np.broadcast_to(np.arange(self.n) if slots is None else slots, (len(q), len(data)))
         if self.metric == "ip":
@@ -53,10 +55,10 @@ class NumpyTable(Table):
         return np.take_along_axis(d, order, 1), chosen[np.take_along_axis(part, order, 1)]
 
     def copy(self):
-        return NumpyTable(self.dim, self.metric, self._data)  # astype copies
+        return NumpyTable(self.dim, self.metric, self._data[: self.n])  # astype copies
 
     def save(self, folder: Path):
-        np.save(folder / "vectors.npy", self._data.astype(np.float32))
+        np.save(folder / "vectors.npy", self._data[: self.n].astype(np.float32))
 
     @classmethod
     def load(cls, folder, dim, metric):

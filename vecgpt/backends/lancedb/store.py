@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import warnings
 from collections.abc import Sequence
@@ -14,9 +13,12 @@ import pyarrow as pa
 from lancedb.index import Bitmap
 
 from vecgpt.backends import base
+from vecgpt.backends._text_log import Rows, last_rows
 from vecgpt.backends.base import FolderStore, Hits, Metric, Search, parallel, record
-from vecgpt.backends.lancedb.table import RESERVED, Table, lance_errors, sql
+from vecgpt.backends.lancedb.table import RESERVED, Table, fixed, floats, lance_errors, schema, sql
 from vecgpt.errors import VecgptError
+
+FEW = 1024  # ids a fetch names in its filter; more are read as a range
 
 
 class LanceStore(FolderStore):
@@ -42,37 +44,50 @@ class LanceStore(FolderStore):
 
     # collections
     @lance_errors
-    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = (), payload: int = 0) -> None:
         base.check_metric(self.backend, metric, self.metrics)
         if set(attrs) & RESERVED:
             raise VecgptError(f"attribute names {sorted(RESERVED)} are reserved")
         table = self._open(name)
         if table is not None:
             base.check_same(name, (table.dim, table.metric), dim, metric)
+            if table.width != payload:
+                raise VecgptError(
+                    f"collection {name!r} exists with payload {table.width}, not {payload}; drop it first"
+                )
             return
-        schema = pa.schema(
-            [pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
-            + [pa.field(a, pa.int64()) for a in attrs],
-            metadata={"vecgpt.dim": str(dim), "vecgpt.metric": metric, "vecgpt.attrs": json.dumps(list(attrs))},
-        )
-        handle = self.db.create_table(name, schema=schema, exist_ok=True)
+        handle = self.db.create_table(name, schema=schema(dim, metric, list(attrs), payload), exist_ok=True)
         table = Table(handle)
         table.ids, table.rows = set(), 0
+        self._opened(name, table)
+
+    @lance_errors
+    def clone(self, src: str, dst: str) -> None:
+        """dst: a new table made from src's Arrow batches by LanceDB itself. (LanceDB 0.40's clone_table makes
+        only shallow clones, which read src's data files: src's next compaction deletes them under dst.)"""
+        table = self._table(src)
+        if self._open(dst) is not None:
+            raise VecgptError(f"cannot clone {src!r} to {dst!r}: {dst!r} exists; drop it first")
+        record()
+        with table.lock.read():
+            batches = table.handle.search().limit(None).to_batches()
+            handle = self.db.create_table(dst, data=batches, schema=table.handle.schema)
+        self._opened(dst, Table(handle))
+
+    def _opened(self, name: str, table: Table) -> None:
         with self._lock:
             self._tables[name] = table
 
     @lance_errors
-    def upsert(self, name, ids, vectors, attrs=None) -> None:
+    def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
         table = self._table(name)
         ids, vectors = base.check_rows(name, ids, vectors, table.dim)
+        payload = base.check_payload(name, payload, len(ids), table.width)
         if len(ids) == 0:
             return
-        ids, vectors, attrs = base.last_writes(name, ids, vectors, attrs or {}, table.attrs)
-        columns = [
-            pa.array(ids),
-            pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors).ravel()), table.dim),
-        ]
-        columns += [pa.array(attrs[a]) for a in table.attrs]
+        ids, vectors, attrs, payload = last_rows(name, Rows(ids, vectors, attrs or {}, payload), table.attrs)
+        columns = [pa.array(ids), fixed(vectors), *(pa.array(attrs[a]) for a in table.attrs)]
+        columns += [fixed(payload)] if table.width else []
         data = pa.Table.from_arrays(columns, schema=table.handle.schema)
         record()
         with table.lock.write():
@@ -150,27 +165,38 @@ class LanceStore(FolderStore):
         return out
 
     @lance_errors
-    def fetch(self, name, ids) -> np.ndarray:
+    def fetch(self, name, ids, payload=False):
         table = self._table(name)
+        if name.startswith("text-"):  # a text resumed here may have been written by another process since
+            table.latest()
         ids = np.asarray(ids, np.int64)
         record()
-        if len(ids) == 0:
-            return np.zeros((0, table.dim), np.float32)
-        wanted = np.unique(ids)
-        with table.lock.read():
-            result = (
-                table.handle.search()
-                .where(f"id IN ({', '.join(map(str, wanted.tolist()))})")
-                .select(["id", "vector"])
-                .limit(len(wanted))
-                .to_arrow()
-            )
+        columns = ["id", "vector"] + (["payload"] if payload and table.width else [])
+        result = self._rows(table, np.unique(ids), columns)
         got = result["id"].to_numpy()
-        vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(len(got), table.dim)
-        order = np.argsort(got)
-        got, vectors = got[order], vectors[order]
-        base.check_found(name, ids, set(got.tolist()))
-        return vectors[np.searchsorted(got, ids)].astype(np.float32)
+        base.check_found(name, ids[~np.isin(ids, got)], ())
+        at = np.searchsorted(got, ids)
+        vectors = floats(result["vector"], table.dim)[at]
+        if not payload:
+            return vectors
+        if not table.width:
+            return vectors, np.zeros((len(ids), 0), np.float32)
+        return vectors, floats(result["payload"], table.width)[at]
+
+    def _rows(self, table: Table, wanted: np.ndarray, columns: list[str]) -> pa.Table:
+        """The rows of these ids (sorted, distinct) that the table holds, sorted by id. Up to FEW ids are
+        named in the filter; more (a text's every key, on resume) are read as the range they span."""
+        if len(wanted) == 0:
+            return table.handle.schema.empty_table().select(columns)
+        few = len(wanted) <= FEW
+        condition = (
+            f"id IN ({', '.join(map(str, wanted.tolist()))})" if few else f"id >= {wanted[0]} AND id <= {wanted[-1]}"
+        )
+        with table.lock.read():
+            limit = len(wanted) if few else max(table.row_count(), 1)
+            result = table.handle.search().where(condition).select(columns).limit(limit).to_arrow()
+        result = result.sort_by("id")
+        return result if few else result.filter(pa.array(np.isin(result["id"].to_numpy(), wanted)))
 
     @lance_errors
     def count(self, name) -> int:

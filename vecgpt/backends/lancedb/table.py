@@ -13,7 +13,7 @@ import pyarrow as pa
 from vecgpt.backends.base import Metric, Where
 
 DISTANCE = {"l2": "l2", "ip": "dot"}  # LanceDB's names
-RESERVED = {"id", "vector"}  # the columns every table has
+RESERVED = {"id", "vector", "payload"}  # the columns a table may have beside its attributes
 
 
 class RWLock:
@@ -60,11 +60,18 @@ class Table:
         self.dim = int(meta["vecgpt.dim"])
         self.metric: Metric = meta["vecgpt.metric"]
         self.attrs: list[str] = json.loads(meta["vecgpt.attrs"])
+        self.width = int(meta.get("vecgpt.payload", 0))  # floats of payload a row; tables made before: none
         self.lock = RWLock()
         self.ids: set[int] | None = None  # the ids held, read on the first upsert
         self.rows: int | None = None  # row count, kept up to date by this process's writes
         self.writes = 0  # writes since the last compaction
         self.indexed = {c for index in handle.list_indices() for c in index.columns}
+
+    def latest(self) -> None:
+        """Move to the table's newest version, forgetting what this process knew of the older one."""
+        with self.lock.write():
+            self.handle.checkout_latest()
+            self.ids, self.rows = None, None
 
     def row_count(self) -> int:
         if self.rows is None:
@@ -87,6 +94,27 @@ class Table:
             arrow = self.handle.search().select(["id"]).limit(rows).to_arrow() if rows else None
             self.ids = set(arrow["id"].to_numpy().tolist()) if arrow is not None else set()
         return self.ids
+
+
+def schema(dim: int, metric: Metric, attrs: list[str], width: int) -> pa.Schema:
+    """id, vector, the attributes and (width > 0) the payload, as FixedSizeList<float32>; the rest as metadata."""
+    fields = [pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), dim))]
+    fields += [pa.field(a, pa.int64()) for a in attrs]
+    fields += [pa.field("payload", pa.list_(pa.float32(), width))] if width else []
+    meta = {"vecgpt.dim": str(dim), "vecgpt.metric": metric, "vecgpt.attrs": json.dumps(attrs)}
+    return pa.schema(fields, metadata={**meta, "vecgpt.payload": str(width)})
+
+
+def floats(column, width: int) -> np.ndarray:
+    """A FixedSizeList<float32> column as float32 [n, width]."""
+    return column.combine_chunks().flatten().to_numpy().reshape(-1, width)
+
+
+def fixed(values: np.ndarray) -> pa.FixedSizeListArray:
+    """float32 [n, width] as a FixedSizeList<float32> column."""
+    return pa.FixedSizeListArray.from_arrays(
+        pa.array(np.ascontiguousarray(values, np.float32).ravel()), values.shape[1]
+    )
 
 
 def lance_errors(method):
