@@ -188,15 +188,15 @@ class Library:
         return found
 
     def resume(self, text_id: str) -> Entry:
-        from vecgpt.text import Text, list_texts
+        from vecgpt.text import Text
 
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text_id):
             raise Refused(f"{text_id!r} is not a text id", 404)
         for index, shelf in enumerate(self.shelves):
             with shelf.lock:
-                held = {t["id"]: t for t in list_texts(shelf.store)}
-                if text_id in held:
-                    key = held[text_id]["model"]
+                record = shelf.store.read_text(text_id)
+                if record is not None:
+                    key = record["model"]
                     return self.remember(Text.resume(shelf.engine(key), text_id), index, key)
         raise Refused(f"no text {text_id} (closed, or idle longer than {self.settings.idle_s:.0f} s)", 404)
 
