@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -243,3 +244,15 @@ def test_operations_pay_only_unread_positions(playground):
     assert status == 200 and back["cost"]["positions_read"] == 0 and len(back["tokens"]) == p
     status, again = call(f"{url}/api/texts/{child['id']}/retry", "POST", {"position": p, "seed": 9})
     assert status == 200 and again["cost"]["positions_read"] == 0 and len(again["tokens"]) == p + 1
+
+
+def test_the_pages_need_no_network(playground):
+    from vecgpt.playground.routes import STATIC
+
+    shipped = {f.name: f.read_text() for f in STATIC.iterdir()}
+    assert {"playground.html", "playground.js", "attention.html", "attention.js", "style.css"} <= set(shipped)
+    for name, text in shipped.items():
+        assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", text), f"{name} loads something from the network"
+    for path in ("/", "/attention", "/static/playground.js", "/static/style.css"):
+        with urllib.request.urlopen(playground.url + path) as r:
+            assert r.status == 200
