@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -115,7 +116,7 @@ def test_keys_overwrite_by_position_and_drop_with_the_text(store):
         "WHERE n.nspname = %s AND c.relname = %s",
         (store.schema, table),
     ).fetchone()
-    assert kind == ("u",)  # unlogged: keys belong to one run
+    assert kind == ("p",)  # logged: a text's keys survive a crash of the server, not only of the client
     store.drop(name)
     assert store.conn.execute("SELECT to_regclass(%s)", (f'"{store.schema}"."{table}"',)).fetchone() == (None,)
 
@@ -203,3 +204,105 @@ def test_defaults_are_per_user(monkeypatch):
         assert store.schema == "vecgpt_ann"
     finally:
         store.close()
+
+
+def test_a_resume_sized_fetch_comes_back_in_order_with_its_payload(store):
+    n = 12 * 12 * 1024  # every key of a full GPT-2 small text, in one fetch
+    vectors = rng.standard_normal((n, 4)).astype(np.float32)
+    payload = rng.standard_normal((n, 3)).astype(np.float32)
+    payload[0] = [-0.0, np.finfo(np.float32).tiny / 2, np.finfo(np.float32).max]  # signed zero, subnormal, largest
+    store.create("text-big", 4, "l2", ("position",), payload=3)
+    store.upsert("text-big", np.arange(n), vectors, {"position": np.arange(n)}, payload=payload)
+    want = rng.permutation(n)
+    v, p = store.fetch("text-big", want, payload=True)
+    assert v.tobytes() == vectors[want].tobytes() and p.tobytes() == payload[want].tobytes()  # bit for bit
+    with pytest.raises(VecgptError, match=f"has no id {n}"):
+        store.fetch("text-big", np.array([5, n, 7]))
+    assert store.fetch("text-big", np.array([], np.int64)).shape == (0, 4)
+
+
+def test_payload_width_is_part_of_a_collection(store):
+    store.create("text-w", 4, "l2", payload=2)
+    store.create("text-w", 4, "l2", payload=2)  # the same: a no-op
+    with pytest.raises(VecgptError, match="payload width 2, not 3"):
+        store.create("text-w", 4, "l2", payload=3)
+    store.create("plain", 4, "l2")
+    store.upsert("plain", np.arange(2), np.ones((2, 4)))
+    v, p = store.fetch("plain", np.arange(2), payload=True)
+    assert p.shape == (2, 0) and v.shape == (2, 4)
+
+
+def test_a_clone_is_one_request_and_a_logged_table_of_its_own(store):
+    from vecgpt.backends.base import tally
+
+    x = rng.standard_normal((30, 4)).astype(np.float32)
+    store.create("text-a", 4, "l2", ("layer", "position"), payload=2)
+    store.upsert("text-a", np.arange(30), x, {"layer": np.arange(30) % 3}, payload=x[:, :2])
+    with tally() as counts:
+        store.clone("text-a", "text-b")
+    assert counts["requests"] == 1
+    with pytest.raises(VecgptError, match="exists"):
+        store.clone("text-a", "text-b")
+    again = pgvector.PgStore(store.dsn, store.schema)  # the catalog, not this object's cache, knows it
+    try:
+        meta = again._col("text-b")
+        assert (meta.dim, meta.attrs, meta.payload) == (4, ["layer", "position"], 2)
+        assert again.count("text-b") == 30
+        kind = again.conn.execute(
+            "SELECT relpersistence FROM pg_class WHERE oid = %s::regclass", (again._table(meta).as_string(again.conn),)
+        ).fetchone()
+        assert kind == ("p",)
+    finally:
+        again.close()
+
+
+def test_a_text_lock_is_released_when_its_holder_is_killed(store):
+    script = textwrap.dedent(f"""
+        import time
+        from vecgpt.backends import pgvector
+        store = pgvector.PgStore({store.dsn!r}, {store.schema!r})
+        with store.text_lock("t1"):
+            print("held", flush=True)
+            time.sleep(60)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        with pytest.raises(VecgptError, match="t1 is open in another process"):
+            with store.text_lock("t1"):
+                pass
+    finally:
+        child.kill()
+        child.wait()
+    for _ in range(100):  # the server notices the closed socket at once; give it a moment on a busy machine
+        try:
+            with store.text_lock("t1"):
+                return
+        except VecgptError:
+            time.sleep(0.05)
+    raise AssertionError("the lock outlived its holder")
+
+
+def test_a_text_record_write_goes_through_a_lost_connection(store):
+    store.write_text("t", {"tokens": [1]}, expect=None)
+    store.conn.execute("SELECT 1")
+    killer = psycopg.connect(store.dsn, autocommit=True)
+    killer.execute("SELECT pg_terminate_backend(%s)", (store.conn.info.backend_pid,))
+    killer.close()
+    pid = store.conn.info.backend_pid
+    assert store.write_text("t", {"tokens": [1, 2], "version": 1}, expect=1) == 2  # reconnected, written once
+    assert store.read_text("t") == {"tokens": [1, 2], "version": 2} and store.conn.info.backend_pid != pid
+    assert store._landed({"a": 1, "version": 3}, {"a": 1}, 2) and not store._landed({"a": 1, "version": 3}, {"a": 2}, 2)
+    assert store._landed(None, None, 2) and not store._landed({"version": 2}, None, 2)
+
+
+def test_a_store_of_the_layout_before_payloads_opens(store):
+    store.create("old", 4, "l2")
+    store.conn.execute(sql.SQL("ALTER TABLE {}._collections DROP COLUMN payload").format(sql.Identifier(store.schema)))
+    store.close()
+    again = pgvector.PgStore(store.dsn, store.schema)
+    try:
+        again.upsert("old", np.arange(1), np.ones((1, 4)))
+        assert again._col("old").payload == 0 and again.count("old") == 1
+    finally:
+        again.close()

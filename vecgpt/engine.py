@@ -235,7 +235,9 @@ class Session:
                 for h, (qs, _) in enumerate(sent)
             ]
         )
-        if any(hits.ids.shape[1] != end for hits in found):  # e.g. a crashed server emptied its unlogged tables
+        if any(
+            hits.ids.shape[1] != end for hits in found
+        ):  # rows removed under the text (another process closed it, a store lost data)
             raise VecgptError(
                 f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
                 f"positions found in layer {layer}); start the text again"

@@ -4,9 +4,10 @@ Environment: VECGPT_PG_DSN (a whole connection string, password included; wins o
 libpq's own PGPASSWORD, PGUSER, PGHOST ... and ~/.pgpass, and XDG_CACHE_HOME (where the local
 server's data_dir is by default). See docs/pgvector.md.
 
-Modules: session (the connection and its retries), store (collections, rows, searches), statements
-(table names, search SQL, the binary COPY stream), dsn (connection strings without their
-passwords), server (a local PostgreSQL from pgserver).
+Modules: session (the connection and its retries), store (collections, rows, searches, clones),
+texts (text records and the lock a text is open under), manifests (model records, the load lock),
+statements (table names, search SQL, the binary COPY streams), dsn (connection strings without
+their passwords), server (a local PostgreSQL from pgserver).
 """
 
 from __future__ import annotations

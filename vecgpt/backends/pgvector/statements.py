@@ -28,8 +28,12 @@ SEARCH = {
 
 
 class Meta:
-    def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str]):
-        self.table, self.dim, self.metric, self.attrs = table, dim, metric, list(attrs)
+    def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str], payload: int = 0):
+        self.table, self.dim, self.metric, self.attrs, self.payload = table, dim, metric, list(attrs), payload
+
+    def vector_columns(self) -> list[str]:
+        """The vector(n) columns: the embedding, and the payload where the collection has one."""
+        return ["embedding", "payload"] if self.payload else ["embedding"]
 
 
 def table_name(name: str) -> str:
@@ -53,16 +57,41 @@ def search_sql(
     return sql.SQL(SEARCH[single, k is not None]).format(**fmt)
 
 
-def copy_stream(ids: np.ndarray, attrs: list[np.ndarray], vectors: np.ndarray) -> bytes:
-    """PostgreSQL's binary COPY format for rows (id, attrs..., vector), all big-endian."""
-    n, dim = vectors.shape
+def row_dtype(ints: int, dims: Sequence[int]) -> np.dtype:
+    """One row of a binary COPY (either way): a field count, then `ints` bigints and a pgvector per dim."""
     fields = [("count", ">i2")]
-    for i in range(1 + len(attrs)):
+    for i in range(ints):
         fields += [(f"len{i}", ">i4"), (f"int{i}", ">i8")]
-    fields += [("vlen", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))]
-    rows = np.zeros(n, np.dtype(fields))
-    rows["count"] = 2 + len(attrs)
-    for i, column in enumerate([ids, *attrs]):
+    for j, dim in enumerate(dims):
+        fields += [(f"vlen{j}", ">i4"), (f"dim{j}", ">i2"), (f"unused{j}", ">i2"), (f"vec{j}", ">f4", (dim,))]
+    return np.dtype(fields)
+
+
+def copy_stream(ids: np.ndarray, attrs: list[np.ndarray], vectors: Sequence[np.ndarray]) -> bytes:
+    """PostgreSQL's binary COPY format for rows (id, attrs..., vectors...), all big-endian."""
+    ints = [ids, *attrs]
+    rows = np.zeros(len(ids), row_dtype(len(ints), [v.shape[1] for v in vectors]))
+    rows["count"] = len(ints) + len(vectors)
+    for i, column in enumerate(ints):
         rows[f"len{i}"], rows[f"int{i}"] = 8, column
-    rows["vlen"], rows["dim"], rows["vec"] = 4 + 4 * dim, dim, vectors
+    for j, block in enumerate(vectors):
+        dim = block.shape[1]
+        rows[f"vlen{j}"], rows[f"dim{j}"], rows[f"vec{j}"] = 4 + 4 * dim, dim, block
     return COPY_HEADER + rows.tobytes() + COPY_TRAILER
+
+
+def read_copy(data: bytes, dims: Sequence[int]) -> np.ndarray:
+    """The rows (id, vectors...) of a binary COPY TO STDOUT: every field has a fixed width, so one frombuffer."""
+    if not data.startswith(COPY_HEADER[:11]) or not data.endswith(COPY_TRAILER):
+        raise ValueError("not a binary COPY stream")
+    row = row_dtype(1, dims)
+    body = len(data) - len(COPY_HEADER) - len(COPY_TRAILER)
+    return np.frombuffer(data, row, offset=len(COPY_HEADER), count=body // row.itemsize)
+
+
+def fetch_copy(table: sql.Composable, columns: Sequence[str], ids: np.ndarray) -> sql.Composed:
+    """COPY out the rows of these ids (a literal: COPY takes no parameters), in any order."""
+    listed = "{" + ",".join(map(str, ids.tolist())) + "}"
+    return sql.SQL("COPY (SELECT id, {} FROM {} WHERE id = ANY({}::bigint[])) TO STDOUT (FORMAT BINARY)").format(
+        sql.SQL(", ").join(map(sql.Identifier, columns)), table, sql.Literal(listed)
+    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import psycopg
@@ -12,14 +12,45 @@ from vecgpt.backends import base
 from vecgpt.backends.base import Hits, Metric, Search, Where, record
 from vecgpt.backends.pgvector.manifests import Manifests
 from vecgpt.backends.pgvector.session import Session
-from vecgpt.backends.pgvector.statements import Meta, copy_stream, search_sql, table_name
+from vecgpt.backends.pgvector.statements import Meta, copy_stream, fetch_copy, read_copy, search_sql, table_name
+from vecgpt.backends.pgvector.texts import Texts
 from vecgpt.errors import VecgptError
 
 PLAIN_MAX_DIM = 2000  # 4 * dim + 8 bytes plus a row header must fit in one 8 KB page
 SMALL_WRITE = 256  # upserts up to this many rows are one INSERT ... ON CONFLICT; larger ones COPY
 
 
-class PgStore(Manifests, Session):
+def check_shape(dim: int, payload: int, attrs: Sequence[str]) -> None:
+    if not 1 <= dim <= 16000 or not 0 <= payload <= 16000:
+        raise VecgptError(
+            f"pgvector holds vectors of dimension 1 to 16000 (payloads up to 16000), not {dim} ({payload})"
+        )
+    bad = [a for a in attrs if a in ("id", "embedding", "payload") or not a.isidentifier()]
+    if bad:
+        raise VecgptError(f"attribute name {bad[0]!r} is not allowed (reserved or not an identifier)")
+
+
+def column_list(meta: Meta) -> sql.Composed:
+    """id, one bigint per attribute, the embedding and (with a width) the payload, both pgvector columns."""
+    columns = [sql.SQL("id bigint PRIMARY KEY")]
+    columns += [sql.SQL("{} bigint NOT NULL DEFAULT 0").format(sql.Identifier(a)) for a in meta.attrs]
+    for column, dim in zip(meta.vector_columns(), (meta.dim, meta.payload)):
+        columns.append(sql.SQL("{} vector({}) NOT NULL").format(sql.Identifier(column), sql.Literal(dim)))
+    return sql.SQL(", ").join(columns)
+
+
+def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Where each wanted id is among the ids found (in any order); an error naming the first one missing."""
+    if len(found) == 0:
+        base.check_found(name, want[:1], ())
+        return np.zeros(0, np.intp)
+    order = np.argsort(found)
+    at = order[np.searchsorted(found, want, sorter=order).clip(0, len(found) - 1)]
+    base.check_found(name, want[found[at] != want][:1], ())
+    return at
+
+
+class PgStore(Manifests, Texts, Session):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     concurrent = False  # one connection; the engine sends requests one after another
 
@@ -48,9 +79,17 @@ class PgStore(Manifests, Session):
                 ).format(s)
             )
             self.conn.execute(
+                sql.SQL("ALTER TABLE {}._collections ADD COLUMN IF NOT EXISTS payload int NOT NULL DEFAULT 0").format(s)
+            )
+            self.conn.execute(
                 sql.SQL("CREATE TABLE IF NOT EXISTS {}._manifest (key text PRIMARY KEY, value jsonb NOT NULL)").format(
                     s
                 )
+            )
+            self.conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {}._texts (id text PRIMARY KEY, record jsonb NOT NULL, version int NOT NULL)"
+                ).format(s)
             )
 
     def _table(self, meta: Meta) -> sql.Composed:
@@ -63,7 +102,7 @@ class PgStore(Manifests, Session):
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
             row = self.conn.execute(
-                sql.SQL("SELECT tbl, dim, metric, attrs FROM {}._collections WHERE name = %s").format(
+                sql.SQL("SELECT tbl, dim, metric, attrs, payload FROM {}._collections WHERE name = %s").format(
                     sql.Identifier(self.schema)
                 ),
                 (name,),
@@ -77,52 +116,79 @@ class PgStore(Manifests, Session):
         return base.existing(self._get(name), self, name)
 
     # collections
-    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = (), payload: int = 0) -> None:
         base.check_metric("pgvector", metric, self.metrics)
-        self._run(self._create, name, int(dim), metric, list(attrs))
+        self._run(self._create, name, int(dim), metric, list(attrs), int(payload))
 
-    def _create(self, name, dim, metric, attrs):
+    def _create(self, name, dim, metric, attrs, payload):
         self._commit()
         meta = self._get(name)
         if meta is not None:
             base.check_same(name, (meta.dim, meta.metric), dim, metric)
+            if meta.payload != payload:
+                raise VecgptError(
+                    f"collection {name!r} exists with payload width {meta.payload}, not {payload}; drop it first"
+                )
             return
-        if not 1 <= dim <= 16000:
-            raise VecgptError(f"pgvector holds vectors of dimension 1 to 16000, not {dim}")
-        bad = [a for a in attrs if a in ("id", "embedding") or not a.isidentifier()]
-        if bad:
-            raise VecgptError(f"attribute name {bad[0]!r} is not allowed (reserved or not an identifier)")
-        meta = Meta(table_name(name), dim, metric, attrs)
-        text = name.startswith("text-")
-        columns = [sql.SQL("id bigint PRIMARY KEY")]
-        columns += [sql.SQL("{} bigint NOT NULL DEFAULT 0").format(sql.Identifier(a)) for a in attrs]
-        columns.append(sql.SQL("embedding vector({}) NOT NULL").format(sql.Literal(dim)))
-        storage = sql.SQL("PLAIN" if dim <= PLAIN_MAX_DIM else "EXTERNAL")
-        if not text:  # stays open: the collection's rows go in with it, or nothing does
-            self.conn.execute("BEGIN")
-            self._pending = name
+        check_shape(dim, payload, attrs)
+        meta = Meta(table_name(name), dim, metric, attrs, payload)
+        if name.startswith("text-"):  # made whole or not at all; its rows each commit on their own
+            with self.conn.transaction():
+                self._make(name, meta, index=True)
+            return
+        self.conn.execute("BEGIN")  # stays open: the collection's rows go in with it, or nothing does
+        self._pending = name
+        self._make(name, meta, index=False)
+
+    def _make(self, name: str, meta: Meta, index: bool) -> None:
+        """The collection's table, its columns' storage, (index: a btree on the attributes), its catalog row."""
+        table = self._table(meta)
         try:
-            self.conn.execute(
-                sql.SQL("CREATE {}TABLE {} ({})").format(
-                    sql.SQL("UNLOGGED " if text else ""), self._table(meta), sql.SQL(", ").join(columns)
-                )
-            )
-            self.conn.execute(
-                sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE {}").format(self._table(meta), storage)
-            )
-            if text and attrs:  # keys are searched by layer/head and a position range
-                self.conn.execute(
-                    sql.SQL("CREATE INDEX ON {} ({})").format(
-                        self._table(meta), sql.SQL(", ").join(map(sql.Identifier, attrs))
-                    )
-                )
-            self.conn.execute(
-                sql.SQL("INSERT INTO {}._collections VALUES (%s, %s, %s, %s, %s)").format(sql.Identifier(self.schema)),
-                (name, meta.table, dim, metric, attrs),
-            )
+            self.conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table, column_list(meta)))
         except psycopg.errors.DuplicateTable:
             raise VecgptError(f"a table {self.schema}.{meta.table} exists that is not a collection; drop it") from None
+        storage = sql.SQL("PLAIN" if meta.dim + meta.payload <= PLAIN_MAX_DIM else "EXTERNAL")
+        for column in meta.vector_columns():
+            self.conn.execute(
+                sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(table, sql.Identifier(column), storage)
+            )
+        if index and meta.attrs:  # keys are searched by layer/head and a position range
+            self.conn.execute(
+                sql.SQL("CREATE INDEX ON {} ({})").format(table, sql.SQL(", ").join(map(sql.Identifier, meta.attrs)))
+            )
+        self._register(name, meta)
+
+    def _register(self, name: str, meta: Meta) -> None:
+        self.conn.execute(
+            sql.SQL(
+                "INSERT INTO {}._collections (name, tbl, dim, metric, attrs, payload) VALUES (%s, %s, %s, %s, %s, %s)"
+            ).format(sql.Identifier(self.schema)),
+            (name, meta.table, meta.dim, meta.metric, meta.attrs, meta.payload),
+        )
         self._meta[name] = meta
+
+    def clone(self, src: str, dst: str) -> None:
+        """dst, a new collection with every row of src: copied by the server in one transaction."""
+        self._run(self._clone, src, dst)
+
+    def _clone(self, src, dst):
+        self._commit()
+        meta = self._col(src)
+        if self._get(dst) is not None:
+            raise VecgptError(f"cannot clone {src!r} to {dst!r}: {dst!r} exists; drop it first")
+        new = Meta(table_name(dst), meta.dim, meta.metric, meta.attrs, meta.payload)
+        record()
+        try:
+            with self.conn.transaction():
+                self.conn.execute(
+                    sql.SQL("CREATE TABLE {} (LIKE {} INCLUDING ALL)").format(self._table(new), self._table(meta))
+                )
+                self.conn.execute(
+                    sql.SQL("INSERT INTO {} SELECT * FROM {}").format(self._table(new), self._table(meta))
+                )
+                self._register(dst, new)
+        except psycopg.errors.DuplicateTable:
+            raise VecgptError(f"a table {self.schema}.{new.table} exists that is not a collection; drop it") from None
 
     def drop(self, name: str) -> None:
         self._run(self._drop, name)
@@ -168,26 +234,28 @@ class PgStore(Manifests, Session):
                         sql.Literal(f'"{self.schema}"."{meta.table}"'), self._table(meta)
                     )
                 ).fetchone()
-                out[name] = {"documents": n, "bytes": size, "vector_bytes": n * (4 * meta.dim + 8)}
+                width = sum(4 * d + 8 for d in (meta.dim, meta.payload)[: len(meta.vector_columns())])
+                out[name] = {"documents": n, "bytes": size, "vector_bytes": n * width}
             return out
 
         return self._run(run)
 
     # rows
-    def upsert(
-        self, name: str, ids: np.ndarray, vectors: np.ndarray, attrs: Mapping[str, np.ndarray] | None = None
-    ) -> None:
-        self._run(self._upsert, name, ids, vectors, attrs or {}, loading=name)
+    def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
+        self._run(self._upsert, name, ids, vectors, attrs or {}, payload, loading=name)
 
-    def _upsert(self, name, ids, vectors, attrs):
+    def _upsert(self, name, ids, vectors, attrs, payload):
         meta = self._col(name)
         ids, vectors = base.check_rows(name, ids, vectors, meta.dim)
+        payload = base.check_payload(name, payload, len(ids), meta.payload)
         if len(ids) == 0:
             return
-        ids, vectors, columns = base.last_writes(name, ids, vectors, attrs, meta.attrs)
+        ids, rows, columns = base.last_writes(name, ids, np.hstack([vectors, payload]), attrs, meta.attrs)
+        vectors = [np.ascontiguousarray(rows[:, : meta.dim]), np.ascontiguousarray(rows[:, meta.dim :])]
+        vectors = vectors[: len(meta.vector_columns())]
         record()
         table = self._table(meta)
-        names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, "embedding"]))
+        names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, *meta.vector_columns()]))
         # One statement either way, atomic by itself; inside a load transaction an error drops the load.
         if (
             len(ids) <= SMALL_WRITE
@@ -201,14 +269,14 @@ class PgStore(Manifests, Session):
 
     def _insert(self, table, meta, names, ids, columns, vectors):
         """Rows that may replace others: one INSERT ... ON CONFLICT from arrays."""
-        arrays = [sql.SQL("%b::bigint[]")] * (1 + len(meta.attrs)) + [sql.SQL("%b::vector[]")]
+        arrays = [sql.SQL("%b::bigint[]")] * (1 + len(meta.attrs)) + [sql.SQL("%b::vector[]")] * len(vectors)
         update = sql.SQL(", ").join(
-            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in [*meta.attrs, "embedding"]
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in [*meta.attrs, *meta.vector_columns()]
         )
         query = sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) ON CONFLICT (id) DO UPDATE SET {}").format(
             table, names, sql.SQL(", ").join(arrays), update
         )
-        self.conn.execute(query, [ids.tolist(), *(columns[a].tolist() for a in meta.attrs), list(vectors)])
+        self.conn.execute(query, [ids.tolist(), *(columns[a].tolist() for a in meta.attrs), *map(list, vectors)])
 
     def _copy(self, table, meta, names, ids, columns, vectors):
         """Rows that are all new: one binary COPY, its stream built in numpy."""
@@ -217,26 +285,22 @@ class PgStore(Manifests, Session):
         ) as copy:
             copy.write(copy_stream(ids, [columns[a] for a in meta.attrs], vectors))
 
-    def fetch(self, name: str, ids: np.ndarray) -> np.ndarray:
+    def fetch(self, name: str, ids: np.ndarray, payload: bool = False):
         def run():
             self._commit()
             meta = self._col(name)
             want = np.asarray(ids, np.int64)
             record()
-            rows = (
-                self.conn.cursor(binary=True)
-                .execute(
-                    sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%b)").format(self._table(meta)),
-                    (want.tolist(),),
-                )
-                .fetchall()
-            )
-            found = {int(i): v for i, v in rows}
-            base.check_found(name, want, found)
-            return np.array(
-                [found[int(i)].to_numpy() if hasattr(found[int(i)], "to_numpy") else found[int(i)] for i in want],
-                np.float32,
-            ).reshape(len(want), meta.dim)
+            columns = meta.vector_columns() if payload else ["embedding"]
+            with self.conn.cursor().copy(fetch_copy(self._table(meta), columns, want)) as copy:
+                data = b"".join(copy)
+            rows = read_copy(data, [meta.dim, meta.payload][: len(columns)])
+            at = positions(name, rows["int0"], want)
+            vectors = rows["vec0"][at].astype(np.float32).reshape(len(want), meta.dim)
+            if not payload:
+                return vectors
+            held = rows["vec1"][at].astype(np.float32) if meta.payload else np.zeros((len(want), 0), np.float32)
+            return vectors, held.reshape(len(want), meta.payload)
 
         return self._run(run)
 
