@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -256,3 +257,38 @@ def test_the_pages_need_no_network(playground):
     for path in ("/", "/attention", "/static/playground.js", "/static/style.css"):
         with urllib.request.urlopen(playground.url + path) as r:
             assert r.status == 200
+
+
+def test_turbopuffer_tokens_show_their_dollars(tmp_path, monkeypatch, small_config):
+    pytest.importorskip("turbopuffer")
+    from vecgpt.backends.turbopuffer.server import Running as Turbopuffer
+    from vecgpt.backends.turbopuffer.store import TurbopufferStore
+    from vecgpt.config import load_config, open_store
+    from vecgpt.loading import push
+
+    if not hasattr(TurbopufferStore, "write_text"):
+        pytest.skip("the turbopuffer store keeps no texts yet")
+    monkeypatch.setenv("TURBOPUFFER_API_KEY", "play-key")
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    service = Turbopuffer(api_key="play-key")
+    config = tmp_path / "tpuf.toml"
+    model = load_config(small_config).model
+    config.write_text(
+        f'backend = "turbopuffer"\nmodel = "{model}"\n[store]\nbase_url = "{service.url}"\nprefix = "d-"\n'
+    )
+    store = open_store(load_config(config))
+    push(store, weights.load(model), "l2", progress=False)  # a billed store is never loaded by the server
+    store.close()
+    server = Running(Settings(configs=[str(config)]))
+    try:
+        view = start(server.url)
+        costs = [
+            data["cost"]
+            for kind, data in events(f"{server.url}/api/texts/{view['id']}/generate?n=2")
+            if kind == "token"
+        ]
+        assert len(costs) == 2 and all(c["dollars"] > 0 for c in costs)
+        assert "play-key" not in json.dumps(call(f"{server.url}/api/stores")[1])
+    finally:
+        server.stop()
+        service.stop()
