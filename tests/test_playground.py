@@ -81,6 +81,10 @@ def test_generate_click_branch_step_back_reload(playground, page):
     page.wait_for_selector("body[data-ready]")
     assert text_id(page) == branched["id"] and shown(page) == generated(stepped)
     assert page.input_value("#prompt") == "ROMEO:"
+    second = page.context.new_page()  # a second tab on the same address opens the same text
+    second.goto(page.url)
+    second.wait_for_selector("body[data-ready]")
+    assert shown(second) == generated(stepped)
 
 
 def test_the_first_token_reaches_the_page_before_the_last_is_computed(playground, page):
