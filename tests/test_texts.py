@@ -48,7 +48,7 @@ def uninterrupted(args: list[str], n: int) -> list[int]:
 
 def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_dir):
     config, _ = store_config(backend, tmp_path)
-    args = ["--config", str(config), "--model", str(tiny_model_dir)]
+    args = ["--config", str(config), "--model", str(tiny_model_dir), "--yes"]  # --yes: a billed store loads too
     a = run_json("generate", PROMPT, "-n", "5", "--keep", "--json", *args, *SAMPLED)
     assert a["kept"] and len(a["tokens"]) == 5
     b = run_json("generate", "--resume", a["text_id"], "-n", "5", "--json", *args)
@@ -59,7 +59,7 @@ def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_
 
 def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, long_model):
     config, options = store_config(backend, tmp_path)
-    args = ["--config", str(config), "--model", long_model.source]
+    args = ["--config", str(config), "--model", long_model.source, "--yes"]
     writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
     store = get_store(backend, **options)
     try:

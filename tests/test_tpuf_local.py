@@ -292,3 +292,66 @@ def test_python_dash_m_runs_the_server_module():
         check=True,
     ).stdout
     assert "--latency-ms" in out and "--fail-rate" in out
+
+
+def _held(ns) -> dict:
+    return {r.id: r.to_dict() for r in ns.query(rank_by=("id", "asc"), top_k=50, include_attributes=True).rows}
+
+
+def test_conditional_writes_and_patches_as_documented(client):
+    """The write page: a condition is evaluated against the document as it is; an upsert to an id not held is
+    applied unconditionally, a patch to one ignored, and a delete_condition sees every $ref_new as null."""
+    ns = client.namespace("cond")
+    ns.write(upsert_rows=[{"id": "a", "v": 1, "doc": "x"}], schema={"doc": {"type": "string", "filterable": False}})
+    out = ns.write(upsert_rows=[{"id": "a", "v": 9}, {"id": "b", "v": 9}], upsert_condition=["v", "Eq", 2])
+    assert (out.rows_upserted, out.rows_affected) == (1, 1)  # b is new: written although v is not 2
+    assert _held(ns) == {"a": {"id": "a", "v": 1, "doc": "x"}, "b": {"id": "b", "v": 9}}
+    out = ns.write(upsert_rows=[{"id": "a", "v": 2}], upsert_condition=["v", "Lt", {"$ref_new": "v"}])
+    assert out.rows_upserted == 1 and _held(ns)["a"] == {"id": "a", "v": 2}  # an upsert replaces the document
+    out = ns.write(upsert_rows=[{"id": "a", "v": 5}, {"id": "c", "v": 1}], upsert_condition=["id", "Eq", None])
+    assert out.rows_upserted == 1 and _held(ns)["a"]["v"] == 2 and "c" in _held(ns)  # only creates
+    out = ns.write(patch_rows=[{"id": "a", "doc": "p"}, {"id": "zz", "doc": "p"}], patch_condition=["v", "Eq", 2])
+    assert out.rows_patched == 1 and _held(ns)["a"] == {"id": "a", "v": 2, "doc": "p"} and "zz" not in _held(ns)
+    assert ns.write(patch_rows=[{"id": "a", "doc": "q"}], patch_condition=["v", "Eq", 5]).rows_patched == 0
+    assert ns.write(deletes=["a"], delete_condition=["v", "Eq", {"$ref_new": "v"}]).rows_deleted == 0  # v == null
+    assert ns.write(deletes=["a", "nope"], delete_condition=["v", "Eq", 2]).rows_deleted == 1
+    assert sorted(_held(ns)) == ["b", "c"]
+    with pytest.raises(turbopuffer.BadRequestError, match="patched"):
+        client.namespace("forms").write(patch_rows=[{"id": 1, "vector": [0.0] * 5}])
+    with pytest.raises(turbopuffer.BadRequestError, match="more than once"):  # the write page: a 400
+        ns.write(upsert_rows=[{"id": "b", "v": 1}, {"id": "b", "v": 2}])
+
+
+def test_attribute_sizes_and_unfilterable_attributes(client):
+    ns = client.namespace("sizes")
+    with pytest.raises(turbopuffer.BadRequestError, match="4096"):  # a filterable value: 4 KiB
+        ns.write(upsert_rows=[{"id": 1, "s": "x" * 5000}])
+    ns.write(upsert_rows=[{"id": 1, "s": "x" * 5000}], schema={"s": {"type": "string", "filterable": False}})
+    with pytest.raises(turbopuffer.BadRequestError, match="8388608"):
+        ns.write(upsert_rows=[{"id": 2, "s": "x" * (8 * 2**20 + 1)}])
+    with pytest.raises(turbopuffer.BadRequestError, match="not filterable"):
+        ns.query(rank_by=("id", "asc"), top_k=1, filters=["s", "Eq", "x"])
+    ns.write(upsert_rows=[{"id": 3, "f": [0.1, -0.0]}], schema={"f": {"type": "[]float", "filterable": False}})
+    assert ns.schema()["f"].type == "[]float" and _held(ns)[3]["f"] == [0.1, -0.0]
+
+
+def test_branch_and_copy_are_independent_and_pay_the_commit(client, server):
+    import time
+
+    src = client.namespace("cow")
+    schema = {"p": {"type": "[]float", "filterable": False}}
+    rows = [{"id": i, "vector": [float(i)], "p": [i + 0.5]} for i in range(3)]
+    src.write(upsert_rows=rows, distance_metric="euclidean_squared", schema=schema)
+    server.server.write_latency = 0.2
+    try:
+        for how in ("branch", "copy"):
+            start = time.perf_counter()
+            getattr(client.namespace(f"cow-{how}"), f"{how}_from")(source_namespace="cow")
+            assert time.perf_counter() - start >= 0.2  # a write like any other: it returns once committed
+    finally:
+        server.server.write_latency = 0.0
+    client.namespace("cow-branch").write(upsert_rows=[{"id": 0, "vector": [9.0], "p": [9.5]}], deletes=[1])
+    src.write(patch_rows=[{"id": 2, "p": [7.5]}], upsert_rows=[{"id": 5, "vector": [5.0]}])
+    assert {i: r["p"] for i, r in _held(client.namespace("cow-branch")).items()} == {0: [9.5], 2: [2.5]}
+    assert {i: r.get("p") for i, r in _held(client.namespace("cow-copy")).items()} == {0: [0.5], 1: [1.5], 2: [2.5]}
+    assert {i: r.get("p") for i, r in _held(src).items()} == {0: [0.5], 1: [1.5], 2: [7.5], 5: None}

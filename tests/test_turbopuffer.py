@@ -14,10 +14,10 @@ pytest.importorskip("starlette")
 from vecgpt import tokenizer  # noqa: E402
 from vecgpt.api import generate  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
-from vecgpt.backends.base import Search, Where  # noqa: E402
+from vecgpt.backends.base import Search, Where, tally  # noqa: E402
 from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
-from vecgpt.errors import VecgptError  # noqa: E402
+from vecgpt.errors import TextConflict, VecgptError  # noqa: E402
 from vecgpt.loading import plan, push  # noqa: E402
 
 LIVE_KEY = os.environ.get("TURBOPUFFER_API_KEY")  # read at import, before the local setup sets a dummy one
@@ -41,8 +41,8 @@ def local(monkeypatch):
     opened = []
 
     def make(url, **kw):
-        kw = {"max_top_k": 50, **kw}  # small_server answers at most 50 rows a query
-        store = tpb.connect(base_url=url, prefix=f"u{uuid.uuid4().hex[:8]}-", max_retries=0, **kw)
+        kw = {"max_top_k": 50, "prefix": f"u{uuid.uuid4().hex[:8]}-", "max_retries": 0, **kw}  # 50: small_server's rows
+        store = tpb.connect(base_url=url, **kw)
         opened.append(store)
         return store
 
@@ -431,3 +431,110 @@ def test_on_a_terminal_an_implicit_load_is_asked_for_on_stderr(tmp_path, tiny_mo
         assert len(tpb.connect(**options).manifests()) == loaded
         if code == 0:
             assert json.loads(proc.stdout)["tokens"]  # stdout: the result alone
+
+
+def _keys_with_payload(store, name, n=600, heads=3, width=3):
+    store.create(name, 4, "l2", ("layer", "head", "position"), payload=width)
+    x, p = rng.standard_normal((n, 4)).astype(np.float32), rng.standard_normal((n, width)).astype(np.float32)
+    attrs = {"layer": np.zeros(n, int), "head": np.arange(n) % heads, "position": np.arange(n) // heads}
+    store.upsert(name, np.arange(n), x, attrs, payload=p)
+    return x, p
+
+
+def test_fetch_pages_large_id_lists_in_multi_queries(small_server, local):
+    """600 ids at 50 a query: 12 chunks, asked of each of the 3 head namespaces (first copy, where the payload
+    is) as one multi_query each: 3 requests in one wave, bit-exact payloads."""
+    store = local(small_server.url)
+    x, p = _keys_with_payload(store, "text-page")
+    ids = np.concatenate([np.arange(600)[::-1], [7, 7]])
+    with tally() as counts:
+        v, got = store.fetch("text-page", ids, payload=True)
+    assert np.array_equal(v, x[ids]) and np.array_equal(got, p[ids]) and got.dtype == np.float32
+    assert (counts["requests"], counts["subqueries"]) == (3, 36)
+    assert store.stats()["text-page"]["bytes"] == 600 * (4 * 4 * 2 + 16)  # vectors in 2 copies, 12 payload bytes once
+
+
+class _DropNext:
+    """Server faults: the next API request is handled, then its reply lost (the client retries)."""
+
+    def __init__(self):
+        self.left = 1
+
+    def draw(self):
+        self.left, kind = 0, ("drop" if self.left else None)
+        return kind
+
+
+def test_text_records_are_conditional_writes_of_up_to_megabytes(small_server, local):
+    one = local(small_server.url)
+    other = local(small_server.url, prefix=one.prefix, max_retries=1)  # another process, same store
+    record = {"tokens": list(range(300_000))}  # ~2.3 MB of JSON: unindexed (filterable values stop at 4 KiB)
+    assert one.write_text("big", record, expect=None) == 1
+    assert other.read_text("big") == {**record, "version": 1}
+    faults, small_server.server.faults = small_server.server.faults, _DropNext()
+    try:  # the write lands, its reply is lost; the retry's condition fails, and it is known as our own write
+        assert other.write_text("big", {"tokens": [1]}, expect=1) == 2
+    finally:
+        small_server.server.faults = faults
+    assert small_server.server.stats["fault_drop"] >= 1
+    with pytest.raises(TextConflict, match="version 2, not 1"):
+        one.write_text("big", {"tokens": [2]}, expect=1)
+    assert one.write_text("big", None, expect=2) == 3
+    with pytest.raises(TextConflict, match="removed"):
+        other.write_text("big", {"tokens": [3]}, expect=2)  # a patch: it cannot bring the text back
+    assert one.read_text("big") is None and one.texts() == []
+    with pytest.raises(VecgptError, match="64 bytes"):
+        one.read_text("x" * 65)
+
+
+@pytest.mark.parametrize("how", ["copy", "branch"])
+def test_clone_copies_each_namespace_inside_the_service(small_server, local, how):
+    store = local(small_server.url, clone_with=how)
+    x, p = _keys_with_payload(store, "text-src", n=30)
+    queries = small_server.server.stats["query"]
+    with tally() as counts:
+        store.clone("text-src", "text-dst")
+    assert counts["requests"] == 1 + 1 + 6  # the catalog read and row, 3 heads x 2 copies (no row fetched)
+    assert small_server.server.stats["query"] == queries + 1
+    assert store.last_clone["namespaces"] == 6
+    expect = 6 * 0.032 if how == "branch" else 6 * 10e3 / 1e9 * 2.0 * 0.5  # tiny namespaces: the write minimum
+    assert store.last_clone["dollars"] == pytest.approx(expect)
+    v, got = store.fetch("text-dst", np.arange(30), payload=True)
+    assert np.array_equal(v, x) and np.array_equal(got, p)
+    attrs = {"layer": [0], "head": [1], "position": [0]}
+    store.upsert("text-dst", np.array([1]), np.zeros((1, 4)), attrs, payload=np.zeros((1, 3)))
+    assert np.array_equal(store.fetch("text-src", np.array([1]), payload=True)[1], p[[1]])
+    with pytest.raises(VecgptError, match="exists"):
+        store.clone("text-src", "text-dst")
+    store.drop("text-dst")
+    assert store.count("text-src") == 30 and not [n for n in small_server.server.namespaces if "text-dst" in n]
+
+
+def test_gc_knows_kept_texts_by_their_record(small_server, local, tmp_path, capsys):
+    from vecgpt.backends.turbopuffer import gc
+
+    store = local(small_server.url)
+    _keys_with_payload(store, "text-0a0a", n=6)  # a crashed run's keys: no record
+    _keys_with_payload(store, "text-0b0b", n=6)
+    store.write_text("0b0b", {"tokens": [1]}, expect=None)  # a kept text, with its candidates' collection
+    store.create("text-0b0b.c", 1, "l2", payload=4)
+    store.upsert("text-0b0b.c", np.arange(2), np.zeros((2, 1)), payload=np.ones((2, 4)))
+    store.write_text("0c0c", {"tokens": [2]}, expect=None)  # a record whose keys are gone
+    config = tmp_path / "tp.toml"
+    config.write_text(
+        f'backend = "turbopuffer"\n[store]\nbase_url = "{small_server.url}"\nprefix = "{store.prefix}"\n'
+        f"max_top_k = 50\nmax_retries = 0\n"
+    )
+
+    class Args:
+        remove, older_than = False, 0.0
+
+    Args.config = str(config)
+    assert gc.run(Args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert ["no record" in lines[0], "record v1" in lines[1], "record v1" in lines[2]] == [True] * 3
+    assert [line.split()[0] for line in lines[:3]] == ["text-0a0a", "text-0b0b", "text-0c0c"]
+    Args.remove = True
+    gc.run(Args)
+    assert "removed 3 of 3" in capsys.readouterr().out
+    assert store.leftover_texts() == [] and store.texts() == [] and store.collections() == []

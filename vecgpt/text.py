@@ -145,7 +145,8 @@ class Text:
             split = min(max(start, self.prompt_len), p)
             chunks = ([self.tokens[start:split]] if split > start else []) + [[t] for t in self.tokens[split:p]]
             for chunk in chunks:
-                self.session.meter.start_token()
+                if self.session.meter.current["rounds"].get("token_search"):  # a read ended: the next token's
+                    self.session.meter.start_token()
                 cands = self.session.read(chunk, self.settings["top_k"])
             self._candidates[p] = cands
             self._queue(p)
@@ -189,9 +190,9 @@ class Text:
         with self._operation():
             if not self.prompt_len <= p < len(self.tokens):
                 raise VecgptError(f"branch at a generated position, from {self.prompt_len} to {len(self.tokens) - 1}")
-            start = len(self.session.meter.tokens)
+            before = summarize(self.session.meter.tokens)
             child = self._child(p, token)
-            child.cost = operation_cost(self.session.meter.tokens[start:], 0)
+            child.cost = operation_cost(before, summarize(self.session.meter.tokens), 0)
         self.cost = child.cost
         return child
 
@@ -210,7 +211,6 @@ class Text:
         record.pop("version")
         child_id = uuid.uuid4().hex[:12]
         name = SESSION_PREFIX + child_id
-        self.session.meter.start_token()
         (version,) = self.session.store.together(later.write_text(child_id, record, None))
         if cloned:
             own = self.session.name
@@ -232,8 +232,7 @@ class Text:
     @contextmanager
     def _operation(self):
         lock = getattr(self.store, "text_lock", None)
-        start, read = len(self.session.meter.tokens), self.session.positions_read
-        self.session.meter.start_token()
+        before, read = summarize(self.session.meter.tokens), self.session.positions_read
         with lock(self.id) if lock else nullcontext():
             self._catch_up()
             try:
@@ -244,7 +243,8 @@ class Text:
                     self.session.send()
                 raise
             finally:
-                self.cost = operation_cost(self.session.meter.tokens[start:], self.session.positions_read - read)
+                after = summarize(self.session.meter.tokens)
+                self.cost = operation_cost(before, after, self.session.positions_read - read)
 
     def _commit(self) -> None:
         """The last rows and record land; then, if rows landed since, a record that claims them."""
@@ -338,13 +338,14 @@ def unpack(rows: np.ndarray) -> list[Candidates]:
     return [Candidates(i.astype(np.int64), x) for i, x in zip(ids, logits)]
 
 
-def operation_cost(tokens: list[dict], positions_read: int) -> dict:
-    counted = summarize(tokens)
+def operation_cost(before: dict, after: dict, positions_read: int) -> dict:
+    """What an operation sent (meter summaries before and after it), and the positions it read."""
+    kinds = {k: after["by_kind"][k] - before["by_kind"].get(k, 0) for k in after["by_kind"]}
     return {
-        "requests": counted["total"],
-        "round_trips": counted["round_trips"],
-        "by_kind": counted["by_kind"],
-        "seconds": counted["seconds"],
+        "requests": after["total"] - before["total"],
+        "round_trips": after["round_trips"] - before["round_trips"],
+        "by_kind": {k: n for k, n in kinds.items() if n},
+        "seconds": round(after["seconds"] - before["seconds"], 6),
         "positions_read": positions_read,
     }
 

@@ -23,6 +23,7 @@ from vecgpt.errors import VecgptError
 __all__ = ["PRICES", "TurbopufferStore", "b64", "connect", "dollars", "estimate_cost"]
 
 LAYOUTS = ("namespace-per-matrix",)
+CLONES = ("copy", "branch")
 
 
 def connect(
@@ -39,6 +40,7 @@ def connect(
     max_top_k: int = MAX_TOP_K,
     slots: int = SLOTS,
     write_batch_mb: float = 8.0,
+    clone_with: str = "copy",
 ) -> TurbopufferStore:
     import turbopuffer
 
@@ -46,6 +48,10 @@ def connect(
         raise VecgptError(
             f"layout {layout!r} is not offered; use {LAYOUTS[0]!r} "
             f"(namespace per vector length was measured and dropped: see docs/turbopuffer.md)"
+        )
+    if clone_with not in CLONES:
+        raise VecgptError(
+            f"clone_with {clone_with!r}: use 'copy' (copy_from_namespace) or 'branch' (branch_from_namespace)"
         )
     if replicas < 1 or key_replicas < 1 or not 1 <= max_top_k <= MAX_TOP_K or slots < KNN_SLOTS:
         raise VecgptError("replicas and key_replicas must be >= 1, max_top_k within 1..10000, slots >= 2")
@@ -91,4 +97,5 @@ def connect(
         max_top_k,
         slots,
         write_batch_mb,
+        clone_with,
     )

@@ -7,7 +7,8 @@ import json
 import re
 from collections.abc import Sequence
 
-from vecgpt.backends.base import Metric, check_metric, check_same, existing, record
+from vecgpt.backends.base import Metric, check_metric, check_same, existing, parallel, record
+from vecgpt.backends.turbopuffer.cost import PRICES, clone_cost
 from vecgpt.backends.turbopuffer.plumbing import Plumbing
 from vecgpt.errors import VecgptError
 
@@ -68,10 +69,9 @@ class Catalog(Plumbing):
             self._write_spec(name, entry, "recording a collection's parts")
 
     # collections --------------------------------------------------------------------------
-    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = ()) -> None:
+    def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = (), payload: int = 0) -> None:
         check_metric("turbopuffer", metric, self.metrics)  # it has no inner product
-        if "--" in name or name.startswith("_") or not NAME.match(name):
-            raise VecgptError(f"collection name {name!r}: use [A-Za-z0-9-_.], no '--', not starting with '_'")
+        check_collection(name)
         partition = self.key_partition if name.startswith("text-") and self.key_partition in attrs else None
         spec = {
             "dim": int(dim),
@@ -79,6 +79,7 @@ class Catalog(Plumbing):
             "attrs": list(attrs),
             "partition": partition,
             "replicas": self.key_replicas if partition else self.replicas,
+            "payload": int(payload),
         }
         for ns in self._replicas(self._base(name, 0 if partition else None), spec["replicas"]):
             check_namespace(ns)
@@ -87,8 +88,47 @@ class Catalog(Plumbing):
         held = self._specs.get(name) or (None if name.startswith("text-") else self._spec(name, required=False))
         if held is not None:
             check_same(name, (held["dim"], held["metric"]), dim, metric)
+            if held.get("payload", 0) != payload:
+                raise VecgptError(
+                    f"collection {name!r} exists with a payload of {held.get('payload', 0)} floats, not {payload}; "
+                    f"drop it first"
+                )
             return
         self._write_spec(name, spec, "creating a collection")
+
+    def clone(self, src: str, dst: str) -> None:
+        """dst: every row of src, copied by the service namespace by namespace (`copy_from_namespace`, or
+        `branch_from_namespace` with clone_with = "branch"), no row through this process; dst's catalog row is
+        written first, so nothing can leak. What it cost: `last_clone` (cost.clone_cost)."""
+        spec = self._spec(src)
+        check_collection(dst)
+        if self._spec(dst, required=False) is not None:
+            raise VecgptError(f"cannot clone {src!r} to {dst!r}: collection {dst!r} exists; drop it first")
+        pairs = [
+            (ns, self._base(dst) + ns[len(self._base(src)) :]) for group in self._groups(src, spec) for ns in group
+        ]
+        for _, ns in pairs:
+            check_namespace(ns)
+        self._write_spec(dst, dict(spec), "creating a clone")
+        written = parallel([lambda s=s, d=d: self._clone_namespace(s, d) for s, d in pairs])
+        self.last_clone = clone_cost(self.clone_with, [b for b in written if b is not None])
+
+    def _clone_namespace(self, src: str, dst: str) -> int | None:
+        """One namespace copied or branched inside the service: the bytes it reports written (None: src has
+        never been written, so there is nothing to copy)."""
+        key = "branch_from_namespace" if self.clone_with == "branch" else "copy_from_namespace"
+        record()
+        out = self._raw(f"cloning {src}", dst, "write", missing=None, **{key: src})
+        if out is None:
+            return None
+        written = int(out.get("billing", {}).get("billable_logical_bytes_written", 0))
+        with self._lock:
+            self.usage["write_requests"] += 1
+            if self.clone_with == "branch":
+                self.usage["branches"] += 1
+            else:
+                self.usage["billed_copied"] += max(written, PRICES["min_write_bytes"])
+        return written
 
     def _write_spec(self, name: str, spec: dict, what: str) -> None:
         """Upsert a catalog row (idempotent: a 409 after retries means an earlier attempt landed)."""
@@ -109,3 +149,8 @@ def check_namespace(ns: str) -> None:
             f"namespace name {ns!r} is not valid for turbopuffer ([A-Za-z0-9-_.], 1 to 128 characters); "
             f"shorten the prefix"
         )
+
+
+def check_collection(name: str) -> None:
+    if "--" in name or name.startswith("_") or not NAME.match(name):
+        raise VecgptError(f"collection name {name!r}: use [A-Za-z0-9-_.], no '--', not starting with '_'")

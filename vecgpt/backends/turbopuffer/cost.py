@@ -13,7 +13,9 @@ PRICES = {
     "returned_gb": 0.05,
     "min_query_bytes": 1.28e9,
     "min_write_bytes": 10e3,
-    "branch": 0.032,
+    "branch": 0.032,  # branch_from_namespace, flat
+    "copy_discount": 0.5,  # copy_from_namespace: 50%, stacking with up to 50% for batches (not counted here)
+    "unindexed_storage": 0.5,  # a filterable: false attribute is stored at half price
 }
 
 
@@ -21,9 +23,22 @@ def dollars(usage: Mapping[str, float]) -> float:
     """Dollars for a usage tally (billed bytes written, queried, returned), at the published prices."""
     return (
         usage.get("billed_written", 0) / 1e9 * PRICES["write_gb"]
+        + usage.get("billed_copied", 0) / 1e9 * PRICES["write_gb"] * (1 - PRICES["copy_discount"])
+        + usage.get("branches", 0) * PRICES["branch"]
         + usage.get("billed_queried", 0) / 1e15 * PRICES["queried_pb"]
         + usage.get("billed_returned", 0) / 1e9 * PRICES["returned_gb"]
     )
+
+
+def clone_cost(method: str, written: Sequence[int]) -> dict:
+    """What a clone cost: `copy` bills each namespace's logical bytes as a write at the copy discount (at least
+    the 10 KB write minimum), `branch` a flat fee a namespace whatever its size."""
+    if method == "branch":
+        dollars_ = len(written) * PRICES["branch"]
+    else:
+        billed = sum(max(b, PRICES["min_write_bytes"]) for b in written)
+        dollars_ = billed / 1e9 * PRICES["write_gb"] * (1 - PRICES["copy_discount"])
+    return {"method": method, "namespaces": len(written), "bytes": sum(written), "dollars": dollars_}
 
 
 def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_replicas: int = 2) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 
 from vecgpt.backends.base import Hits, Search, Where, check_found, check_vectors, check_where, parallel
 from vecgpt.backends.turbopuffer.filters import MATCH_ALL, range_of, strip_range, to_filter, with_range
-from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS
+from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES
 from vecgpt.errors import VecgptError
 
 
@@ -136,40 +136,63 @@ class Searching:
             )
         return Hits(np.stack(ids) if m else np.zeros((0, 0), np.int64), np.stack(dists) if m else np.zeros((0, 0)))
 
-    def fetch(self, name, ids) -> np.ndarray:
+    def fetch(self, name, ids, payload=False):
+        """Rows by id: every part is asked for every id (a row's part is not known from its id), in chunks of
+        at most max_top_k ids, up to `slots` chunks a multi_query; all requests in one wave."""
         spec = self._spec(name)
         ids = np.asarray(ids, np.int64)
         wanted = np.unique(ids)
-        spaces = self._groups(name, spec) if not spec["partition"] else [[g[0]] for g in self._groups(name, spec)]
-        found: dict[int, np.ndarray] = {}
+        width = spec.get("payload", 0)
+        first_only = spec["partition"] or (payload and width)  # the payload is kept in a collection's first copy
+        spaces = [group[:1] if first_only else group for group in self._groups(name, spec)]
+        found: dict[int, dict] = {}
+        chunks = [wanted[i : i + self.max_top_k].tolist() for i in range(0, len(wanted), self.max_top_k)]
+        per = max(1, min(MAX_SUBQUERIES, self.slots))
+        parallel(
+            [
+                lambda r=r, c=chunks[i : i + per]: self._fetch_rows(name, r, c, payload and width, found)
+                for r in spaces
+                for i in range(0, len(chunks), per)
+            ]
+        )
+        check_found(name, wanted, found)
+        vectors = np.zeros((len(ids), spec["dim"]), np.float32)
+        for row, i in enumerate(ids.tolist()):
+            vectors[row] = found[i]["vector"]
+        if not payload:
+            return vectors
+        values = np.zeros((len(ids), width), np.float32)
+        for row, i in enumerate(ids.tolist() if width else []):
+            held = found[i].get("payload")
+            if held is not None:  # else written without one: zeros
+                values[row] = np.frombuffer(base64.b64decode(held), "<f4")
+        return vectors, values
 
-        def get(replicas, chunk):
-            ns = self.gate.acquire(replicas, 1)
-            try:
-                out = self._query(
-                    ns,
-                    {
-                        "rank_by": ["id", "asc"],
-                        "top_k": len(chunk),
-                        "filters": ["id", "In", chunk],
-                        "include_attributes": ["vector"],
-                        "vector_encoding": "base64",
-                    },
-                    "fetch",
-                )
-            finally:
-                self.gate.release(ns, 1)
-            for r in out.get("rows", []):
+    def _fetch_rows(self, name: str, replicas: list[str], chunks: list[list[int]], payload, found: dict) -> None:
+        """One request (a query, or a multi_query of several chunks) for these ids, on the least busy copy."""
+        attrs = ["vector", "payload"] if payload else ["vector"]
+        subs = [
+            {"rank_by": ["id", "asc"], "top_k": len(c), "filters": ["id", "In", c], "include_attributes": attrs}
+            for c in chunks
+        ]
+        ns = self.gate.acquire(replicas, len(subs))
+        try:
+            if len(subs) == 1:
+                results = [self._query(ns, {**subs[0], "vector_encoding": "base64"}, "fetch")]
+            else:
+                body = {"queries": subs, "vector_encoding": "base64"}
+                results = self._query(ns, body, "fetch", subqueries=len(subs))["results"]
+        finally:
+            self.gate.release(ns, len(subs))
+        for res in results:
+            for r in res.get("rows", []):
                 v = r["vector"]
-                found[int(r["id"])] = (
+                r["vector"] = (
                     np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) else np.asarray(v, np.float32)
                 )
-
-        chunks = [wanted[i : i + self.max_top_k].tolist() for i in range(0, len(wanted), self.max_top_k)]
-        parallel([lambda r=r, c=c: get(r, c) for r in spaces for c in chunks])
-        check_found(name, wanted, found)
-        return (
-            np.stack([found[int(i)] for i in ids]).astype(np.float32)
-            if len(ids)
-            else np.zeros((0, spec["dim"]), np.float32)
-        )
+                if int(r["id"]) in found:
+                    raise VecgptError(
+                        f"id {r['id']} of collection {name!r} is held in two of its parts (its partition "
+                        f"attribute changed in another process); drop the collection and write it again"
+                    )
+                found[int(r["id"])] = r

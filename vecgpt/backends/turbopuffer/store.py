@@ -11,11 +11,27 @@ from collections import Counter
 
 import numpy as np
 
-from vecgpt.backends.base import Metric, check_rows, last_writes, parallel, record
+from vecgpt.backends.base import Metric, check_payload, check_rows, last_writes, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
+from vecgpt.backends.turbopuffer.records import Records
 from vecgpt.backends.turbopuffer.search import Searching
 from vecgpt.errors import VecgptError
+
+ROW = "__row"  # a column last_writes carries through, never sent
+# the payload as base64 of its little-endian float32 bytes, in an unindexed string (half-price storage): bit
+# exact, and 4/3 bytes a byte where []float (f64 on the service, ~20 characters a number in JSON) would take 8
+# stored and 2.4x the transfer (docs/turbopuffer.md, "Texts")
+PAYLOAD_SCHEMA = {"payload": {"type": "string", "filterable": False}}
+
+
+def row_bytes(spec: dict) -> int:
+    """A row's vector in every copy, and its payload (base64 of float32, in the first copy only)."""
+    return spec["dim"] * 4 * spec["replicas"] + b64_length(spec.get("payload", 0))
+
+
+def b64_length(floats: int) -> int:
+    return 4 * -(-4 * floats // 3) if floats else 0
 
 
 def b64(vectors: np.ndarray) -> list[str]:
@@ -23,7 +39,7 @@ def b64(vectors: np.ndarray) -> list[str]:
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in v]
 
 
-class TurbopufferStore(Catalog, Searching):
+class TurbopufferStore(Catalog, Searching, Records):
     metrics: tuple[Metric, ...] = ("l2",)
     concurrent = True  # the engine may send a round's requests at once
 
@@ -38,6 +54,7 @@ class TurbopufferStore(Catalog, Searching):
         max_top_k: int = MAX_TOP_K,
         slots: int = SLOTS,
         write_batch_mb: float = 8.0,
+        clone_with: str = "copy",
     ):
         self.client, self.url, self.prefix = client, url, prefix
         self.replicas, self.key_replicas, self.key_partition = replicas, key_replicas, key_partition
@@ -48,30 +65,38 @@ class TurbopufferStore(Catalog, Searching):
         self._handles: dict[str, object] = {}
         self._specs: dict[str, dict] = {}
         self._spans: dict[str, tuple[int, int]] = {}
+        self._part_of: dict[str, dict[int, int]] = {}  # collection -> id -> the part this store wrote it to
         self._lock, self._parts_lock = threading.Lock(), threading.Lock()
         self.usage: Counter = Counter()
-        self.catalog_ns, self.models_ns = prefix + "_catalog", prefix + "_models"
-        for ns in (self.catalog_ns, self.models_ns):
+        self.clone_with, self.last_clone = clone_with, None
+        self.catalog_ns, self.models_ns, self.texts_ns = prefix + "_catalog", prefix + "_models", prefix + "_texts"
+        for ns in (self.catalog_ns, self.models_ns, self.texts_ns):
             check_namespace(ns)
 
     def __str__(self) -> str:
         return f"TurbopufferStore({self.url}, prefix={self.prefix!r})"
 
-    def upsert(self, name, ids, vectors, attrs=None) -> None:
+    def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
         spec = self._spec(name)
         ids, vectors = check_rows(name, ids, vectors, spec["dim"])
         if len(ids) and ids.min() < 0:
             raise VecgptError(f"upsert into {name!r}: turbopuffer ids are unsigned; got {ids.min()}")
-        ids, vectors, columns = last_writes(name, ids, vectors, attrs or {}, spec["attrs"])
-        groups = [(None, np.arange(len(ids)))]
+        width = spec.get("payload", 0)
+        payload = check_payload(name, payload, len(ids), width)
+        given = {**(attrs or {}), ROW: np.arange(len(ids))}  # which row of the request each kept id came from
+        ids, vectors, columns = last_writes(name, ids, vectors, given, [*spec["attrs"], ROW])
+        payload = payload[columns.pop(ROW)]
+        groups, calls = [(None, np.arange(len(ids)))], []
         if spec["partition"]:
             part = columns[spec["partition"]]
             groups = [(int(p), np.flatnonzero(part == p)) for p in np.unique(part)]
             self._enter_parts(name, spec, [p for p, _ in groups])
             spec = self._specs[name]
-        per_row = 4 * spec["dim"] * 4 // 3 + 24 + 16 * len(columns)
+            for old, gone in self._moved(name, ids, part).items():  # last write wins: out of the part it left
+                for ns in self._replicas(self._base(name, old), spec["replicas"]):
+                    calls.append(lambda ns=ns, gone=gone: self._write(ns, "moving rows between parts", deletes=gone))
+        per_row = 4 * spec["dim"] * 4 // 3 + 24 + 16 * len(columns) + b64_length(width)
         batch = max(1, self.write_batch_bytes // per_row)
-        calls = []
         for part, rows in groups:
             for start in range(0, len(rows), batch):
                 sel = rows[start : start + batch]
@@ -80,14 +105,28 @@ class TurbopufferStore(Catalog, Searching):
                     "vector": b64(vectors[sel]),
                     **{a: c[sel].tolist() for a, c in columns.items()},
                 }
-                for ns in self._replicas(self._base(name, part), spec["replicas"]):
+                for copy, ns in enumerate(self._replicas(self._base(name, part), spec["replicas"])):
                     self._grown(ns, int(ids[sel].max()) if len(sel) else -1)
-                    calls.append(
-                        lambda ns=ns, body=body: self._write(
-                            ns, "upsert", upsert_columns=body, distance_metric="euclidean_squared"
-                        )
-                    )
+                    extra = {} if copy or not width else {"payload": b64(payload[sel])}
+                    calls.append(lambda ns=ns, body={**body, **extra}: self._write_rows(ns, body))
         parallel(calls, workers=min(len(calls), 32))  # one wave for a key write; a few MB at a time on load
+
+    def _moved(self, name: str, ids: np.ndarray, parts: np.ndarray) -> dict[int, list[int]]:
+        """Ids this store wrote to another part of the collection before (the engine never moves a key between
+        heads; another process's moves are not seen, and fetch then finds the id twice: an error)."""
+        moved: dict[int, list[int]] = {}
+        with self._lock:
+            held = self._part_of.setdefault(name, {})
+            for i, p in zip(ids.tolist(), parts.tolist()):
+                if held.get(i, p) != p:
+                    moved.setdefault(held[i], []).append(i)
+                held[i] = p
+        return moved
+
+    def _write_rows(self, ns: str, columns: dict) -> None:
+        """One upsert; the payload (first copy only: fetch reads it there) is stored unindexed, at half price."""
+        schema = {"schema": PAYLOAD_SCHEMA} if "payload" in columns else {}
+        self._write(ns, "upsert", upsert_columns=columns, distance_metric="euclidean_squared", **schema)
 
     def _grown(self, ns: str, top: int) -> None:
         """Forget a cached id span that an upsert reaching past it makes too short."""
@@ -104,6 +143,7 @@ class TurbopufferStore(Catalog, Searching):
             self._write(self.catalog_ns, "dropping a collection", deletes=[name])
         with self._lock:
             self._specs.pop(name, None)
+            self._part_of.pop(name, None)
             for ns in [n for n in self._spans if n == self._base(name) or n.startswith(self._base(name) + "--")]:
                 del self._spans[ns]
 
@@ -145,9 +185,7 @@ class TurbopufferStore(Catalog, Searching):
     def stats(self) -> dict:
         specs = self._catalog()
         counts = parallel([lambda n=n: self.count(n) for n in specs])
-        return {
-            n: {"documents": c, "bytes": c * specs[n]["dim"] * 4 * specs[n]["replicas"]} for n, c in zip(specs, counts)
-        }
+        return {n: {"documents": c, "bytes": c * row_bytes(specs[n])} for n, c in zip(specs, counts)}
 
     # manifests: one row per loaded model in <prefix>_models, id = its key (the previous layout kept one
     # row in <prefix>_manifest, which is left alone) ----------------------------------------
@@ -173,28 +211,43 @@ class TurbopufferStore(Catalog, Searching):
 
     # housekeeping ---------------------------------------------------------------------------
     def leftover_texts(self) -> list[dict]:
-        """The texts in the catalog (each run's keys; a crashed run leaves them behind), with the size and
-        last write of the namespaces the catalog names for them (no listing)."""
+        """Every text the store holds: its collections `text-<id>` and `text-<id>.<suffix>` as the catalog
+        names them (a crashed run leaves them behind; sizes and last write from the namespaces the catalog
+        names, no listing) and its record `<id>` if it was kept (version, when written); a text's age is its
+        newest write of either."""
+        specs = {n: s for n, s in self._catalog().items() if n.startswith("text-")}
+        records = {"text-" + r["id"]: r for r in self._record_rows(["version", "written_at"])}
+        texts = {n.split(".")[0] for n in specs} | set(records)
         out = []
-        for text, spec in sorted(self._catalog().items()):
-            if not text.startswith("text-"):
-                continue
-            spaces = [ns for group in self._groups(text, spec) for ns in group]
-            metas = [
-                m
-                for m in parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
-                if m
-            ]
+        for text in sorted(texts):
+            names = sorted(n for n in specs if n.split(".")[0] == text)
+            metas = [m for n in names for m in self._metas(n, specs[n])]
+            record = records.get(text, {})
             out.append(
                 {
                     "text": text,
+                    "collections": names,
                     "namespaces": len(metas),
                     "documents": sum(int(m.get("approx_row_count", 0)) for m in metas),
                     "bytes": sum(int(m.get("approx_logical_bytes", 0)) for m in metas),
-                    "updated_at": max((m.get("updated_at", "") for m in metas), default=""),
+                    "updated_at": max([m.get("updated_at", "") for m in metas] + [record.get("written_at", "")]),
+                    "record": record.get("version"),
                 }
             )
         return out
+
+    def _metas(self, name: str, spec: dict) -> list[dict]:
+        spaces = [ns for group in self._groups(name, spec) for ns in group]
+        metas = parallel([lambda ns=ns: self._raw("metadata", ns, "metadata", missing=None) for ns in spaces])
+        return [m for m in metas if m]
+
+    def remove_text(self, entry: dict) -> None:
+        """`vecgpt tpuf-gc --remove`: a text's record (if the version is still the one listed: TextConflict
+        if another process wrote it meanwhile), then its collections (an entry of `leftover_texts`)."""
+        if entry["record"] is not None:
+            self.write_text(entry["text"][len("text-") :], None, expect=entry["record"])
+        for name in entry["collections"]:
+            self.drop(name)
 
     def close(self) -> None:
         self.client.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecgpt.backends.turbopuffer.server.limits import ApiError
+from vecgpt.backends.turbopuffer.server.limits import ApiError, filterable
 
 OPS = {"Eq": np.equal, "Lt": np.less, "Lte": np.less_equal, "Gt": np.greater, "Gte": np.greater_equal}
 
@@ -35,6 +35,8 @@ def _and_or(ns, f) -> np.ndarray:
 
 
 def _condition(ns, attr, op, value) -> np.ndarray:
+    if not filterable(ns.schema_extra, attr):
+        raise ApiError(400, f"attribute {attr!r} is not filterable (its schema says filterable: false)")
     values, present = ns.column(attr)
     if op in ("Eq", "NotEq"):
         hit = ~present if value is None else present & _compare(values, present, "Eq", value)

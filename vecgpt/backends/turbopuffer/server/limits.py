@@ -1,4 +1,5 @@
-"""The service's limits and its error reply: names, ids, dimensions, rows, subqueries, slots, body size."""
+"""The service's limits and its error reply: names, ids, dimensions, rows, subqueries, slots, body size,
+attribute values (8 MiB; 4 KiB unless the schema says `filterable: false`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ MAX_TOP_K = 10_000
 MAX_SUBQUERIES = 16
 MAX_DIMS = 10_752
 MAX_BODY = 512_000_000
+MAX_VALUE = 8 * 2**20  # an attribute value
+MAX_FILTERABLE = 4 * 2**10  # a value of an attribute that can be filtered on (the default)
 SLOTS = 16
 SLOT_WAIT_S = 0.8
 METRICS = ("euclidean_squared", "cosine_distance")
@@ -35,3 +38,21 @@ def valid_id(value):
     if isinstance(value, str) and len(value.encode()) > 64:
         raise ApiError(400, "invalid id: string ids are at most 64 bytes")
     return value
+
+
+def filterable(schema: dict, attr: str) -> bool:
+    """Whether a namespace's schema (the write's `schema` entries) lets filters use this attribute (the default)."""
+    spec = schema.get(attr)
+    return not (isinstance(spec, dict) and spec.get("filterable") is False)
+
+
+def check_sizes(ns, attrs: dict) -> None:
+    """A write's attribute values within the documented sizes (checked after the request's schema applies)."""
+    from vecgpt.backends.turbopuffer.server.namespaces import value_bytes
+
+    for name, column in attrs.items():
+        limit = MAX_FILTERABLE if filterable(ns.schema_extra, name) else MAX_VALUE
+        big = max((value_bytes(v) for v in column), default=0)
+        if big > limit:
+            hint = "" if limit == MAX_VALUE else " (declare it filterable: false in the schema for up to 8 MiB)"
+            raise ApiError(400, f"attribute {name!r}: a value of {big} bytes exceeds the limit of {limit}{hint}")

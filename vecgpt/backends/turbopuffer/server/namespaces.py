@@ -80,10 +80,7 @@ class Namespace:
 
     def upsert(self, ids: list, vectors: np.ndarray | None, attrs: dict[str, list]) -> None:
         self._check_vectors(vectors, ids)
-        for name, column in attrs.items():
-            if name.startswith("$") or len(name.encode()) > 128:
-                raise ApiError(400, f"invalid attribute name {name!r}")
-            self._note_type(name, column)
+        self._check_attrs(attrs)
         ids = [valid_id(i) for i in ids]
         if ids and self.ids and type(ids[0]) is not type(self.ids[0]):
             raise ApiError(400, "a namespace cannot mix id types")
@@ -95,6 +92,30 @@ class Namespace:
             self.norms[idx] = np.einsum("ij,ij->i", v, v)
         self._set_attrs(attrs, order, slots)
         self._touch()
+
+    def patch(self, ids: list, attrs: dict[str, list]) -> int:
+        """Set the given attributes of the documents held; ids not held are ignored. The rows patched."""
+        self._check_attrs(attrs)
+        for name in attrs:
+            self.attrs.setdefault(name, [None] * self.n)
+        done = 0
+        for r, i in enumerate(valid_id(i) for i in ids):
+            s = self.slot_of.get(i)
+            if s is None:
+                continue
+            done += 1
+            for name, given in attrs.items():
+                col = self.attrs[name]
+                self.attr_bytes += value_bytes(given[r]) - value_bytes(col[s])
+                col[s] = given[r]
+        self._touch()
+        return done
+
+    def _check_attrs(self, attrs: dict[str, list]) -> None:
+        for name, column in attrs.items():
+            if name.startswith("$") or len(name.encode()) > 128:
+                raise ApiError(400, f"invalid attribute name {name!r}")
+            self._note_type(name, column)
 
     def _check_vectors(self, vectors: np.ndarray | None, ids: list) -> None:
         if vectors is not None:
@@ -153,7 +174,7 @@ class Namespace:
                 if isinstance(v, float)
                 else "string"
                 if isinstance(v, str)
-                else "[]" + ("string" if v and isinstance(v[0], str) else "int")
+                else "[]" + _element_type(v)
                 if isinstance(v, list)
                 else None
             )
@@ -237,6 +258,11 @@ class Namespace:
         with self.lock:
             n = self.n
             return n, self.vectors[:n], self.norms[:n], list(self.ids)
+
+
+def _element_type(values: list) -> str:
+    first = next((x for x in values if x is not None), 0)
+    return "string" if isinstance(first, str) else "float" if isinstance(first, float) else "int"
 
 
 def _count_new(slots):
