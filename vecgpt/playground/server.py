@@ -101,10 +101,11 @@ class Shelf:
 
         with self.lock:
             session, cost = text.session, {}
-            start, read = len(session.meter.tokens), session.positions_read
+            before, read = summarize(session.meter.tokens), session.positions_read
             usage = dict(getattr(self.store, "usage", None) or {})
             yield cost
-            cost.update(summarize(session.meter.tokens[start:]), positions_read=session.positions_read - read)
+            after = summarize(session.meter.tokens)
+            cost.update(difference(before, after), positions_read=session.positions_read - read)
             price = extra(self.config.backend, "dollars") if hasattr(self.store, "usage") else None
             if price is not None:
                 cost["dollars"] = price(self.store.usage) - price(usage)
@@ -223,6 +224,22 @@ class Library:
 
     def secrets(self) -> list[str]:
         return [s for shelf in self.shelves for s in shelf.secrets()]
+
+
+def difference(before: dict, after: dict) -> dict:
+    """after - before, for two meter summaries: each total and each by-kind tally (zeros left out)."""
+
+    def minus(a, b):
+        return round(a - b, 6) if isinstance(a, float) else a - b
+
+    out = {}
+    for key, value in after.items():
+        if isinstance(value, dict):
+            kinds = {k: minus(v, before[key].get(k, 0)) for k, v in value.items()}
+            out[key] = {k: v for k, v in kinds.items() if v}
+        else:
+            out[key] = minus(value, before[key])
+    return out
 
 
 def only_key(shelf: Shelf) -> str:
