@@ -14,8 +14,10 @@ pytest.importorskip("psycopg")
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from vecgpt import tolerance  # noqa: E402
 from vecgpt.backends import pgvector  # noqa: E402
 from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.encoding import distance_bound  # noqa: E402
 from vecgpt.errors import VecgptError  # noqa: E402
 
 rng = np.random.default_rng(3)
@@ -121,12 +123,13 @@ def test_keys_overwrite_by_position_and_drop_with_the_text(store):
     assert store.conn.execute("SELECT to_regclass(%s)", (f'"{store.schema}"."{table}"',)).fetchone() == (None,)
 
 
-def test_wide_vectors_stay_inline_and_the_widest_go_out_of_line_uncompressed(store):
+def test_wide_vectors_stay_inline_and_the_widest_are_split_across_rows(store):
     for dim in (770, 3074):
         store.create(f"d{dim}", dim, "l2")
         x = rng.standard_normal((3, dim)).astype(np.float32)
         store.upsert(f"d{dim}", np.arange(3), x)
         np.testing.assert_array_equal(store.fetch(f"d{dim}", np.arange(3)), x)
+        assert store.count(f"d{dim}") == 3 and store.stats()[f"d{dim}"]["documents"] == 3
     storage = dict(
         store.conn.execute(
             "SELECT c.relname, a.attstorage FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
@@ -134,7 +137,49 @@ def test_wide_vectors_stay_inline_and_the_widest_go_out_of_line_uncompressed(sto
             (store.schema,),
         ).fetchall()
     )
-    assert storage == {"d770": "p", "d3074": "e"}
+    assert storage == {"d770": "p", "d3074": "p"}  # 3,074 floats: two inline rows of 1,537
+    assert store.conn.execute(f'SELECT count(*) FROM "{store.schema}".d3074').fetchone() == (6,)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_split_documents_search_as_whole_ones(store, metric):
+    """A search over documents split across rows sums their parts: every shape the engine sends."""
+    dim, n = 2101, 40  # parts of 1,051 and 1,050 floats (the last one padded)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    store.create("wide", dim, metric, attrs=("row",))
+    store.upsert("wide", np.arange(n) * 3, x, {"row": np.arange(n)})
+    store.upsert("wide", np.array([6]), x[:1], {"row": np.array([2])})  # a document rewritten
+    x[2] = x[0]
+    q = rng.standard_normal((3, dim)).astype(np.float32)
+    q64, x64 = q.astype(np.float64), x.astype(np.float64)
+    truth = ((q64[:, None, :] - x64[None]) ** 2).sum(-1) if metric == "l2" else -(q64 @ x64.T)
+    norms = np.linalg.norm(q64, axis=1)[:, None], np.linalg.norm(x64, axis=1)[None]
+    bound = distance_bound(*norms, dim, metric, tolerance.unit_roundoff("pgvector"))  # parts: fewer terms each
+    for m in (1, 3):
+        t, b = truth[:m], bound[:m]
+        hits = store.search("wide", q[:m])
+        assert np.all(np.abs(np.take_along_axis(hits.dists, np.argsort(hits.ids, axis=1), 1) - t) <= b)
+        top = store.search("wide", q[:m], k=5, where=Where(lt={"row": 30}))
+        assert top.ids.shape == (m, 5) and np.all(top.ids < 90) and np.all(top.ids % 3 == 0)
+        true_top = np.take_along_axis(t, top.ids // 3, 1)
+        assert np.all(np.abs(top.dists - true_top) <= np.take_along_axis(b, top.ids // 3, 1))
+        fifth = np.sort(t[:, :30], axis=1)[:, 4:5]  # none better left out, near ties aside
+        assert np.all(true_top <= fifth + 2 * b.max())
+
+
+def test_a_wide_table_made_before_parts_is_read_as_whole_vectors(store):
+    s = sql.Identifier(store.schema)
+    store.conn.execute(
+        sql.SQL("CREATE TABLE {}.old (id bigint PRIMARY KEY, embedding vector(2101) NOT NULL)").format(s)
+    )
+    store.conn.execute(sql.SQL("INSERT INTO {}._collections VALUES ('old', 'old', 2101, 'l2', '{{}}')").format(s))
+    store.conn.commit()
+    store._forget()
+    x = rng.standard_normal((4, 2101)).astype(np.float32)
+    store.upsert("old", np.arange(4), x)
+    assert store._col("old").parts == 1 and store.count("old") == 4
+    np.testing.assert_array_equal(store.fetch("old", np.arange(4)), x)
+    assert store.search("old", x[:1], k=1).ids.tolist() == [[0]]
 
 
 def one_line(error) -> str:

@@ -15,12 +15,16 @@ from vecgpt.backends._in_process import InProcessStore, Table
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
 
 
-def threads_for(queries: np.ndarray) -> None:
+def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
     # OpenMP splits work by query; for a single query its threads only add overhead (a 50,257-row
-    # scan took 26 ms with 2 threads and 9 ms with 1 here), so one query runs on one thread.
-    faiss.omp_set_num_threads(1 if len(queries) == 1 else THREADS[0])
+    # scan took 26 ms with 2 threads and 9 ms with 1 here), and so they do for a small search: a
+    # layer's 12 key queries over a few hundred keys took 300 ms a token with 2 threads on a busy
+    # 2-core machine (threads waiting for a core at each barrier) and 8 ms with 1 (docs/speed.md).
+    many = len(queries) > 1 and len(queries) * rows * dim >= PARALLEL_WORK
+    faiss.omp_set_num_threads(THREADS[0] if many else 1)
 
 
+PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
 THREADS = [faiss.omp_get_max_threads()]
 
 
@@ -37,6 +41,7 @@ class FaissTable(Table):
         super().__init__(dim, metric)
         self.index = index or (faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim))
         self.n = self.index.ntotal
+        self._norms: np.ndarray | None = None  # |x|^2 of every row in float32, made when first needed
 
     def _view(self) -> np.ndarray:
         # IndexFlat has no update; writing through a view of its storage overwrites a row in place.
@@ -44,10 +49,11 @@ class FaissTable(Table):
 
     def append(self, vectors):
         self.index.add(np.ascontiguousarray(vectors))
-        self.n = self.index.ntotal
+        self.n, self._norms = self.index.ntotal, None
 
     def overwrite(self, slots, vectors):
         self._view()[slots] = vectors
+        self._norms = None
 
     def vectors(self, slots):
         return self._view()[slots].copy()
@@ -58,16 +64,33 @@ class FaissTable(Table):
     def all_dists(self, queries, slots):
         if slots is not None and len(slots) == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        threads_for(queries)
+        if slots is None and len(queries) == 1:
+            return self.every_row(queries), np.arange(self.n)[None]
+        threads_for(queries, self.n if slots is None else len(slots), self.dim)
         _, d, found = self.index.range_search(
             np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots)
         )
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
 
+    def every_row(self, queries) -> np.ndarray:
+        """One query against every row: FAISS's inner-product kernel over the stored rows, for l2 in the
+        expanded form |q|^2 + |x|^2 - 2 q.x (FAISS's own BLAS form) with each |x|^2 kept. A decode
+        step's matrix search: about a fifth faster than a range search, which also collects its
+        results one by one (docs/speed.md)."""
+        q = np.ascontiguousarray(queries, np.float32)
+        dots = np.empty(self.n, np.float32)
+        faiss.fvec_inner_products_ny(faiss.swig_ptr(dots), faiss.swig_ptr(q), self.index.get_xb(), self.dim, self.n)
+        if self.metric == "ip":
+            return -dots[None]
+        if self._norms is None:
+            self._norms = np.empty(self.n, np.float32)
+            faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
+        return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
+
     def topk(self, queries, k, slots):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        threads_for(queries)
+        threads_for(queries, self.n if slots is None else len(slots), self.dim)
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
 

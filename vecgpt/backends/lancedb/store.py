@@ -116,10 +116,7 @@ class LanceStore(FolderStore):
             limit = rows if k is None else min(k, rows)
             if limit == 0 or m == 0:
                 return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
-            query = table.search(list(queries) if m > 1 else queries[0])
-            if condition:
-                query = query.where(condition, prefilter=True)
-            result = query.select(["id", "_distance"]).limit(limit).to_arrow()
+            result = table.nearest(list(queries) if m > 1 else queries[0], ["id", "_distance"], limit, condition)
         ids, dists = result["id"].to_numpy(), table.distances(result)
         if m > 1:  # rows come grouped by query; make sure of it
             order = np.argsort(result["query_index"].to_numpy(), kind="stable")
@@ -150,8 +147,7 @@ class LanceStore(FolderStore):
         stacked = np.vstack(queries)
         record(1, len(stacked))
         with table.lock.read():
-            query = table.search(list(stacked)).where(union, prefilter=True)
-            result = query.select(["id", "_distance", *columns]).limit(max(table.row_count(), 1)).to_arrow()
+            result = table.nearest(list(stacked), ["id", "_distance", *columns], max(table.row_count(), 1), union)
         order = np.argsort(result["query_index"].to_numpy(), kind="stable")
         which = result["query_index"].to_numpy()[order]
         ids, dists = result["id"].to_numpy()[order], table.distances(result)[order]
@@ -194,7 +190,7 @@ class LanceStore(FolderStore):
         )
         with table.lock.read():
             limit = len(wanted) if few else max(table.row_count(), 1)
-            result = table.handle.search().where(condition).select(columns).limit(limit).to_arrow()
+            result = table.scan(columns, limit, condition)
         result = result.sort_by("id")
         return result if few else result.filter(pa.array(np.isin(result["id"].to_numpy(), wanted)))
 

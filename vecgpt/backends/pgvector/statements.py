@@ -28,8 +28,9 @@ SEARCH = {
 
 
 class Meta:
-    def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str], payload: int = 0):
+    def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str], payload: int = 0, parts: int = 1):
         self.table, self.dim, self.metric, self.attrs, self.payload = table, dim, metric, list(attrs), payload
+        self.parts = parts  # rows a document: 1, or more for a wide one (vecgpt/backends/pgvector/wide.py)
 
     def vector_columns(self) -> list[str]:
         """The vector(n) columns: the embedding, and the payload where the collection has one."""
@@ -44,17 +45,54 @@ def table_name(name: str) -> str:
 
 
 def search_sql(
-    s_index: int, table: sql.Composable, metric: Metric, single: bool, k: int | None, filters: Sequence[tuple[str, str]]
+    s_index: int,
+    table: sql.Composable,
+    metric: Metric,
+    single: bool,
+    k: int | None,
+    filters: Sequence[tuple[str, str]],
+    parts: int = 1,
 ) -> sql.Composed:
-    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters."""
+    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters;
+    the query vector(s) first: one per part (single), or one array per part."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    q = sql.SQL("%b::vector") if single else sql.SQL("q.v")
-    dist = sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q)
-    fmt = dict(s=sql.Literal(s_index), table=table, dist=dist, cond=cond)
+    fmt = dict(s=sql.Literal(s_index), table=table, cond=cond)
     if k is not None:
         fmt["k"] = sql.Literal(int(k))
-    return sql.SQL(SEARCH[single, k is not None]).format(**fmt)
+    if parts > 1:
+        return wide_sql(metric, single, k, parts, fmt)
+    q = sql.SQL("%b::vector") if single else sql.SQL("q.v")
+    return sql.SQL(SEARCH[single, k is not None]).format(
+        dist=sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q), **fmt
+    )
+
+
+# A wide collection's search: the same shapes, a document's distance the sum over its part rows.
+WIDE = {
+    (True, False): "SELECT {s}::int, 1::bigint, array_agg(x.id), array_agg(x.d) FROM "
+    "(SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} GROUP BY 1) x",
+    (False, False): "SELECT {s}::int, x.i, array_agg(x.id), array_agg(x.d) FROM "
+    "(SELECT q.i, t.id / {p} AS id, sum({dist}) AS d FROM {table} t CROSS JOIN {unnest}{cond} GROUP BY 1, 2) x "
+    "GROUP BY x.i",
+    (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
+    "FROM (SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x",
+    (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
+    "FROM {unnest} CROSS JOIN LATERAL (SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} "
+    "GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x GROUP BY q.i",
+}
+
+
+def wide_sql(metric: Metric, single: bool, k: int | None, parts: int, fmt: dict) -> sql.Composed:
+    queries = [sql.SQL("%b::vector")] * parts if single else [sql.SQL(f"q.v{p}") for p in range(parts)]
+    cases = [
+        sql.SQL("WHEN {} THEN ").format(sql.Literal(p)) + sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q)
+        for p, q in enumerate(queries)
+    ]
+    dist = sql.SQL("CASE t.id %% {} ").format(sql.Literal(parts)) + sql.SQL(" ").join(cases) + sql.SQL(" END")
+    names = ", ".join(f"v{p}" for p in range(parts))
+    unnest = sql.SQL(f"unnest({', '.join(['%b::vector[]'] * parts)}) WITH ORDINALITY q({names}, i)")
+    return sql.SQL(WIDE[single, k is not None]).format(dist=dist, p=sql.Literal(parts), unnest=unnest, **fmt)
 
 
 def row_dtype(ints: int, dims: Sequence[int]) -> np.dtype:

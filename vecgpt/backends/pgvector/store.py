@@ -10,13 +10,14 @@ from psycopg import sql
 
 from vecgpt.backends import base
 from vecgpt.backends.base import Hits, Metric, Search, Where, record
+from vecgpt.backends.pgvector.arrays import numpy_arrays
 from vecgpt.backends.pgvector.manifests import Manifests
 from vecgpt.backends.pgvector.session import Session
 from vecgpt.backends.pgvector.statements import Meta, copy_stream, fetch_copy, read_copy, search_sql, table_name
 from vecgpt.backends.pgvector.texts import Texts
+from vecgpt.backends.pgvector.wide import PLAIN_MAX_DIM, join, parts_for, row_ids, split, width
 from vecgpt.errors import VecgptError
 
-PLAIN_MAX_DIM = 2000  # 4 * dim + 8 bytes plus a row header must fit in one 8 KB page
 SMALL_WRITE = 256  # upserts up to this many rows are one INSERT ... ON CONFLICT; larger ones COPY
 
 
@@ -34,9 +35,16 @@ def column_list(meta: Meta) -> sql.Composed:
     """id, one bigint per attribute, the embedding and (with a width) the payload, both pgvector columns."""
     columns = [sql.SQL("id bigint PRIMARY KEY")]
     columns += [sql.SQL("{} bigint NOT NULL DEFAULT 0").format(sql.Identifier(a)) for a in meta.attrs]
-    for column, dim in zip(meta.vector_columns(), (meta.dim, meta.payload)):
+    for column, dim in zip(meta.vector_columns(), (width(meta.dim, meta.parts), meta.payload)):
         columns.append(sql.SQL("{} vector({}) NOT NULL").format(sql.Identifier(column), sql.Literal(dim)))
     return sql.SQL(", ").join(columns)
+
+
+def arrays(found: tuple | None) -> tuple[np.ndarray, np.ndarray]:
+    """A query's (ids, dists), empty where it matched no row (array_agg over no rows is NULL)."""
+    if found is None or found[0] is None:
+        return np.zeros(0, np.int64), np.zeros(0)
+    return found
 
 
 def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
@@ -102,14 +110,17 @@ class PgStore(Manifests, Texts, Session):
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
             row = self.conn.execute(
-                sql.SQL("SELECT tbl, dim, metric, attrs, payload FROM {}._collections WHERE name = %s").format(
-                    sql.Identifier(self.schema)
-                ),
+                sql.SQL(
+                    "SELECT tbl, dim, metric, attrs, payload, (SELECT atttypmod FROM pg_attribute WHERE attname = "
+                    "'embedding' AND attrelid = to_regclass(format('%%I.%%I', {}::text, tbl))) "
+                    "FROM {}._collections WHERE name = %s"
+                ).format(sql.Literal(self.schema), sql.Identifier(self.schema)),
                 (name,),
             ).fetchone()
             if row is None:
                 return None
-            self._meta[name] = Meta(*row)
+            *row, columns = row  # the embedding column's width: dim, or a part's (tables made before parts: dim)
+            self._meta[name] = Meta(*row, parts=1 if columns in (None, row[1]) else parts_for(row[1]))
         return self._meta[name]
 
     def _col(self, name: str) -> Meta:
@@ -131,7 +142,7 @@ class PgStore(Manifests, Texts, Session):
                 )
             return
         check_shape(dim, payload, attrs)
-        meta = Meta(table_name(name), dim, metric, attrs, payload)
+        meta = Meta(table_name(name), dim, metric, attrs, payload, 1 if payload else parts_for(dim))
         if name.startswith("text-"):  # made whole or not at all; its rows each commit on their own
             with self.conn.transaction():
                 self._make(name, meta, index=True)
@@ -147,7 +158,7 @@ class PgStore(Manifests, Texts, Session):
             self.conn.execute(sql.SQL("CREATE TABLE {} ({})").format(table, column_list(meta)))
         except psycopg.errors.DuplicateTable:
             raise VecgptError(f"a table {self.schema}.{meta.table} exists that is not a collection; drop it") from None
-        storage = sql.SQL("PLAIN" if meta.dim + meta.payload <= PLAIN_MAX_DIM else "EXTERNAL")
+        storage = sql.SQL("PLAIN" if width(meta.dim, meta.parts) + meta.payload <= PLAIN_MAX_DIM else "EXTERNAL")
         for column in meta.vector_columns():
             self.conn.execute(
                 sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(table, sql.Identifier(column), storage)
@@ -176,7 +187,7 @@ class PgStore(Manifests, Texts, Session):
         meta = self._col(src)
         if self._get(dst) is not None:
             raise VecgptError(f"cannot clone {src!r} to {dst!r}: {dst!r} exists; drop it first")
-        new = Meta(table_name(dst), meta.dim, meta.metric, meta.attrs, meta.payload)
+        new = Meta(table_name(dst), meta.dim, meta.metric, meta.attrs, meta.payload, meta.parts)
         record()
         try:
             with self.conn.transaction():
@@ -217,11 +228,12 @@ class PgStore(Manifests, Texts, Session):
         )
 
     def count(self, name: str) -> int:
-        return self._run(
-            lambda: self.conn.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(self._table(self._col(name)))
-            ).fetchone()[0]
-        )
+        def run():
+            meta = self._col(name)
+            rows = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self._table(meta))).fetchone()[0]
+            return rows // meta.parts
+
+        return self._run(run)
 
     def stats(self) -> dict:
         def run():
@@ -234,8 +246,9 @@ class PgStore(Manifests, Texts, Session):
                         sql.Literal(f'"{self.schema}"."{meta.table}"'), self._table(meta)
                     )
                 ).fetchone()
-                width = sum(4 * d + 8 for d in (meta.dim, meta.payload)[: len(meta.vector_columns())])
-                out[name] = {"documents": n, "bytes": size, "vector_bytes": n * width}
+                n //= meta.parts
+                row = sum(4 * d + 8 for d in (meta.dim, meta.payload)[: len(meta.vector_columns())])
+                out[name] = {"documents": n, "bytes": size, "vector_bytes": n * row}
             return out
 
         return self._run(run)
@@ -253,6 +266,9 @@ class PgStore(Manifests, Texts, Session):
         ids, rows, columns = base.last_writes(name, ids, np.hstack([vectors, payload]), attrs, meta.attrs)
         vectors = [np.ascontiguousarray(rows[:, : meta.dim]), np.ascontiguousarray(rows[:, meta.dim :])]
         vectors = vectors[: len(meta.vector_columns())]
+        if meta.parts > 1:  # a wide collection: no payload, each document as its part rows
+            ids, vectors = row_ids(ids, meta.parts), [split(vectors[0], meta.parts)]
+            columns = {a: np.repeat(c, meta.parts) for a, c in columns.items()}
         record()
         table = self._table(meta)
         names = sql.SQL(", ").join(map(sql.Identifier, ["id", *meta.attrs, *meta.vector_columns()]))
@@ -292,11 +308,13 @@ class PgStore(Manifests, Texts, Session):
             want = np.asarray(ids, np.int64)
             record()
             columns = meta.vector_columns() if payload else ["embedding"]
-            with self.conn.cursor().copy(fetch_copy(self._table(meta), columns, want)) as copy:
+            with self.conn.cursor().copy(fetch_copy(self._table(meta), columns, row_ids(want, meta.parts))) as copy:
                 data = b"".join(copy)
-            rows = read_copy(data, [meta.dim, meta.payload][: len(columns)])
-            at = positions(name, rows["int0"], want)
-            vectors = rows["vec0"][at].astype(np.float32).reshape(len(want), meta.dim)
+            rows = read_copy(data, [width(meta.dim, meta.parts), meta.payload][: len(columns)])
+            at = positions(name, rows["int0"] // meta.parts, want)  # a document missing: an error naming it
+            if meta.parts > 1:
+                at = positions(name, rows["int0"], row_ids(want, meta.parts))
+            vectors = join(rows["vec0"][at].astype(np.float32), meta.dim, meta.parts).reshape(len(want), meta.dim)
             if not payload:
                 return vectors
             held = rows["vec1"][at].astype(np.float32) if meta.payload else np.zeros((len(want), 0), np.float32)
@@ -327,7 +345,7 @@ class PgStore(Manifests, Texts, Session):
         if parts:
             record(1, sum(len(q) for q in prepared))
             query = " UNION ALL ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
-            rows = self.conn.cursor(binary=True).execute(query, params).fetchall()
+            rows = numpy_arrays(self.conn.cursor(binary=True)).execute(query, params).fetchall()
             got: dict[int, dict[int, tuple]] = {}
             for s_index, i, ids, dists in rows:
                 got.setdefault(s_index, {})[i] = (ids, dists)
@@ -335,14 +353,11 @@ class PgStore(Manifests, Texts, Session):
                 found = got.get(s_index)
                 if found is not None:
                     m = len(prepared[s_index])
-                    ids = [found.get(i, ([], []))[0] or [] for i in range(1, m + 1)]
-                    dists = [found.get(i, ([], []))[1] or [] for i in range(1, m + 1)]
+                    ids, dists = zip(*(arrays(found.get(i)) for i in range(1, m + 1)))
                     n = len(ids[0])
                     if any(len(r) != n for r in ids):  # every query sees the same rows
                         raise VecgptError(f"search in {s.collection!r}: queries got different numbers of rows")
-                    out[s_index] = Hits(
-                        np.array(ids, np.int64).reshape(m, n), np.array(dists, np.float64).reshape(m, n)
-                    )
+                    out[s_index] = Hits(np.vstack(ids).reshape(m, n), np.vstack(dists).reshape(m, n))
         for s_index, hits in enumerate(out):
             if hits is None:
                 out[s_index] = Hits(
@@ -365,7 +380,12 @@ class PgStore(Manifests, Texts, Session):
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
             text = self._sql[key] = search_sql(
-                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters]
+                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters], meta.parts
             ).as_string(self.conn)
         args = [f[2] for f in filters]
+        if meta.parts > 1:  # a vector (single) or an array of vectors per part
+            split_queries = split(queries, meta.parts).reshape(len(queries), meta.parts, -1)
+            return text, [
+                split_queries[0, p] if single else list(split_queries[:, p]) for p in range(meta.parts)
+            ] + args
         return text, [queries[0] if single else list(queries), *args]

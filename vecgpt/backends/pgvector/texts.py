@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import psycopg
 from psycopg import sql
@@ -99,14 +99,17 @@ class Texts:
     def text_lock(self, text_id: str):
         """A session-level advisory lock on a connection of its own, held while the block runs: the server
         releases it when that connection ends, however the process ended."""
-        conn = open_connection(self.dsn, self.timeout)
+        conn, key, got = open_connection(self.dsn, self.timeout), lock_key(self.schema, text_id), False
         try:
             try:
-                got = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(self.schema, text_id),)).fetchone()[0]
+                got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]
             except psycopg.Error as e:
                 raise VecgptError(f"PostgreSQL: {base.first_line(e)}") from None
             if not got:
                 raise base.text_busy(text_id)
             yield
         finally:
+            if got:  # at once: the server ends a closed connection's session a moment after close() returns
+                with suppress(psycopg.Error):
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
             conn.close()

@@ -1,0 +1,162 @@
+"""Where a generated token's time goes on one store: the meter's seconds per request kind (store time),
+the rest (engine numpy and Python), and cProfile's top functions.
+
+    python benchmarks/profile_token.py --config configs/faiss.toml [-n 8] [--threads 2] [--top 25]
+
+Same model and prompt as benchmarks/per_token.py (random weights at GPT-2 small shape); the store is
+placed beside the config's (suffix `bench`, as per_token.py does), loaded if it lacks the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import pin_threads  # noqa: E402
+
+pin_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+from per_token import load_model  # noqa: E402
+
+from vecgpt import tokenizer  # noqa: E402
+from vecgpt.config import load_config, open_store  # noqa: E402
+from vecgpt.engine import Engine  # noqa: E402
+from vecgpt.loading import push, store_fingerprint  # noqa: E402
+from vecgpt.reference import Reference  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+from common.subjects import place  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", default="configs/faiss.toml")
+    parser.add_argument("-n", type=int, default=8, help="generated tokens profiled")
+    parser.add_argument("--prompt", default="The history of the vector database begins")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--top", type=int, default=25, help="functions listed, by own time")
+    parser.add_argument("--place", default="bench", help="suffix of the store's place beside the config's")
+    return parser.parse_args(argv)
+
+
+def timed_tokens(reader, ids, n, profiler=None, started=lambda: None):
+    cands, times = reader.read(ids), []
+    started()
+    for _ in range(n):
+        if hasattr(reader, "meter"):
+            reader.meter.start_token()
+        t = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        cands = reader.read([int(cands.ids[0])])
+        if profiler:
+            profiler.disable()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main():
+    args = parse_args()
+    model, ids = load_model(None), tokenizer.encode(args.prompt)
+    config = load_config(args.config)
+    place(config, args.place)
+    store = timed(open_store(config))
+    push(store, model, config.metric, progress=False)
+    engine = Engine(
+        store,
+        top_k=config.top_k,
+        prompt_block=config.prompt_block,
+        tile=config.tile,
+        model=store_fingerprint(model, config.metric),
+    )
+    text = engine.open()
+    numpy_s, plain_s = interleaved([Reference(model, np.float32), text], ids, args.n, store.seconds.clear)
+    by_matrix = {k: v / args.n for k, v in sorted(store.seconds.items())}
+    store_s = mean_seconds(text.meter.summary()["per_token"][1:])
+    text.close()
+    text, profiler = engine.open(), cProfile.Profile()
+    profiled_s = timed_tokens(text, ids, args.n, profiler)
+    text.close()
+    report(args, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler)
+    store.close()
+
+
+def timed(store):
+    """The store, its searches timed by matrix (matrix()) in store.seconds; a search that calls
+    search_many inside is counted once."""
+    store.seconds, depth = Counter(), [0]
+    for method in ("search", "search_many"):
+        inner = getattr(store, method)
+
+        def wrapped(*args, inner=inner, **kw):
+            first = args[0] if isinstance(args[0], str) else args[0][0].collection
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kw)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    store.seconds[matrix(first)] += time.perf_counter() - t
+
+        setattr(store, method, wrapped)
+    return store
+
+
+def matrix(collection: str) -> str:
+    """<fingerprint>.h.<layer>.mlp.c_fc -> mlp.c_fc; <fingerprint>.wte -> wte; text-<id> -> keys."""
+    if collection.startswith("text-"):
+        return "keys"
+    return ".".join(p for p in collection.split(".")[1:] if p != "h" and not p.isdigit())
+
+
+def interleaved(readers, ids, n, started):
+    """Median seconds a token of each reader, their tokens taken in turn: a busy machine slows both alike."""
+    cands, times = [r.read(ids) for r in readers], [[] for _ in readers]
+    started()
+    for _ in range(n):
+        for j, reader in enumerate(readers):
+            if hasattr(reader, "meter"):
+                reader.meter.start_token()
+            t = time.perf_counter()
+            cands[j] = reader.read([int(cands[j].ids[0])])
+            times[j].append(time.perf_counter() - t)
+    return [float(np.median(t)) for t in times]
+
+
+def mean_seconds(tokens) -> dict:
+    """The meter's seconds per kind, averaged over the generated tokens (the prompt's read left out)."""
+    kinds = sorted({k for t in tokens for k in t["seconds_by_kind"]})
+    return {k: float(np.mean([t["seconds_by_kind"].get(k, 0.0) for t in tokens])) for k in kinds}
+
+
+def report(args, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler):
+    print(
+        f"{args.config}: {plain_s * 1e3:.1f} ms/token (numpy float32 {numpy_s * 1e3:.1f}, "
+        f"x{plain_s / numpy_s:.2f}); under cProfile {profiled_s * 1e3:.1f}"
+    )
+    in_store = sum(store_s.values())
+    print(
+        "  store calls (meter), ms/token (mean): "
+        + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in store_s.items())
+        + f"; total {in_store * 1e3:.1f}; engine outside store calls {(plain_s - in_store) * 1e3:.1f}"
+    )
+    print(
+        "  searches by matrix, ms/token (the 12 layers together): "
+        + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in by_matrix.items())
+    )
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(args.top)
+    print("\n".join(line for line in out.getvalue().splitlines()[: args.top + 12] if line.strip()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Search results' bigint[] and float8[] read straight into numpy arrays.
+
+psycopg reads a binary array element by element into Python ints and floats; a token's searches
+return about 170,000 of them (every output unit's id and distance), which then go back into numpy.
+PostgreSQL's binary array is a header (dimensions, a has-nulls flag, the element type, then size and
+lower bound per dimension) and each element as (int32 length, value): without nulls, one frombuffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from psycopg import postgres
+from psycopg.adapt import Loader
+from psycopg.pq import Format
+
+from vecgpt.errors import VecgptError
+
+
+def read_array(data, dtype: str) -> np.ndarray:
+    """A one-dimensional binary array of 8-byte elements without nulls, as big-endian `dtype`."""
+    head = np.frombuffer(data, ">i4", count=3)
+    if head[0] == 0:  # empty
+        return np.zeros(0, dtype)
+    if head[0] != 1 or head[1]:
+        raise VecgptError("pgvector search: the server sent an array with nulls or several dimensions")
+    n = int(np.frombuffer(data, ">i4", count=1, offset=12)[0])
+    return np.frombuffer(data, np.dtype([("len", ">i4"), ("value", dtype)]), count=n, offset=20)["value"]
+
+
+class Int8Array(Loader):
+    format = Format.BINARY
+
+    def load(self, data) -> np.ndarray:
+        return read_array(data, ">i8").astype(np.int64)
+
+
+class Float8Array(Loader):
+    format = Format.BINARY
+
+    def load(self, data) -> np.ndarray:
+        return read_array(data, ">f8").astype(np.float64)
+
+
+def numpy_arrays(cursor):
+    """The cursor, reading bigint[] and float8[] as numpy arrays."""
+    cursor.adapters.register_loader(postgres.types["int8"].array_oid, Int8Array)  # by name: the element's oid
+    cursor.adapters.register_loader(postgres.types["float8"].array_oid, Float8Array)
+    return cursor
