@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 import urllib.error
@@ -20,7 +21,14 @@ import pytest
 
 from vecgpt.playground.server import Settings
 
-IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
+# README's screenshots are these tests' (VECGPT_SCREENSHOTS=1 writes them there); otherwise a scratch folder,
+# so a test run leaves the checkout as it found it
+IMAGES = (
+    Path(__file__).resolve().parent.parent / "docs" / "img"
+    if os.environ.get("VECGPT_SCREENSHOTS")
+    else Path(tempfile.gettempdir()) / "vecgpt-screenshots"
+)
+IMAGES.mkdir(parents=True, exist_ok=True)
 
 
 def need(what: str) -> None:
