@@ -16,6 +16,8 @@ import pytest
 from vecgpt import weights
 from vecgpt.backends.base import available, get_store
 
+pytest_plugins = ["browser"]  # the browser tests' fixtures: chromium, a page, a playground server
+
 LIBRARIES = {"faiss": "faiss", "lancedb": "lancedb", "pgvector": "psycopg", "turbopuffer": "turbopuffer"}
 BACKENDS = available()
 

@@ -402,6 +402,25 @@ def waiting(fd: int) -> int:
     return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["serve", "--port", "70000"], "--port must be 0..65535"),
+        (["serve", "--config", "no/such.toml"], "config file no/such.toml does not exist"),
+    ],
+)
+def test_serve_refuses_bad_options_in_one_line(capsys, argv, words):
+    code, _, err = run(capsys, *argv)
+    assert_one_line_error(code, err, words)
+
+
+def test_serve_listens_on_this_machine_only_by_default():
+    from vecgpt.cli import parser
+
+    args = parser("serve").parse_args(["serve"])
+    assert (args.host, args.port, args.workers) == ("127.0.0.1", 8000, 1)
+
+
 def test_kept_texts_resume_list_and_close_from_the_cli(capsys, store_args, tiny_model_dir):
     base = ["--model", str(tiny_model_dir)]
     code, out, err = run(capsys, "generate", *store_args, *base, "Hello", "-n", "2", "--keep", "--json")

@@ -3,7 +3,7 @@
 Every example runs `main()` in process, offline (the hub offline and its cache empty, PostgreSQL at a
 closed port, no turbopuffer key, a socket guard that refuses anything but loopback), and must exit 0
 or 2 (argparse's usage errors exit 2 too) with no traceback. Commands that start servers or long jobs
-(`tpuf-local`, `experiment ...`, `attention-memory --measure`) are only given argv that argparse refuses.
+(`tpuf-local`, `serve`, `experiment ...`, `attention-memory --measure`) are only given argv that argparse refuses.
 The examples are derandomized so a run on any machine tries the same inputs; set VECGPT_FUZZ_EXAMPLES
 to try more, with fresh random ones.
 """
@@ -31,7 +31,7 @@ from vecgpt.backends.base import available
 from vecgpt.config import Config
 
 EXAMPLES = int(os.environ.get("VECGPT_FUZZ_EXAMPLES", "0"))
-REFUSED_ONLY = {"tpuf-local", "experiment"}  # servers and long jobs: argparse must refuse their argv
+REFUSED_ONLY = {"tpuf-local", "serve", "experiment"}  # servers and long jobs: argparse must refuse their argv
 SLOW_FLAGS = {"--measure"}
 JUNK = "--fuzz-no-such-option"
 

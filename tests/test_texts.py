@@ -82,6 +82,31 @@ def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path,
     assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
 
 
+def test_ctrl_c_leaves_a_kept_text_complete(backend, tmp_path, long_model):
+    config, options = store_config(backend, tmp_path)
+    args = ["--config", str(config), "--model", long_model.source, "--yes"]
+    writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
+    store = get_store(backend, **options)
+    try:
+
+        def progressed() -> bool:
+            records = [store.read_text(t) for t in store.texts()]
+            return any(r and len(r["tokens"]) >= r["prompt_len"] + 4 for r in records)
+
+        assert wait_for(progressed, timeout=120, step=0.005), finish(writer)[2]
+        writer.send_signal(signal.SIGINT)
+        rc, _, err = finish(writer)
+        (text_id,) = store.texts()
+        held = store.read_text(text_id)
+    finally:
+        store.close()
+    assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
+    assert held["written"] == len(held["tokens"]) - 1  # every drawn token but the last was read and landed
+    b = run_json("generate", "--resume", text_id, "-n", "2", "--json", *args)
+    assert b["positions_reread"] == 0
+    assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
+
+
 @pytest.fixture
 def engine_of(make_store):
     def make(backend, model):

@@ -362,7 +362,7 @@ class Session:
         hp, n = self.hp, len(tokens)
         layer, pos, head = np.meshgrid(np.arange(hp.n_layer), np.arange(n), np.arange(hp.n_head), indexing="ij")
         found, *others = self.send(later.fetch(self.name, self.key_ids(layer, head, pos).ravel(), payload=True), *also)
-        k, v = (a.reshape(hp.n_layer, n, hp.n_head, -1) for a in found)  # [L, n, H, hd]
+        k, v = (a.reshape(hp.n_layer, n, hp.n_head, a.shape[-1]) for a in found)  # [L, n, H, hd | d]; n may be 0
         self.keys[:, :n], self.projected[:, :n] = k, v
         self.key_norms[:, :, :n] = squared_norms(k).transpose(0, 2, 1)
         self.tokens, self._written, self._key_writes = list(tokens), n, []

@@ -106,6 +106,12 @@ COMMANDS = (
         "vecgpt.cli.experiments:run",
     ),
     Command(
+        "serve",
+        "the playground and the streaming-attention page in a browser",
+        "vecgpt.cli.serve:add_arguments",
+        "vecgpt.cli.serve:run",
+    ),
+    Command(
         "tpuf-local",
         "run a local server speaking turbopuffer's HTTP API (for tests)",
         f"{TPUF}.server.serve:add_arguments",

@@ -131,7 +131,8 @@ def _measured_columns(r, args) -> str:
 # ----------------------------------------------------------------------------- softmax-walk
 
 
-def _parse_scores(tokens):
+def parse_scores(tokens) -> list[float]:
+    """Scores from words; ValueError (one line) for a word that is no number, +inf, NaN or all -inf."""
     scores = []
     for tok in tokens:
         try:
@@ -148,34 +149,48 @@ def _parse_scores(tokens):
     return scores
 
 
-def run_softmax_walk(args) -> int:
+def walk(scores: list[float], tile: int) -> dict:
+    """`vecgpt softmax-walk`'s figures: the steps of the streaming fold, its weights and plain softmax's."""
     import numpy as np
 
     from vecgpt import attention as att
 
+    steps, weights = att.softmax_walk(scores, tile)
+    plain = att.softmax(np.asarray(scores, np.float64))
+    return {
+        "scores": scores,
+        "tile": tile,
+        "steps": steps,
+        "weights": weights.tolist(),
+        "plain": plain.tolist(),
+        "max_abs_diff": float(np.abs(weights - plain).max()),
+        "weights_sum": float(weights.sum()),
+    }
+
+
+def run_softmax_walk(args) -> int:
     try:
         tokens = list(args.scores)
         if args.file:
             with open(args.file) as f:
                 tokens += f.read().replace(",", " ").split()
-        scores = _parse_scores(tokens)
+        scores = parse_scores(tokens)
     except (ValueError, OSError) as e:
         print(f"vecgpt softmax-walk: error: {e}", file=sys.stderr)
         return 2
-    steps, weights = att.softmax_walk(scores, args.tile)
+    w = walk(scores, args.tile)
     print(
         f"{'step':>4} {'positions':>10} {'tile max':>12} {'running max':>12} {'rescale by':>12} {'running total':>14}"
     )
-    for n, st in enumerate(steps, 1):
+    for n, st in enumerate(w["steps"], 1):
         a, b = st["positions"]
         pos = f"{a}" if b - a == 1 else f"{a}-{b - 1}"
         rescale = "-" if st["rescale"] is None else f"{st['rescale']:.6g}"
         print(
             f"{n:>4} {pos:>10} {st['tile_max']:>12.6g} {st['running_max']:>12.6g} {rescale:>12} {st['running_total']:>14.8g}"
         )
-    plain = att.softmax(np.asarray(scores, np.float64))
     print(f"\n{'position':>8} {'score':>12} {'streaming weight':>18} {'plain softmax':>15}")
-    for i, (s, w, p) in enumerate(zip(scores, weights, plain)):
-        print(f"{i:>8} {s:>12.6g} {w:>18.10f} {p:>15.10f}")
-    print(f"max |streaming - plain| = {np.abs(weights - plain).max():.3g}; weights sum to {weights.sum():.15g}")
+    for i, (s, wt, p) in enumerate(zip(scores, w["weights"], w["plain"])):
+        print(f"{i:>8} {s:>12.6g} {wt:>18.10f} {p:>15.10f}")
+    print(f"max |streaming - plain| = {w['max_abs_diff']:.3g}; weights sum to {w['weights_sum']:.15g}")
     return 0

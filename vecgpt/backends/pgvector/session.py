@@ -90,7 +90,10 @@ class Session:
 
     def _rollback(self) -> None:
         if not self.conn.broken and self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            self.conn.execute("ROLLBACK")
+            try:
+                self.conn.execute("ROLLBACK")
+            except psycopg.Error:  # a command cut short (Ctrl-C inside it) left the connection unusable
+                self.conn.close()
         self._pending = None  # a collection created in the transaction is gone
         self._forget()
 
@@ -113,7 +116,7 @@ class Session:
                 except psycopg.Error as e:
                     loading_lost = self._pending is not None
                     self._rollback()
-                    if not self.conn.broken:
+                    if not (self.conn.broken or self.conn.closed):
                         raise VecgptError(f"PostgreSQL: {first_line(e)}") from None
                     if loading_lost:
                         raise VecgptError(

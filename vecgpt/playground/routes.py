@@ -1,0 +1,292 @@
+"""HTTP: the pages, the JSON API, and generation as server-sent events.
+
+Errors are JSON {"error": one line}: 4xx for a request to fix, 503 for a store that failed (the server keeps
+running). A message never carries a config's DSN or key: `clean` strips them and any URL with credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import threading
+import time
+from importlib import resources
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from vecgpt import tokenizer
+from vecgpt.playground import views
+from vecgpt.playground.server import Library, Refused, check_request
+
+STATIC = resources.files("vecgpt.playground") / "static"
+
+
+def clean(message: str, secrets: list[str]) -> str:
+    """One line, with every known secret and any scheme://user:password@ credential removed."""
+    line = (str(message).strip().splitlines() or ["unknown error"])[0]
+    for secret in secrets:
+        line = line.replace(secret, "***")
+    return re.sub(r"(\w+://)[^\s/@]*@", r"\1***@", line)[:300]
+
+
+def failure(e: Exception, library: Library) -> JSONResponse:
+    if isinstance(e, Refused):
+        return JSONResponse({"error": clean(e, library.secrets())}, e.status)
+    return JSONResponse({"error": f"store error: {clean(e, library.secrets())}"}, 503)
+
+
+def guarded(handler):
+    """Run a sync handler(library, request, body) in a worker thread; its dict as JSON, its error as one line."""
+
+    async def endpoint(request: Request):
+        library: Library = request.app.state.library
+        try:
+            body = await read_json(request, library.settings.max_body_bytes)
+            return JSONResponse(await run_in_threadpool(handler, library, request, body))
+        except Exception as e:  # noqa: BLE001 - every failure is one line for the page
+            return failure(e, library)
+
+    return endpoint
+
+
+async def read_json(request: Request, limit: int) -> dict:
+    if request.method == "GET":
+        return {}
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Refused(f"the request body has {declared} bytes; this server takes at most {limit}", 413)
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise Refused(f"the request body is over this server's limit of {limit} bytes", 413)
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        raise Refused("the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise Refused("the request body must be a JSON object")
+    return body
+
+
+def field(body: dict, name: str, kind, default=None):
+    value = body.get(name, default)
+    if value is None and default is None and kind is not str:
+        raise Refused(f"{name} is missing")
+    try:
+        if kind is int and (isinstance(value, bool) or float(value) != int(float(value))):
+            raise ValueError
+        return kind(value) if value is not None else None
+    except (TypeError, ValueError):
+        raise Refused(f"{name} must be a {'whole number' if kind is int else kind.__name__}, not {value!r}") from None
+
+
+# ----------------------------------------------------------------------------- texts
+
+
+def stores(library, request, body):
+    return {"stores": views.stores_view(library.shelves)}
+
+
+def start(library, request, body):
+    entry = library.start(
+        field(body, "store", int, 0),
+        body.get("model") or None,
+        str(body.get("prompt", "")),
+        field(body, "temperature", float, 0.0),
+        field(body, "top_k", int, 40),
+        field(body, "seed", int, 0),
+    )
+    return views.text_view(entry, library.shelf(entry.store))
+
+
+def current(make):
+    """A handler answering make(entry, shelf, request) on the text as the store holds it now (caught up with
+    what another process wrote)."""
+
+    def handler(library, request, body):
+        entry = library.entry(request.path_params["text_id"])
+        shelf = library.shelf(entry.store)
+        with shelf.lock:
+            shelf.current(entry.text)
+            return make(entry, shelf, request)
+
+    return handler
+
+
+show = current(lambda entry, shelf, request: views.text_view(entry, shelf))
+candidates = current(lambda entry, shelf, request: views.candidates_view(entry, int(request.path_params["position"])))
+check = current(lambda entry, shelf, request: views.check_view(entry, shelf))
+
+
+def step_back(library, request, body):
+    """Step back to a generated token: drop it and what follows."""
+    entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
+    shelf = library.shelf(entry.store)
+    with shelf.measured(entry.text) as cost:
+        shelf.current(entry.text)
+        check_position(entry, position, len(entry.text.tokens))
+        entry.text.step_back(position)
+    return {**views.text_view(entry, shelf), "cost": cost}
+
+
+def branch(library, request, body):
+    entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
+    token, shelf = field(body, "token", int), library.shelf(entry.store)
+    if not 0 <= token < shelf.engine(entry.model).hparams.n_vocab:
+        raise Refused(f"token {token} is outside the model's vocabulary")
+    with shelf.measured(entry.text) as cost:
+        shelf.current(entry.text)
+        check_position(entry, position)
+        new = entry.text.branch(position, token)
+    return {**views.text_view(library.remember(new, entry.store, entry.model), shelf), "cost": cost}
+
+
+def retry(library, request, body):
+    """Retry at a generated position: keep the tokens before it, draw it again with another seed (which later
+    draws of the text use too)."""
+    entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
+    seed, shelf = field(body, "seed", int, 1), library.shelf(entry.store)
+    if seed < 0:
+        raise Refused(f"seed must be 0 or more, not {seed}")
+    with shelf.measured(entry.text) as cost:
+        shelf.current(entry.text)
+        check_position(entry, position)
+        if position + 1 < len(entry.text.tokens):
+            entry.text.step_back(position + 1)
+        entry.text.retry(seed)
+    return {**views.text_view(entry, shelf), "cost": cost}
+
+
+def check_position(entry, position: int, end: int | None = None) -> None:
+    """A generated position (or, with `end`, up to it)."""
+    t = entry.text
+    if not t.prompt_len <= position < (end + 1 if end is not None else len(t.tokens)):
+        raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
+
+
+def close(library, request, body):
+    entry = library.entry(request.path_params["text_id"])
+    with library.shelf(entry.store).lock:
+        entry.text.close()
+    library.forget(entry.text.id)
+    return {"closed": entry.text.id}
+
+
+# ----------------------------------------------------------------------------- generation as events
+
+
+async def generate(request: Request):
+    """GET /api/texts/{id}/generate?n=N: an event per token as it is drawn, then "done" (or one "error")."""
+    library: Library = request.app.state.library
+    try:
+        n = field(dict(request.query_params), "n", int, 8)
+        entry = await run_in_threadpool(library.entry, request.path_params["text_id"])
+        t, shelf = entry.text, library.shelf(entry.store)
+        await run_in_threadpool(shelf.current, t)
+        s = t.settings
+        check_request(shelf.engine(entry.model).hparams, t.tokens, n, s["top_k"], s["temperature"], s["seed"])
+    except Exception as e:  # noqa: BLE001
+        return failure(e, library)
+    events: queue.Queue = queue.Queue()
+    hook = getattr(request.app.state, "before_token", None)
+    threading.Thread(target=produce, args=(library, entry, n, events, hook), daemon=True).start()
+    return StreamingResponse(relay(events), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+def produce(library: Library, entry, n: int, events: queue.Queue, hook) -> None:
+    """Draw n tokens one at a time (each its own operation and cost; other texts on the store interleave)."""
+    t, shelf = entry.text, library.shelf(entry.store)
+    try:
+        for _ in range(n):
+            if hook is not None:
+                hook(len(t.tokens))
+            with shelf.measured(t) as cost:
+                drawn = t.generate(1)
+                position = len(t.tokens) - 1
+            if not drawn:
+                break
+            row = views.token_rows([drawn[-1]], position)[0]
+            events.put(("token", {**row, "cost": cost}))
+            if drawn[-1] == tokenizer.ENDOFTEXT:
+                break
+        events.put(("done", {"tokens": len(t.tokens)}))
+    except Exception as e:  # noqa: BLE001
+        events.put(("error", json.loads(failure(e, library).body)))
+    finally:
+        entry.used = time.monotonic()
+
+
+async def relay(events: queue.Queue):
+    while True:
+        kind, data = await run_in_threadpool(events.get)
+        yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+        if kind in ("done", "error"):
+            return
+
+
+# ----------------------------------------------------------------------------- streaming attention
+
+
+def attention_memory(library, request, body):
+    from vecgpt.cli.attention import memory_rows
+
+    q = dict(request.query_params)
+    heads, context = field(q, "heads", int, 12), field(q, "context", int, 1024)
+    head_dim, tile = field(q, "head_dim", int, 64), field(q, "tile", int, 8)
+    block = field(q, "query_block", int, 0)
+    dtype = q.get("dtype", "float32")
+    for name, value, top in (("heads", heads, 1024), ("context", context, 131072), ("head_dim", head_dim, 4096)):
+        if not 1 <= value <= top:
+            raise Refused(f"{name} must be between 1 and {top:,}, not {value}")
+    if not 1 <= tile <= context or dtype not in ("float32", "float64"):
+        raise Refused("tile must be between 1 and the context; dtype float32 or float64")
+    return memory_rows(heads, [context], head_dim, block or None, tile, dtype)[0]
+
+
+def softmax_walk(library, request, body):
+    from vecgpt.cli.attention import parse_scores, walk
+
+    tile = field(body, "tile", int, 1)
+    raw = body.get("scores", [])
+    words = raw.replace(",", " ").split() if isinstance(raw, str) else [str(x) for x in raw]
+    if len(words) > 4096 or not 1 <= tile <= 4096:
+        raise Refused("at most 4,096 scores, and a tile from 1 to 4,096")
+    try:
+        return walk(parse_scores(words), tile)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+
+
+# ----------------------------------------------------------------------------- pages
+
+
+def page(name: str):
+    async def endpoint(request: Request):
+        return HTMLResponse((STATIC / name).read_text())
+
+    return endpoint
+
+
+ROUTES = [
+    Route("/", page("playground.html")),
+    Route("/attention", page("attention.html")),
+    Route("/api/stores", guarded(stores)),
+    Route("/api/texts", guarded(start), methods=["POST"]),
+    Route("/api/texts/{text_id}", guarded(show)),
+    Route("/api/texts/{text_id}", guarded(close), methods=["DELETE"]),
+    Route("/api/texts/{text_id}/generate", generate),
+    Route("/api/texts/{text_id}/candidates/{position:int}", guarded(candidates)),
+    Route("/api/texts/{text_id}/step-back", guarded(step_back), methods=["POST"]),
+    Route("/api/texts/{text_id}/branch", guarded(branch), methods=["POST"]),
+    Route("/api/texts/{text_id}/retry", guarded(retry), methods=["POST"]),
+    Route("/api/texts/{text_id}/check", guarded(check)),
+    Route("/api/attention-memory", guarded(attention_memory)),
+    Route("/api/softmax-walk", guarded(softmax_walk), methods=["POST"]),
+    Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+]

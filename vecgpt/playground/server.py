@@ -1,0 +1,259 @@
+"""What a playground process holds: the stores of its configs, an engine per model, the texts it has open.
+
+A text's state lives in its store, so any process serving the same store can continue it (`Text.resume`);
+a process keeps only a cache of Text objects. One lock per store: a store object is not shared between
+threads while it works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from vecgpt import api, tokenizer
+from vecgpt.config import Config, load_config, open_store
+from vecgpt.errors import VecgptError
+
+SECRET_KEYS = ("dsn", "api_key", "password", "key", "token")
+
+
+@dataclass
+class Settings:
+    configs: list[str | None] = field(default_factory=lambda: [None])  # TOML paths; None: the default config
+    store: str | None = None  # --store: overrides each config's location
+    idle_s: float = 900.0  # a text untouched this long is closed
+    max_texts: int = 64  # texts open in this process at once
+    max_prompt_chars: int = 4000
+    max_body_bytes: int = 16384
+
+
+class Refused(VecgptError):
+    """A request over a limit or naming nothing known: a 4xx with a one-line message. Any other error is the
+    store's (a 503)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def check_request(hp, tokens: list[int], n: int, top_k: int, temperature: float, seed: int) -> None:
+    """`vecgpt generate`'s checks (-n within the context, top-k within the vocabulary ...) as a 400."""
+    try:
+        api.check_request(hp, tokens, n, top_k, temperature, seed)
+    except VecgptError as e:
+        raise Refused(str(e)) from None
+
+
+@dataclass
+class Entry:
+    text: object  # vecgpt.text.Text
+    store: int
+    model: str
+    used: float = field(default_factory=time.monotonic)
+
+
+class Shelf:
+    """One config's store, its lock, and the engines of the models it holds."""
+
+    def __init__(self, label: str, config: Config):
+        self.label, self.config = label, config
+        self.lock = threading.RLock()
+        self.store = open_store(config)
+        self.engines: dict[str, object] = {}
+        self.references: dict[str, object] = {}
+
+    def engine(self, key: str):
+        from vecgpt.engine import Engine
+
+        if key not in self.engines:
+            c = self.config
+            self.engines[key] = Engine(self.store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile, model=key)
+        return self.engines[key]
+
+    def reference(self, key: str):
+        """The numpy reference on the same weights as model `key`."""
+        import numpy as np
+
+        from vecgpt import weights
+        from vecgpt.reference import Reference
+
+        if key not in self.references:
+            manifest = self.engine(key).manifest
+            model = weights.load(manifest["source"], dtype=np.float64)
+            if model.fingerprint != manifest["model_fingerprint"]:
+                raise VecgptError(f"{manifest['source']} is no longer the model the store holds; cannot check")
+            self.references[key] = model
+        return Reference(self.references[key], np.float64)
+
+    def secrets(self) -> list[str]:
+        return [str(v) for k, v in self.config.store.items() if any(s in k.lower() for s in SECRET_KEYS) and v]
+
+    @contextlib.contextmanager
+    def measured(self, text):
+        """Hold the store for operations on `text`; the dict yielded gets what they cost: the meter's summary
+        (requests, subqueries, round trips and seconds, by kind), positions read and, where the store keeps a
+        usage tally (turbopuffer), dollars at the published prices."""
+        from vecgpt.backends.base import extra
+        from vecgpt.meter import summarize
+
+        with self.lock:
+            session, cost = text.session, {}
+            before, read = summarize(session.meter.tokens), session.positions_read
+            usage = dict(getattr(self.store, "usage", None) or {})
+            yield cost
+            after = summarize(session.meter.tokens)
+            cost.update(difference(before, after), positions_read=session.positions_read - read)
+            price = extra(self.config.backend, "dollars") if hasattr(self.store, "usage") else None
+            if price is not None:
+                cost["dollars"] = price(self.store.usage) - price(usage)
+
+    def current(self, text) -> None:
+        """Catch up with what another process wrote to the text (an operation that draws nothing)."""
+        with self.lock:
+            text.generate(0)
+
+
+def shelf_of(path: str | None, store: str | None) -> Shelf:
+    from vecgpt.backends.base import location_key
+
+    config = load_config(path)
+    if store is not None:
+        config.store[location_key(config.backend)] = store
+    return Shelf(path or "default", config)
+
+
+class Library:
+    """The shelves of a server process and its open texts."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.shelves = [shelf_of(path, settings.store) for path in settings.configs]
+        self.texts: dict[str, Entry] = {}
+        self.lock = threading.Lock()
+        for shelf in self.shelves:
+            ensure_model(shelf)
+
+    def close(self) -> None:
+        for shelf in self.shelves:
+            shelf.store.close()
+
+    def shelf(self, index: int) -> Shelf:
+        if not 0 <= index < len(self.shelves):
+            raise Refused(f"store {index} is not one of this server's {len(self.shelves)} stores")
+        return self.shelves[index]
+
+    def start(self, store: int, model: str | None, prompt: str, temperature: float, top_k: int, seed: int) -> Entry:
+        from vecgpt.text import Text
+
+        limits = self.settings
+        if len(prompt) > limits.max_prompt_chars:
+            raise Refused(
+                f"the prompt has {len(prompt)} characters; this server takes at most {limits.max_prompt_chars}"
+            )
+        if not prompt:
+            raise Refused("type a prompt first")
+        with self.lock:
+            if len(self.texts) >= limits.max_texts:
+                raise Refused(
+                    f"this server has {len(self.texts)} texts open, its limit; close one or wait "
+                    f"{limits.idle_s:.0f} s for idle texts to be closed",
+                    429,
+                )
+        shelf = self.shelf(store)
+        with shelf.lock:
+            if model and shelf.store.read_manifest(model) is None:
+                raise Refused(f"store {store} holds no model {model}; /api/stores lists what it holds")
+            key = model or only_key(shelf)
+            engine = shelf.engine(key)
+            ids = tokenizer.encode(prompt)
+            check_request(engine.hparams, ids, 0, top_k, temperature, seed)
+            text = Text.start(engine, ids, temperature=temperature, top_k=top_k, seed=seed)
+        return self.remember(text, store, key)
+
+    def remember(self, text, store: int, model: str) -> Entry:
+        entry = Entry(text, store, model)
+        with self.lock:
+            self.texts[text.id] = entry
+        return entry
+
+    def entry(self, text_id: str) -> Entry:
+        """The text, from this process's cache or resumed from whichever store holds it."""
+        with self.lock:
+            found = self.texts.get(text_id)
+        if found is None:
+            found = self.resume(text_id)
+        found.used = time.monotonic()
+        return found
+
+    def resume(self, text_id: str) -> Entry:
+        from vecgpt.text import Text
+
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text_id):
+            raise Refused(f"{text_id!r} is not a text id", 404)
+        for index, shelf in enumerate(self.shelves):
+            with shelf.lock:
+                record = shelf.store.read_text(text_id)
+                if record is not None:
+                    key = record["model"]
+                    return self.remember(Text.resume(shelf.engine(key), text_id), index, key)
+        raise Refused(f"no text {text_id} (closed, or idle longer than {self.settings.idle_s:.0f} s)", 404)
+
+    def forget(self, text_id: str) -> None:
+        with self.lock:
+            self.texts.pop(text_id, None)
+
+    def collect(self) -> list[str]:
+        """Close every text idle longer than idle_s: this process's cache, then the store's records."""
+        from vecgpt.text import gc_texts
+
+        now, idle = time.monotonic(), self.settings.idle_s
+        with self.lock:
+            for text_id in [i for i, e in self.texts.items() if now - e.used > idle]:
+                del self.texts[text_id]
+        closed = []
+        for shelf in self.shelves:
+            with shelf.lock:
+                closed += gc_texts(shelf.store, idle)
+        with self.lock:
+            for text_id in closed:
+                self.texts.pop(text_id, None)
+        return closed
+
+    def secrets(self) -> list[str]:
+        return [s for shelf in self.shelves for s in shelf.secrets()]
+
+
+def difference(before: dict, after: dict) -> dict:
+    """after - before, for two meter summaries: each total and each by-kind tally (zeros left out)."""
+
+    def minus(a, b):
+        return round(a - b, 6) if isinstance(a, float) else a - b
+
+    out = {}
+    for key, value in after.items():
+        if isinstance(value, dict):
+            kinds = {k: minus(v, before[key].get(k, 0)) for k, v in value.items()}
+            out[key] = {k: v for k, v in kinds.items() if v}
+        else:
+            out[key] = minus(value, before[key])
+    return out
+
+
+def only_key(shelf: Shelf) -> str:
+    from vecgpt.engine import only_model
+
+    return only_model(shelf.store)
+
+
+def ensure_model(shelf: Shelf) -> None:
+    """A store holding no model gets the config's model, unless its service bills the load."""
+    from vecgpt import weights
+    from vecgpt.backends.base import extra
+    from vecgpt.loading import push
+
+    if shelf.store.manifests() or extra(shelf.config.backend, "estimate_cost") is not None:
+        return
+    push(shelf.store, weights.load(shelf.config.model), shelf.config.metric, progress=False)

@@ -1,0 +1,216 @@
+// The playground: start a text, watch its tokens arrive (server-sent events), click one for its candidates,
+// step back, branch, retry; requests per token; the text's id in the URL so a reload finds it again.
+"use strict";
+const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search"];
+let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null, retries = 0;
+
+async function loadStores() {
+  stores = (await call("GET", "/api/stores")).stores;
+  $("#store").innerHTML = "";
+  for (const s of stores) $("#store").add(new Option(`${s.label} (${s.location.backend})`, s.index));
+  fillModels();
+}
+
+function fillModels() {
+  const s = stores[Number($("#store").value)] || stores[0];
+  $("#model").innerHTML = "";
+  if (!s) return;
+  for (const m of s.models) $("#model").add(new Option(`${m.source.split("/").pop()} ${m.key.slice(0, 12)}`, m.key));
+  const where = Object.entries(s.location).filter(([k]) => k !== "backend").map(([k, v]) => `${k} ${v}`).join(", ");
+  $("#store-info").textContent = `${fmtInt(s.documents)} documents, ${human(s.bytes)} (${fmtInt(s.bytes)} bytes); ${s.location.backend}${where ? ": " + where : ""}`;
+  if (!s.models.length) showError("#error", new Error("this store holds no model: run `vecgpt load` with its config"));
+}
+
+function settingsBody() {
+  return {
+    store: Number($("#store").value), model: $("#model").value || null, prompt: $("#prompt").value,
+    temperature: Number($("#temperature").value), top_k: Number($("#top-k").value), seed: Number($("#seed").value),
+  };
+}
+
+function setView(v, fresh) {
+  view = v;
+  if (fresh) { costs = {}; checks = {}; }
+  const url = new URL(location.href);
+  url.searchParams.set("text", v.id);
+  history.replaceState(null, "", url);
+  $("#text-id").textContent = `text ${v.id}`;
+  $("#continue").disabled = false;
+  renderText();
+  renderRequests();
+}
+
+function tokenSpan(t, prompt) {
+  const span = document.createElement("span");
+  span.textContent = t.text;
+  span.dataset.position = t.position;
+  if (prompt) { span.className = "prompt"; return span; }
+  span.dataset.token = t.id;
+  if (changedFrom !== null && t.position >= changedFrom) span.classList.add("changed");
+  span.addEventListener("click", () => showCandidates(t.position));
+  return span;
+}
+
+function renderText() {
+  $("#text").textContent = "";
+  view.tokens.forEach((t) => $("#text").appendChild(tokenSpan(t, t.position < view.prompt_len)));
+  $("#status").textContent = `${view.tokens.length - view.prompt_len} generated after a ${view.prompt_len}-token prompt; context ${view.n_ctx}`;
+}
+
+async function generate() {
+  showError("#error", null);
+  changedFrom = null;
+  try { setView(await call("POST", "/api/texts", settingsBody()), true); } catch (e) { showError("#error", e); return; }
+  $("#details").innerHTML = "";
+  stream();
+}
+
+function stream() {
+  if (source) source.close();
+  showError("#error", null);
+  $("#generate").disabled = $("#continue").disabled = true;
+  source = new EventSource(`/api/texts/${view.id}/generate?n=${Number($("#n").value)}`);
+  source.addEventListener("token", (ev) => {
+    const t = JSON.parse(ev.data);
+    costs[t.position] = t.cost;
+    view.tokens = view.tokens.slice(0, t.position).concat([t]);
+    $("#text").appendChild(tokenSpan(t, false));
+    renderRequests();
+  });
+  const end = () => { source.close(); source = null; $("#generate").disabled = $("#continue").disabled = false; };
+  source.addEventListener("done", () => { end(); refresh(); });
+  source.addEventListener("error", (ev) => {
+    let message = "the server stopped the stream";
+    try { message = JSON.parse(ev.data).error; } catch (_) { /* a dropped connection has no data */ }
+    showError("#error", new Error(message));
+    end();
+  });
+}
+
+async function refresh() {
+  try { setView(await call("GET", `/api/texts/${view.id}`), false); } catch (e) { showError("#error", e); }
+  if ($("#check").checked) runCheck();
+}
+
+function costLine(c) {
+  if (!c) return "";
+  const parts = [`${c.total ?? 0} requests`, `${c.round_trips ?? 0} rounds`];
+  if (c.positions_read !== undefined) parts.push(`${c.positions_read} positions read`);
+  if (c.dollars !== undefined && c.dollars !== null) parts.push(`$${Number(c.dollars).toPrecision(3)}`);
+  return parts.join(", ");
+}
+
+async function showCandidates(position) {
+  document.querySelectorAll("#text .selected").forEach((el) => el.classList.remove("selected"));
+  const el = document.querySelector(`#text [data-token][data-position="${position}"]`);
+  if (el) el.classList.add("selected");
+  let c;
+  try { c = await call("GET", `/api/texts/${view.id}/candidates/${position}`); } catch (e) { showError("#error", e); return; }
+  const d = $("#details");
+  d.innerHTML = `<h3>Position ${position}: ${c.rows.length} candidates</h3>
+    <p class="muted">temperature ${c.temperature}, top-k ${c.top_k}; probability after both</p>
+    <div><button id="step-back">step back to here</button><span class="cost" id="step-back-cost"></span>
+    <button id="retry">retry here</button><span class="cost" id="retry-cost"></span></div>`;
+  const table = document.createElement("table");
+  table.id = "candidates";
+  table.innerHTML = "<tr><th>token</th><th>text</th><th>logit</th><th>probability</th><th></th><th></th></tr>";
+  for (const r of c.rows) {
+    const tr = table.insertRow();
+    tr.dataset.candidate = r.id;
+    tr.dataset.logit = r.logit;
+    tr.dataset.probability = r.probability;
+    if (r.chosen) tr.classList.add("chosen");
+    tr.innerHTML = `<td>${r.id}</td><td class="txt"></td><td>${r.logit.toFixed(4)}</td><td>${r.probability.toFixed(4)}</td>
+      <td class="txt"><span class="bar" style="width:${Math.round(80 * r.probability)}px"></span>${r.chosen ? " chosen" : ""}</td>
+      <td><button class="branch">branch with this candidate</button></td>`;
+    tr.cells[1].textContent = JSON.stringify(r.text);
+    tr.querySelector(".branch").addEventListener("click", () => act("branch", { position, token: r.id }, position));
+  }
+  d.appendChild(table);
+  const p = document.createElement("p");
+  p.className = "cost"; p.id = "action-cost";
+  d.appendChild(p);
+  $("#step-back").addEventListener("click", () => act("step-back", { position }, null));
+  $("#retry").addEventListener("click", () => act("retry", { position, seed: Number($("#seed").value) + ++retries }, position));
+}
+
+async function act(kind, body, from) {
+  showError("#error", null);
+  let v;
+  try { v = await call("POST", `/api/texts/${view.id}/${kind}`, body); } catch (e) { showError("#error", e); return; }
+  changedFrom = from;
+  const line = `${kind}: ${costLine(v.cost)}`;
+  for (const p of Object.keys(costs)) if (Number(p) >= body.position) delete costs[p];
+  setView(v, kind === "branch");
+  $("#details").innerHTML = "";
+  const p = document.createElement("p");
+  p.className = "cost"; p.id = "action-cost"; p.textContent = line;
+  $("#details").appendChild(p);
+  if ($("#check").checked) runCheck();
+}
+
+function waterfall(c) {
+  const f = document.createElement("span");
+  f.className = "fall";
+  const secs = c.seconds_by_kind || {}, rounds = c.round_trips_by_kind || {};
+  const total = Object.values(secs).reduce((a, b) => a + b, 0) || 1;
+  for (const k of KINDS) {
+    if (!rounds[k]) continue;
+    const s = document.createElement("span");
+    s.className = `k-${k}`;
+    s.style.width = `${Math.max(2, Math.round(90 * (secs[k] || 0) / total))}px`;
+    s.title = `${k}: ${rounds[k]} rounds, ${(1000 * (secs[k] || 0)).toFixed(1)} ms`;
+    f.appendChild(s);
+  }
+  return f;
+}
+
+function renderRequests() {
+  const body = $("#requests tbody");
+  body.textContent = "";
+  if (!view) return;
+  for (const t of view.tokens.slice(view.prompt_len)) {
+    const c = costs[t.position], tr = body.insertRow();
+    tr.dataset.requestsPosition = t.position;
+    const kinds = c ? Object.entries(c.by_kind || {}).map(([k, n]) => `${k} ${n}`).join(", ") : "";
+    const cells = [t.position, JSON.stringify(t.text), c ? c.total : "", c ? c.subqueries : "", c ? c.round_trips : "",
+      c ? (1000 * c.seconds).toFixed(1) : "", "", c && c.dollars != null ? Number(c.dollars).toPrecision(3) : "",
+      checks[t.position] != null ? checks[t.position].toExponential(2) : ""];
+    cells.forEach((x) => { tr.insertCell().textContent = x; });
+    tr.cells[2].title = kinds;
+    if (c) tr.cells[6].appendChild(waterfall(c));
+    tr.cells[8].className = "check";
+  }
+}
+
+async function runCheck() {
+  if (!view) return;
+  try {
+    const r = await call("GET", `/api/texts/${view.id}/check`);
+    checks = {};
+    for (const row of r.positions) checks[row.position] = row.max_abs_diff;
+    renderRequests();
+    document.body.dataset.checked = view.id;
+  } catch (e) { showError("#error", e); }
+}
+
+async function main() {
+  try { await loadStores(); } catch (e) { showError("#error", e); }
+  const id = new URLSearchParams(location.search).get("text");
+  if (id) {
+    try {
+      const v = await call("GET", `/api/texts/${encodeURIComponent(id)}`);
+      $("#store").value = v.store; fillModels(); $("#model").value = v.model;
+      $("#temperature").value = v.settings.temperature; $("#top-k").value = v.settings.top_k; $("#seed").value = v.settings.seed;
+      $("#prompt").value = v.tokens.slice(0, v.prompt_len).map((t) => t.text).join("");
+      setView(v, true);
+    } catch (e) { showError("#error", e); }
+  }
+  document.body.dataset.ready = "1";
+}
+
+$("#store").addEventListener("change", fillModels);
+$("#generate").addEventListener("click", generate);
+$("#continue").addEventListener("click", stream);
+$("#check").addEventListener("change", () => { if ($("#check").checked) runCheck(); else { checks = {}; renderRequests(); } });
+main();

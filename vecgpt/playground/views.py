@@ -1,0 +1,106 @@
+"""The JSON the pages read: a text, a position's candidates, the stores, the numpy check. Never a DSN or key:
+a store is described by `api.location` (backend and where it keeps its data)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vecgpt import api, tokenizer
+from vecgpt.playground.server import Entry, Refused, Shelf
+
+
+def token_rows(tokens: list[int], start: int = 0) -> list[dict]:
+    return [{"position": start + i, "id": t, "text": tokenizer.decode([t])} for i, t in enumerate(tokens)]
+
+
+def text_view(entry: Entry, shelf: Shelf) -> dict:
+    t = entry.text
+    hp = shelf.engine(entry.model).hparams
+    return {
+        "id": t.id,
+        "store": entry.store,
+        "model": entry.model,
+        "prompt_len": t.prompt_len,
+        "tokens": token_rows(t.tokens),
+        "text": tokenizer.decode(t.tokens[t.prompt_len :]),
+        "settings": t.settings,
+        "n_ctx": hp.n_ctx,
+        "n_vocab": hp.n_vocab,
+    }
+
+
+def probabilities(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
+    """What `sampling.choose` draws from: softmax(logits / temperature) over the first top_k, 0 beyond;
+    greedy (temperature 0) puts all of it on the first."""
+    p = np.zeros(len(logits))
+    if temperature <= 0:
+        p[0] = 1.0
+        return p
+    z = logits[:top_k] / temperature
+    w = np.exp(z - z.max())
+    p[: len(w)] = w / w.sum()
+    return p
+
+
+def candidates_view(entry: Entry, position: int) -> dict:
+    t = entry.text
+    if not t.prompt_len <= position < len(t.tokens):
+        raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
+    rows = t.candidates(position)
+    if rows is None:
+        raise Refused(f"position {position} has no candidates stored", 404)
+    settings = t.settings
+    p = probabilities(np.array([r[1] for r in rows], np.float64), settings["temperature"], settings["top_k"])
+    chosen = t.tokens[position]
+    return {
+        "position": position,
+        "chosen": chosen,
+        **{k: settings[k] for k in ("temperature", "top_k")},
+        "rows": [
+            {"id": int(i), "text": text, "logit": float(x), "probability": float(q), "chosen": int(i) == chosen}
+            for (i, x, text), q in zip(rows, p)
+        ],
+    }
+
+
+def stores_view(shelves: list[Shelf]) -> list[dict]:
+    from vecgpt.loading import models
+
+    out = []
+    for index, shelf in enumerate(shelves):
+        with shelf.lock:
+            held, stats = models(shelf.store), shelf.store.stats()
+        sizes = [v for v in stats.values() if isinstance(v, dict)]
+        out.append(
+            {
+                "index": index,
+                "label": shelf.label,
+                "location": api.location(shelf.store, shelf.config.backend),
+                "documents": sum(v.get("documents", 0) for v in sizes),
+                "bytes": sum(v.get("bytes", 0) for v in sizes),
+                "models": [
+                    {
+                        "key": m["fingerprint"],
+                        "source": m["source"],
+                        "documents": m.get("documents"),
+                        "bytes": m["bytes"],
+                    }
+                    for m in held
+                ],
+            }
+        )
+    return out
+
+
+def check_view(entry: Entry, shelf: Shelf) -> dict:
+    """The largest |store logit - numpy logit| over each generated position's candidates."""
+    t = entry.text
+    rows = []
+    last = len(t.tokens) - 1  # the last token is drawn, not necessarily read: its candidates came from before it
+    if last >= t.prompt_len:
+        logits = shelf.reference(entry.model).logits(t.tokens[:last])  # [last, n_vocab]
+        for p in range(t.prompt_len, last + 1):
+            cands = t.candidates(p) or []
+            diff = max((abs(x - float(logits[p - 1, i])) for i, x, _ in cands), default=None)
+            rows.append({"position": p, "max_abs_diff": diff})
+    return {"id": t.id, "positions": rows}
