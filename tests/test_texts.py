@@ -57,9 +57,11 @@ def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_
     assert a["tokens"] + b["tokens"] == b["text_tokens"][-10:]
 
 
-def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, long_model):
+def interrupt_a_writer(backend, tmp_path, model, sig: int) -> tuple[list[str], int, str, dict]:
+    """`generate -n 200 --keep` stopped by `sig` once at least 4 tokens are drawn: CLI args, its exit code and
+    stderr, and the text's record as the store holds it then."""
     config, options = store_config(backend, tmp_path)
-    args = ["--config", str(config), "--model", long_model.source, "--yes"]
+    args = ["--config", str(config), "--model", model.source, "--yes"]
     writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
     store = get_store(backend, **options)
     try:
@@ -69,40 +71,28 @@ def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path,
             return any(r and len(r["tokens"]) >= r["prompt_len"] + 4 for r in records)
 
         assert wait_for(progressed, timeout=120, step=0.005), finish(writer)[2]
-        assert writer.poll() is None, "the writer finished before it could be killed"
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+        assert writer.poll() is None, "the writer finished before it could be stopped"
+        writer.send_signal(sig)
+        rc, _, err = finish(writer)
         (text_id,) = store.texts()
-        held = store.read_text(text_id)
+        return args, rc, err, {**store.read_text(text_id), "id": text_id}
     finally:
         store.close()
-    b = run_json("generate", "--resume", text_id, "-n", "3", "--json", *args)
+
+
+def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, long_model):
+    args, _, _, held = interrupt_a_writer(backend, tmp_path, long_model, signal.SIGKILL)
+    b = run_json("generate", "--resume", held["id"], "-n", "3", "--json", *args)
     assert b["text_tokens"][: len(held["tokens"])] == held["tokens"]  # nothing the record held is lost
     assert b["positions_reread"] == len(held["tokens"]) - 1 - held["written"]
     assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
 
 
 def test_ctrl_c_leaves_a_kept_text_complete(backend, tmp_path, long_model):
-    config, options = store_config(backend, tmp_path)
-    args = ["--config", str(config), "--model", long_model.source, "--yes"]
-    writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
-    store = get_store(backend, **options)
-    try:
-
-        def progressed() -> bool:
-            records = [store.read_text(t) for t in store.texts()]
-            return any(r and len(r["tokens"]) >= r["prompt_len"] + 4 for r in records)
-
-        assert wait_for(progressed, timeout=120, step=0.005), finish(writer)[2]
-        writer.send_signal(signal.SIGINT)
-        rc, _, err = finish(writer)
-        (text_id,) = store.texts()
-        held = store.read_text(text_id)
-    finally:
-        store.close()
+    args, rc, err, held = interrupt_a_writer(backend, tmp_path, long_model, signal.SIGINT)
     assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
     assert held["written"] == len(held["tokens"]) - 1  # every drawn token but the last was read and landed
-    b = run_json("generate", "--resume", text_id, "-n", "2", "--json", *args)
+    b = run_json("generate", "--resume", held["id"], "-n", "2", "--json", *args)
     assert b["positions_reread"] == 0
     assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
 
