@@ -65,8 +65,7 @@ class Text:
         }
         text_id = uuid.uuid4().hex[:12]
         version = engine.store.write_text(text_id, record, None)  # first, so `texts gc` finds all that follows
-        session = Session(engine, SESSION_PREFIX + text_id)
-        session.store.create(session.name + CANDIDATES, 1, "l2", payload=4 * record["settings"]["top_k"])
+        session = new_session(engine, SESSION_PREFIX + text_id, record["settings"]["top_k"])
         return cls(engine, text_id, {**record, "version": version}, session)
 
     @classmethod
@@ -218,8 +217,7 @@ class Text:
             session = Session(self.engine, name, create=False)
             session.adopt(self.session, record["written"])
         else:  # the child reads its shared positions itself
-            session = Session(self.engine, name)
-            session.store.create(name + CANDIDATES, 1, "l2", payload=4 * self.settings["top_k"])
+            session = new_session(self.engine, name, self.settings["top_k"])
         child = Text(self.engine, child_id, {**record, "version": version}, session)
         for q in range(self.prompt_len, p + 1):
             child._candidates[q] = self._candidates[q]
@@ -262,7 +260,7 @@ class Text:
             self._restore(record)
 
     def _queue(self, p: int) -> None:
-        """Position p's candidates, to ride with the next round as one row of text-<id>.c."""
+        """Position p's candidates, written behind what is already queued, as one row of text-<id>.c."""
         row = pack(self._candidates[p])[None]
         self._queued[p] = self.session.write(
             later.upsert(self.session.name + CANDIDATES, np.array([p]), np.array([[p]], np.float32), None, row)
@@ -308,6 +306,13 @@ class Text:
     def __exit__(self, *exc) -> None:
         if not self.kept:
             self.close()
+
+
+def new_session(engine: Engine, name: str, top_k: int) -> Session:
+    """A session on a new text collection, with the collection its candidates go to (a row of 4 top_k floats)."""
+    session = Session(engine, name)
+    session.store.create(name + CANDIDATES, 1, "l2", payload=4 * top_k)
+    return session
 
 
 def remove(store, text_id: str, version: int | None = None) -> None:

@@ -274,13 +274,7 @@ class InProcessStore(FolderStore):
             return
         _, chunks, end = text_log.read(self._log(name), col.log_end)
         if chunks:
-            rows = text_log.Rows(
-                np.concatenate([c.ids for c in chunks]),
-                np.concatenate([c.vectors for c in chunks]),
-                {a: np.concatenate([c.attrs[a] for c in chunks]) for a in col.names},
-                np.concatenate([c.payload for c in chunks]),
-            )
-            col.upsert(text_log.last_rows(name, rows, col.names))
+            col.upsert(text_log.joined(name, chunks, col.names))
         col.log_end = end
 
     def _save(self, name: str, col: Collection) -> None:
@@ -331,10 +325,7 @@ class InProcessStore(FolderStore):
         if meta is None:
             raise self.damaged(f"collection {name!r} is damaged", ValueError(f"{self._log(name)} has no whole chunk"))
         col = Collection(self.table_class(meta["dim"], meta["metric"]), meta["attrs"], meta["payload"])
-        ids, vectors = np.concatenate([c.ids for c in chunks]), np.concatenate([c.vectors for c in chunks])
-        attrs = {a: np.concatenate([c.attrs[a] for c in chunks]) for a in meta["attrs"]}
-        payload = np.concatenate([c.payload for c in chunks])
-        col.upsert(text_log.last_rows(name, text_log.Rows(ids, vectors, attrs, payload), meta["attrs"]))
+        col.upsert(text_log.joined(name, chunks, meta["attrs"]))
         col.dirty, col.log_end = False, end
         return col
 

@@ -45,6 +45,17 @@ def last_rows(name: str, rows: Rows, columns: list[str]) -> Rows:
     return Rows(ids, both[:, :dim], attrs, both[:, dim:])
 
 
+def joined(name: str, chunks: list[Rows], columns: list[str]) -> Rows:
+    """The rows of several chunks as one write: the last write of each id, in the order they were written."""
+    rows = Rows(
+        np.concatenate([c.ids for c in chunks]),
+        np.concatenate([c.vectors for c in chunks]),
+        {a: np.concatenate([c.attrs[a] for c in chunks]) for a in columns},
+        np.concatenate([c.payload for c in chunks]),
+    )
+    return last_rows(name, rows, columns)
+
+
 def chunk(meta: dict, rows: Rows) -> bytes:
     """One chunk: `meta` (dim, metric, attrs, payload) and the rows."""
     head = json.dumps({**meta, "rows": len(rows.ids)}).encode()
