@@ -35,7 +35,7 @@ def sequential32(self, queries, slots):
 def unscaled():
     plain_q, plain_k = encoding.encode_queries, encoding.key_queries
     encoding.encode_queries = lambda x, metric, m2=None: plain_q(x, metric)
-    encoding.key_queries = lambda q, norms2, metric: plain_k(q, norms2[:0], metric)
+    encoding.key_queries = lambda q, norms2, metric: plain_k(q, norms2[..., :0], metric)
 
 
 def run(label, model, model64, metric, folder):

@@ -61,6 +61,25 @@ def test_top_k_is_nearest_first(make_store, backend, metric):
         assert np.all(np.diff(hits.dists[row]) >= 0)  # nearest first, by the store's own distances
 
 
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_one_query_over_a_big_collection(make_store, backend, metric):
+    """A decode step's shape: one query over more rows than one thread scans (FAISS splits them)."""
+    store = make_store(backend)
+    if metric not in store.metrics:
+        pytest.skip(f"{backend} does not rank by {metric}")
+    x, _ = filled(store, n=3001, dim=200, metric=metric)
+    q = rng.standard_normal((1, 200)).astype(np.float32)
+    truth, bound = true_dists(q, x, metric)[0], dist_bound(q, x, metric, backend)[0]
+    hits = store.search("c", q)
+    order = np.argsort(hits.ids[0])
+    assert np.array_equal(hits.ids[0][order], np.arange(3001) * 7 + 5)
+    assert np.all(np.abs(hits.dists[0][order] - truth) <= bound)
+    top = store.search("c", q, k=25)
+    found = Candidates((top.ids[0] - 5) // 7, -top.dists[0].astype(np.float64))
+    assert not tolerance.disagreements(found, -truth, 25, bound.max())
+    assert np.all(np.diff(top.dists[0]) >= 0)
+
+
 def test_filters_exclude_what_they_must(make_store, backend):
     store = make_store(backend)
     x, attrs = filled(store)

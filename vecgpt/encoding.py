@@ -112,30 +112,30 @@ def decode_dists(dists: np.ndarray, queries: np.ndarray, m2: float, metric: Metr
 
 
 def key_queries(q: np.ndarray, key_norms2: np.ndarray, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
-    """Attention queries [m, hd] as sent to keys of |k|^2 key_norms2 [n]: (float32 s q, s [m]).
-    l2 scales toward the largest key; ip sends q as it is (s = 1)."""
+    """Attention queries [..., m, hd] as sent to keys of |k|^2 key_norms2 [..., n]: (float32 s q, s [..., m]).
+    l2 scales toward the largest key; ip sends q as it is (s = 1). Leading axes: heads, each its own keys."""
     q32 = np.asarray(q, np.float32)
-    if metric == "ip" or len(key_norms2) == 0:
-        return q32, np.ones(len(q32))
-    s = power_of_two(np.sqrt(key_norms2.max()), np.sqrt(squared_norms(q32)))
-    return q32 * s[:, None].astype(np.float32), s
+    if metric == "ip" or key_norms2.shape[-1] == 0:
+        return q32, np.ones(q32.shape[:-1])
+    s = power_of_two(np.sqrt(key_norms2.max(axis=-1))[..., None], np.sqrt(squared_norms(q32)))
+    return q32 * s[..., None].astype(np.float32), s
 
 
 def decode_key_dists(
     dists: np.ndarray, queries: np.ndarray, key_norms2: np.ndarray, metric: Metric, scale: np.ndarray | float = 1.0
 ) -> np.ndarray:
-    """q.k from distances [m, n] between sent queries [m, hd] (s q, s = scale [m]) and keys whose |k|^2
-    is key_norms2 [m, n] or [n]."""
-    dists, s = np.asarray(dists, np.float64), np.reshape(np.asarray(scale, np.float64), (-1, 1))
+    """q.k from distances [..., m, n] between sent queries [..., m, hd] (s q, s = scale [..., m]) and keys
+    whose |k|^2 is key_norms2 [..., m, n] or [n]."""
+    dists, s = np.asarray(dists, np.float64), np.asarray(scale, np.float64)[..., None]
     if metric == "ip":
         return -dists / s
-    return (squared_norms(queries)[:, None] + key_norms2 - dists) / (2 * s)
+    return (squared_norms(queries)[..., None] + key_norms2 - dists) / (2 * s)
 
 
 def squared_norms(v: np.ndarray) -> np.ndarray:
-    """|v|^2 per row, in float64, of the float32 vectors actually sent to the store."""
+    """|v|^2 per row (the last axis), in float64, of the float32 vectors actually sent to the store."""
     v = np.asarray(v, np.float32).astype(np.float64)
-    return np.einsum("ij,ij->i", v, v)
+    return np.einsum("...j,...j->...", v, v)
 
 
 def doc_dim(n_in: int, metric: Metric) -> int:

@@ -82,6 +82,12 @@ def searched_end(start: int) -> int:
     return max(0, start - WINDOW + 1)
 
 
+def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] -> in row order
+    y = np.empty(values.shape)
+    np.put_along_axis(y, ids, values, axis=1)
+    return y
+
+
 def only_model(store: Store) -> str:
     check_layout(store)
     keys = sorted(store.manifests())
@@ -243,23 +249,29 @@ class Session:
         """One round: the scores of the keys < end as attention's columns, and (v given) the new positions'
         values projected by their heads' rows of c_proj, kept in float32 in `projected`."""
         sent, keys = self.key_searches(q, layer, end) if end else (None, [])
-        project = [] if v is None else [self.projection(v[:, h], layer, h) for h in range(self.hp.n_head)]
-        calls = [later.search_many([s for s, _ in project])] if project else []
+        project, decode = self.projections(v, layer) if v is not None else ([], None)
+        calls = [later.search_many(project)] if project else []
         found = self.store.together(*calls, *([later.search_many(keys)] if keys else []))  # filed as a key search
         if project:
-            heads = [decode(hits) for (_, decode), hits in zip(project, found[0])]  # H x [m, d]
-            self.projected[layer, start : start + len(v)] = np.stack(heads, axis=1)
+            self.projected[layer, start : start + len(v)] = decode(found[0])
         return [self.key_columns(sent, found[-1], layer, end)] if keys else []
 
-    def projection(self, vh, layer, h):  # vh [m, hd] -> (its search, decode(hits) -> [m, d])
-        name = f"h.{layer}.attn.c_proj.{h}"
-        vq = encoding.encode_queries(vh.astype(np.float32), self.metric, self.engine.m2[name])
-        return Search(self.engine.name(name), vq), lambda hits: self.scatter(hits, vq, name)
+    def projections(self, v, layer):  # v [m, H, hd] -> (a search per head, decode(hits) -> [m, H, d])
+        m, n_head, hd = v.shape
+        names = [f"h.{layer}.attn.c_proj.{h}" for h in range(n_head)]
+        m2 = np.repeat([self.engine.m2[name] for name in names], m)[:, None]  # [H m, 1]
+        vq = encoding.encode_queries(v.transpose(1, 0, 2).reshape(n_head * m, hd), self.metric, m2[:, 0])
+        searches = [Search(self.engine.name(name), vq[h * m : (h + 1) * m]) for h, name in enumerate(names)]
+
+        def decode(found):  # H x hits [m, d] -> [m, H, d]
+            ids, dists = np.vstack([hits.ids for hits in found]), np.vstack([hits.dists for hits in found])
+            y = put_rows(ids, encoding.decode_dists(dists, vq, m2, self.metric))
+            return y.reshape(n_head, m, -1).transpose(1, 0, 2)
+
+        return searches, decode
 
     def scatter(self, hits, q, name):  # a search of every row -> outputs [m, out] in row order
-        y = np.empty((len(q), hits.ids.shape[1]))
-        np.put_along_axis(y, hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric), axis=1)
-        return y
+        return put_rows(hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric))
 
     def transformer_block(self, x, layer, start):  # [m, d] -> [m, d]
         ln, eps = self.ln[layer], self.hp.eps
@@ -295,12 +307,10 @@ class Session:
 
     # ------------------------------------------------------------ the keys in the store
 
-    def key_searches(self, q, layer, end):  # q [m, H, hd] -> (per head (sent queries, scale), the searches)
-        sent = [
-            encoding.key_queries(q[:, h], self.key_norms[layer, h, :end], self.metric) for h in range(self.hp.n_head)
-        ]
+    def key_searches(self, q, layer, end):  # q [m, H, hd] -> ((sent queries [H, m, hd], scale [H, m]), the searches)
+        sent = encoding.key_queries(q.transpose(1, 0, 2), self.key_norms[layer, :, :end], self.metric)
         where = [Where(eq={"layer": layer, "head": h}, lt={"position": end}) for h in range(self.hp.n_head)]
-        return sent, [Search(self.name, qs, where=w) for (qs, _), w in zip(sent, where)]
+        return sent, [Search(self.name, qs, where=w) for qs, w in zip(sent[0], where)]
 
     def key_columns(self, sent, found, layer, end):  # key search results -> positions [m, n] < end, q.k [H, m, n]
         if any(hits.ids.shape[1] != end for hits in found):  # rows removed under the text (closed, lost by a store)
@@ -308,15 +318,13 @@ class Session:
                 f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
                 f"positions found in layer {layer}); start the text again"
             )
-        order = [np.argsort(hits.ids, axis=1) for hits in found]  # each head: its keys in position order
-        pos = np.take_along_axis(found[0].ids, order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
-        dots = [
-            encoding.decode_key_dists(
-                np.take_along_axis(hits.dists, o, 1), qs, self.key_norms[layer, h][pos], self.metric, s
-            )
-            for h, ((qs, s), hits, o) in enumerate(zip(sent, found, order))
-        ]
-        return pos, np.stack(dots)
+        ids, dists = np.stack([hits.ids for hits in found]), np.stack([hits.dists for hits in found])  # [H, m, n]
+        order = np.argsort(ids, axis=-1)  # each head: its keys in position order
+        pos = np.take_along_axis(ids[0], order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
+        norms = self.key_norms[layer][:, pos]  # [H, m, n]
+        return pos, encoding.decode_key_dists(
+            np.take_along_axis(dists, order, -1), *sent[:1], norms, self.metric, sent[1]
+        )
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], pv [m, H, d])] -> one upsert's arguments
         ids, vectors, values, attrs = [], [], [], {"layer": [], "head": [], "position": []}

@@ -5,6 +5,8 @@ Environment: XDG_CACHE_HOME (the default folder). See docs/faiss.md.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import faiss
@@ -25,7 +27,30 @@ def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
 
 
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
+SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
+_POOL: list[ThreadPoolExecutor] = []
+os.register_at_fork(after_in_child=_POOL.clear)  # a forked child has none of the pool's threads
+
+
+def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
+    """A one-query scan's rows as (start, end) per thread: one chunk unless the scan is big."""
+    if n * dim < SPLIT_WORK or THREADS[0] < 2:
+        return [(0, n)]
+    edges = [n * i // THREADS[0] for i in range(THREADS[0] + 1)]
+    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def in_threads(calls) -> None:
+    """Run the calls at once, one per thread (FAISS's kernels release the GIL); the last in this thread."""
+    if len(calls) <= 1:
+        return calls[0]() if calls else None
+    if not _POOL or _POOL[0]._max_workers < len(calls) - 1:
+        _POOL[:] = [ThreadPoolExecutor(len(calls) - 1, thread_name_prefix="vecgpt-faiss")]
+    futures = [_POOL[0].submit(call) for call in calls[:-1]]
+    calls[-1]()
+    for future in futures:
+        future.result()
 
 
 def selector(slots: np.ndarray | None):
@@ -76,10 +101,19 @@ class FaissTable(Table):
         """One query against every row: FAISS's inner-product kernel over the stored rows, for l2 in the
         expanded form |q|^2 + |x|^2 - 2 q.x (FAISS's own BLAS form) with each |x|^2 kept. A decode
         step's matrix search: about a fifth faster than a range search, which also collects its
-        results one by one (docs/speed.md)."""
+        results one by one, and a big one is split by rows over the threads, as BLAS splits numpy's
+        (FAISS splits by query: one query would get one core; docs/speed.md)."""
         q = np.ascontiguousarray(queries, np.float32)
-        dots = np.empty(self.n, np.float32)
-        faiss.fvec_inner_products_ny(faiss.swig_ptr(dots), faiss.swig_ptr(q), self.index.get_xb(), self.dim, self.n)
+        if self.n == 0:
+            return np.zeros((1, 0), np.float32)
+        dots, xb = np.empty(self.n, np.float32), self._view()
+
+        def scan(a, b):
+            return lambda: faiss.fvec_inner_products_ny(
+                faiss.swig_ptr(dots[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(xb[a:b]), self.dim, b - a
+            )
+
+        in_threads([scan(a, b) for a, b in row_chunks(self.n, self.dim)])
         if self.metric == "ip":
             return -dots[None]
         if self._norms is None:
@@ -90,6 +124,11 @@ class FaissTable(Table):
     def topk(self, queries, k, slots):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+        if slots is None and len(queries) == 1:  # the token search: the scan split over threads
+            d = self.every_row(queries)[0]
+            best = np.argpartition(d, k - 1)[:k] if k < self.n else np.arange(self.n)
+            best = best[np.lexsort((best, d[best]))]  # nearest first, ties by row
+            return d[best][None], best[None]
         threads_for(queries, self.n if slots is None else len(slots), self.dim)
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
