@@ -3,11 +3,14 @@ texts that resume and branch bit for bit, and a store holding the same model in 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from vecgpt import tokenizer, tolerance, weights
 from vecgpt.api import generate
+from vecgpt.cli import main
 from vecgpt.engine import Engine
 from vecgpt.loading import push, store_fingerprint
 from vecgpt.reference import Reference
@@ -101,3 +104,27 @@ def test_a_store_holds_both_layouts(make_store, tiny_model):
     assert other["fingerprint"] == store_fingerprint(tiny_model, "l2", "three")
     assert type(Engine(store, model=plain["fingerprint"]).open()) is not ThreeRounds
     assert other["documents"] > plain["documents"]  # W_vo (d rows a head) and W_q's rows (d + 1 a head)
+
+
+def test_the_cli_loads_and_generates_in_layout_three(capsys, tmp_path, tiny_model_dir, model64):
+    """`vecgpt load --layout three`, then `generate --layout three` runs that model: greedy, it draws numpy's
+    tokens wherever the derived tolerance fixes them; a bad layout is argparse's one line, exit 2."""
+    store = ["--backend", "faiss", "--store", str(tmp_path / "faiss"), "--model", str(tiny_model_dir)]
+    assert main(["load", *store, "--layout", "three"]) == 0
+    assert capsys.readouterr().out.strip().endswith("-l2-three)")
+    runs = {}
+    for layout in ("three", "four"):
+        assert main(["generate", *store, "--layout", layout, "Hello", "-n", "4", "--json", "--yes"]) == 0
+        runs[layout] = json.loads(capsys.readouterr().out)
+    ids, tokens = runs["three"]["prompt_tokens"], runs["three"]["tokens"]
+    exact = tolerance.forced_logits(model64, ids, tokens)
+    tol = tolerance.logit_tolerance(model64, ids, tokens, "l2", tolerance.U32, exact, layout="three")
+    sure = tolerance.sure_greedy_steps(exact, tol)
+    assert sure >= 2 and tokens[:sure] == [int(row.argmax()) for row in exact[:sure]]
+    assert runs["three"]["requests"]["round_trips"] < runs["four"]["requests"]["round_trips"]
+    assert main(["ls", "--backend", "faiss", "--store", str(tmp_path / "faiss")]) == 0
+    assert capsys.readouterr().out.count("\n") == 2  # both layouts, two keys
+    with pytest.raises(SystemExit) as bad:
+        main(["load", *store, "--layout", "two"])
+    err = capsys.readouterr().err
+    assert bad.value.code == 2 and "invalid choice: 'two'" in err and "Traceback" not in err

@@ -7,7 +7,8 @@ Attention's output projection is applied per head to each position's value when 
 (collections h.<i>.attn.c_proj.<h>, in the same round as the key search), so a layer is four dependent
 rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
 in memory and as the key rows' payload. Writes go out in order beside the searches (vecgpt.writer).
-Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64.
+Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64. A model loaded with
+`--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it).
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter.

@@ -10,7 +10,9 @@ store's rounding of |q|^2, here at the full bound). Why this covers the real err
 worst sign pattern is not searched: the per-search bound takes gamma_n ~ n u, the worst summation
 order, while rounding errors of independent sign add up to about sqrt(n) u (n = 65..3074 here:
 8 to 55 times less), and SAFETY = 2 covers the spread of a few random patterns around the error
-they sample. The tests report the tolerance beside the error actually seen.
+they sample. The tests report the tolerance beside the error actually seen. A model loaded in layout
+"three" (vecgpt.three_rounds) is perturbed in its own order (reference.three_round_heads): W_vo's search with
+the product's float32 rounding, each key's document as a search, the searched scores as (x, 1) . document.
 
 The rule (`disagreements`), teacher-forced and by token id: each store logit within tol of
 numpy's for the same id; two candidates in an order other than numpy's only if numpy's logits are
