@@ -1,13 +1,16 @@
 """Round trips, seconds and dollars per token through turbopuffer's HTTP API, on the local server.
 
     python benchmarks/round_trips.py [-n 8] [--latency-ms 25] [--replicas 2] [--key-replicas 2] [--layouts]
+                                     [--layout four|three|both]
 
 Starts `vecgpt.backends.turbopuffer.server` in a subprocess with a fixed delay per request (the network; puffergpt sees
 20-30 ms), loads a random GPT-2 small-shaped model (12 layers, 12 heads, 768 wide, 50,257 tokens) through
 the official client, reads a ten-token prompt as one block, generates n tokens, and prints round trips
 (sequential rounds, as `vecgpt.meter` counts them), requests, subqueries, seconds, and dollars at the
 published prices. `--layouts` also times the two namespace layouts (per matrix vs per vector length).
-Writes benchmarks/results/round_trips.json.
+`--layout` loads the model in that layout (`vecgpt load --layout`); `both` measures each in turn, on a fresh
+server, and prints what layout "three" costs beside what it saves (docs/three-rounds.md).
+Writes benchmarks/results/round_trips.json (--layout both: benchmarks/results/three_rounds.json).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.base import get_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
-from vecgpt.loading import plan, push  # noqa: E402
+from vecgpt.loading import LAYOUTS, plan, push, store_fingerprint  # noqa: E402
 
 PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
 
@@ -43,8 +46,15 @@ def parse_args(argv=None):
     )
     parser.add_argument("--layouts", action="store_true", help="also measure namespace per matrix vs per dimension")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--out", default="benchmarks/results/round_trips.json")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds a request may take (a big round on a busy machine)"
+    )
+    parser.add_argument("--layout", choices=["four", "three", "both"], default="four", help="the model's layout")
+    parser.add_argument("--out", default=None, help="JSON written (default by --layout, see above)")
+    args = parser.parse_args(argv)
+    default = "three_rounds" if args.layout == "both" else "round_trips"
+    args.out = args.out or f"benchmarks/results/{default}.json"
+    return args
 
 
 def model_dir(name: str | None = None) -> str:
@@ -70,6 +80,9 @@ def start_server(latency_ms: float, write_latency_ms: float = 0.0):
             os.environ["TURBOPUFFER_API_KEY"],
         ],
         stdout=subprocess.DEVNULL,
+        # the server answers many requests at once, each on one thread: a BLAS call that spread over every core
+        # from each request at once thrashed (12 searches of 10 x 770-wide rows: 3 s, one thread each: 0.2 s)
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"},
     )
     for _ in range(200):
         try:
@@ -136,8 +149,14 @@ def measure_layouts(url: str) -> dict:
 
 def main():
     args = parse_args()
-    result = measure(weights.load(model_dir(args.model)), args)
-    report(result, args.out)
+    model = weights.load(model_dir(args.model))
+    if args.layout != "both":
+        report(measure(model, args), args.out)
+        return
+    both = {layout: measure(model, argparse.Namespace(**{**vars(args), "layout": layout})) for layout in LAYOUTS}
+    for r in both.values():
+        report(r, None)
+    compare_layouts(both, args.out)
 
 
 def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
@@ -147,7 +166,8 @@ def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
     proc, url = start_server(args.latency_ms, getattr(args, "write_latency_ms", 0.0))
     keys = ("latency_ms", "write_latency_ms", "replicas", "key_replicas", "key_partition")
     result = {k: getattr(args, k, 0.0) for k in keys}
-    result["model"] = model.source
+    result["model"], layout = model.source, getattr(args, "layout", "four")
+    result["layout"] = layout
     try:
         store = get_store(
             "turbopuffer",
@@ -157,14 +177,15 @@ def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
             key_replicas=args.key_replicas,
             key_partition=args.key_partition,
             max_retries=max_retries,
+            timeout=getattr(args, "timeout", 5.0),
         )
-        _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True))
+        _, load_s, load_used = token_usage(store, lambda: push(store, model, "l2", progress=True, layout=layout))
         print(
             f"load: {load_s:.1f} s, {load_used.get('write_requests', 0):.0f} write requests, "
             f"${tpb.dollars(load_used):.4f} in writes",
             file=sys.stderr,
         )
-        result.update(measure_text(store, model, args))
+        result.update(measure_text(store, model, args, layout))
         result["load"] = {
             "seconds": load_s,
             "write_requests": load_used.get("write_requests", 0),
@@ -179,11 +200,11 @@ def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
     return result
 
 
-def measure_text(store, model, args) -> dict:
+def measure_text(store, model, args, layout: str = "four") -> dict:
     """A ten-token prompt, then args.n greedy tokens: round trips, requests, seconds and dollars."""
     ids = tokenizer.encode(PROMPT)
     assert len(ids) == 10, len(ids)
-    text = Engine(store).open()
+    text = Engine(store, model=store_fingerprint(model, "l2", layout)).open()
     cands, prompt_s, prompt_used = token_usage(store, lambda: text.read(ids))
     decode = []
     for _ in range(args.n):
@@ -192,6 +213,7 @@ def measure_text(store, model, args) -> dict:
         decode.append((s, used))
     text.drain()  # the last step's writes, counted in its tally (they run beside the critical path)
     summary = text.meter.summary()
+    held = store.stats()
     text.close()
     first, toks = summary["per_token"][0], summary["per_token"][1:]
     return {
@@ -206,7 +228,11 @@ def measure_text(store, model, args) -> dict:
             "dollars": tpb.dollars(prompt_used),
         },
         "per_token": per_token(toks, decode),
-        "stored_model": stored_model(model, args.replicas),
+        "stored_model": stored_model(model, args.replicas, layout),
+        "text_bytes_per_position": held[text.name]["bytes"] / text.position,
+        "text_memory_bytes_per_position": text.keys[:, :1].nbytes
+        + text.projected[:, :1].nbytes
+        + text.key_norms[:, :, :1].nbytes,
         "floor_seconds_per_token": result_floor(toks, args.latency_ms),
     }
 
@@ -228,8 +254,8 @@ def per_token(toks, decode) -> dict:
     }
 
 
-def stored_model(model, replicas: int) -> dict:
-    rows = plan(model, "l2")
+def stored_model(model, replicas: int, layout: str = "four") -> dict:
+    rows = plan(model, "l2", layout)
     stored_bytes = sum(n * (8 + 4 * d + 8) for _, n, d in rows) * replicas
     return {
         "documents": sum(n for _, n, _ in rows) * replicas,
@@ -270,9 +296,42 @@ def report(r, out):
             f"  layout {name}: {m['median_ms']:.1f} ms median for a {m['rows']}-row exact search "
             f"(namespace of {m['namespace_rows']:,} rows)"
         )
+    if out is not None:
+        write_json(r, out)
+
+
+def write_json(r, out: str) -> None:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump(r, f, indent=1, default=float)
+
+
+def layout_row(r) -> dict:
+    """What one layout costs: per generated token, the stored model, a text's rows."""
+    t, s = r["per_token"], r["stored_model"]
+    return {
+        "rounds/token": t["round_trips"],
+        "requests/token": t["requests"],
+        "subqueries/token": t["subqueries"],
+        "s/token": t["seconds"],
+        "$/token": t["dollars"],
+        "documents loaded": s["documents"],
+        "GB loaded": s["bytes"] / 1e9,
+        "$ load": r["load"]["dollars"],
+        "$/month stored": s["dollars_per_month"],
+        "text KB/position (store)": r["text_bytes_per_position"] / 1e3,
+        "text KB/position (memory)": r["text_memory_bytes_per_position"] / 1e3,
+    }
+
+
+def compare_layouts(both: dict, out: str) -> None:
+    """A table: each measure under layout four and three, and three / four."""
+    rows = {layout: layout_row(r) for layout, r in both.items()}
+    print(f"\n{'':28}{'four':>14}{'three':>14}{'three/four':>12}")
+    for name, four in rows["four"].items():
+        three = rows["three"][name]
+        print(f"{name:28}{four:>14.6g}{three:>14.6g}{three / four if four else float('nan'):>12.3f}")
+    write_json({"table": rows, "runs": both}, out)
 
 
 if __name__ == "__main__":

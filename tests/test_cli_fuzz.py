@@ -191,6 +191,7 @@ def config_values(key: str, clean: bool):
     valid = {
         "backend": st.sampled_from(["faiss", "memory"] if clean else available() + ["nosuch"]),
         "metric": st.sampled_from(["l2", "ip"] + ["cosine"] * (not clean)),
+        "layout": st.sampled_from(["four", "three"] + ["two"] * (not clean)),
         "model": st.sampled_from(["@model"] if clean else MODELS),
         "top_k": ints(clean),
         "prompt_block": st.booleans(),

@@ -106,12 +106,12 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
 
     `confirm(store)`, when given, is called before such a load and may refuse it (raise)."""
     store = open_store(config)
-    key = store_fingerprint(model, config.metric)
+    key = store_fingerprint(model, config.metric, config.layout)
     try:
         if store.read_manifest(key) is None:
             if confirm is not None:
                 confirm(store)
-            push(store, model, config.metric, progress=progress)
+            push(store, model, config.metric, progress=progress, layout=config.layout)
     except BaseException:
         store.close()
         raise

@@ -18,6 +18,7 @@ else:  # pragma: no cover
 class Config:
     backend: str = "faiss"  # a module in vecgpt/backends
     metric: str = "l2"  # "l2": padded documents under squared L2; "ip": plain inner product
+    layout: str = "four"  # "four" rounds a layer; "three": weight products made at load (vecgpt.three_rounds)
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
     prompt_block: bool = True  # read a prompt as one block of queries per search
@@ -27,6 +28,8 @@ class Config:
     def __post_init__(self):
         if self.metric not in ("l2", "ip"):
             raise VecgptError(f"metric must be 'l2' or 'ip', not {self.metric!r}")
+        if self.layout not in ("four", "three"):
+            raise VecgptError(f"layout must be 'four' or 'three', not {self.layout!r}")
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
         if self.tile < 1:
@@ -36,6 +39,7 @@ class Config:
 TYPES = {
     "backend": str,
     "metric": str,
+    "layout": str,
     "model": (str, type(None)),
     "top_k": int,
     "prompt_block": bool,

@@ -7,7 +7,8 @@ Attention's output projection is applied per head to each position's value when 
 (collections h.<i>.attn.c_proj.<h>, in the same round as the key search), so a layer is four dependent
 rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
 in memory and as the key rows' payload. Writes go out in order beside the searches (vecgpt.writer).
-Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64.
+Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64. A model loaded with
+`--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it).
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter.
@@ -67,7 +68,15 @@ class Engine:
         return self.store.read_manifest(self.key) is None
 
     def open(self) -> Session:
-        return Session(self)
+        return self.session()
+
+    def session(self, name: str | None = None, create: bool = True) -> Session:
+        """A Session of the model's layout (its manifest's "layout": "three" runs vecgpt.three_rounds)."""
+        if self.manifest.get("layout") == "three":
+            from vecgpt.three_rounds import ThreeRounds
+
+            return ThreeRounds(self, name, create)
+        return Session(self, name, create)
 
 
 def squared_norms(k32: np.ndarray) -> np.ndarray:
@@ -104,6 +113,8 @@ class Session:
     """One decoding session: keys and projected values in the store (text-<id>), also in memory with |k|^2,
     and the tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
 
+    layout = "four"  # the model's layout (vecgpt.loading.LAYOUTS): tolerance derives its bound in that order
+
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
         self.engine, self.hp, self.metric = engine, engine.hparams, engine.metric
@@ -123,11 +134,9 @@ class Session:
         # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
         self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hp.n_embd), np.float32)
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
-        opening = (
-            [later.create(self.name, hd, self.metric, ("layer", "head", "position"), payload=hp.n_embd)]
-            if create
-            else []
-        )
+        dim, payload = self.row_widths()
+        opening = [later.create(self.name, dim, self.metric, ("layer", "head", "position"), payload=payload)]
+        opening = opening if create else []
         *_, table = self.store.together(*opening, later.fetch(engine.name("ln"), np.arange(4 * hp.n_layer + 2)))
         table = table.astype(np.float64)
         self.ln = [
@@ -138,6 +147,10 @@ class Session:
             for i in range(hp.n_layer)
         ]
         self.ln_f = {"weight": table[-2], "bias": table[-1]}
+
+    def row_widths(self) -> tuple[int, int]:
+        """A text row's vector and payload widths: a key (hd) and its projected value (d)."""
+        return self.hp.n_embd // self.hp.n_head, self.hp.n_embd
 
     @property
     def position(self) -> int:
@@ -370,11 +383,15 @@ class Session:
         hp, n = self.hp, len(tokens)
         layer, pos, head = np.meshgrid(np.arange(hp.n_layer), np.arange(n), np.arange(hp.n_head), indexing="ij")
         found, *others = self.send(later.fetch(self.name, self.key_ids(layer, head, pos).ravel(), payload=True), *also)
-        k, v = (a.reshape(hp.n_layer, n, hp.n_head, a.shape[-1]) for a in found)  # [L, n, H, hd | d]; n may be 0
-        self.keys[:, :n], self.projected[:, :n] = k, v
-        self.key_norms[:, :, :n] = squared_norms(k).transpose(0, 2, 1)
+        self.take_rows(*(a.reshape(hp.n_layer, n, hp.n_head, a.shape[-1]) for a in found))  # n may be 0
         self.tokens, self._written, self._key_writes = list(tokens), n, []
         return others
+
+    def take_rows(self, vectors, payload) -> None:
+        """The first n positions' rows as the store holds them, [L, n, H, hd] keys and [L, n, H, d] values."""
+        n = vectors.shape[1]
+        self.keys[:, :n], self.projected[:, :n] = vectors, payload
+        self.key_norms[:, :, :n] = squared_norms(vectors).transpose(0, 2, 1)
 
     def adopt(self, other: Session, n: int) -> None:
         """Start from another session's first n positions, whose keys and values this text's collection holds."""

@@ -11,27 +11,32 @@ import numpy as np
 from vecgpt import encoding
 from vecgpt.backends.base import Store
 from vecgpt.errors import VecgptError
+from vecgpt.reference import query_rows, value_output
 from vecgpt.weights import HParams, Model
 
 LN_PARTS = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
 BATCH = 4096
 BARE = {"wte", "wpe", "ln"}  # names the previous layout gave every model
+# "four": a layer is four rounds (engine.Session); "three": weight products made at load, three (vecgpt.three_rounds)
+LAYOUTS = ("four", "three")
 
 
-def matrices(hp: HParams) -> list[str]:
+def matrices(hp: HParams, layout: str = "four") -> list[str]:
     """Every matrix a load writes. The attention output projection is split by head (h.<i>.attn.c_proj.<h>:
     the rows of c_proj that head h's value multiplies), so each position's value is projected when it is
-    computed and attention needs no multiply after it (see engine.Session.mha)."""
+    computed and attention needs no multiply after it (see engine.Session.mha). Layout "three" stores instead
+    per head W_v W_o (h.<i>.attn.vo.<h>) and W_q's rows with b_q (h.<i>.attn.qk.<h>): see vecgpt.three_rounds."""
     names = []
     for i in range(hp.n_layer):
-        heads = [f"h.{i}.attn.c_proj.{h}" for h in range(hp.n_head)]
+        parts = ("vo", "qk") if layout == "three" else ("c_proj",)
+        heads = [f"h.{i}.attn.{part}.{h}" for part in parts for h in range(hp.n_head)]
         names += [f"h.{i}.attn.c_attn", *heads, f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
     return names + ["wte"]
 
 
-def store_fingerprint(model: Model, metric: str) -> str:
+def store_fingerprint(model: Model, metric: str, layout: str = "four") -> str:
     """A loaded model's key in a store: its collections are named from it, its manifest is filed under it."""
-    return f"{model.fingerprint}-e{encoding.ENCODING_VERSION}-{metric}"
+    return f"{model.fingerprint}-e{encoding.ENCODING_VERSION}-{metric}" + ("" if layout == "four" else f"-{layout}")
 
 
 def collection(key: str, name: str) -> str:  # ("0123abcd...-e1-l2", "wte") -> "0123abcd...-e1-l2.wte"
@@ -39,7 +44,7 @@ def collection(key: str, name: str) -> str:  # ("0123abcd...-e1-l2", "wte") -> "
 
 
 def matrix_of(name: str) -> str:  # "0123abcd...-e1-l2.h.0.mlp.c_fc" -> "h.0.mlp.c_fc"; any other name as it is
-    return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+\.", "", name)
+    return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+(-[a-z]+)?\.", "", name)
 
 
 def get(
@@ -48,6 +53,14 @@ def get(
     """A matrix's {"weight" [in, out], "bias"}; a head's part of c_proj ("h.3.attn.c_proj.5", n_head needed)
     holds its rows of the weight, and the bias only for head 0 (attention weights sum to 1, so the bias
     carried by one head's projected values adds it once)."""
+    product = re.fullmatch(r"h\.(\d+)\.attn\.(vo|qk)\.(\d+)", name)
+    if product:
+        attn, h = params["h"][int(product[1])]["attn"], int(product[3])
+        return (
+            value_output(attn["c_attn"], attn["c_proj"], n_head, h)
+            if product[2] == "vo"
+            else query_rows(attn["c_attn"], n_head, h)
+        )
     part = re.fullmatch(r"(h\.\d+\.attn\.c_proj)\.(\d+)", name)
     if part:
         whole, h = get(params, part[1]), int(part[2])
@@ -60,28 +73,31 @@ def get(
     return node
 
 
-def plan(model: Model, metric: str) -> list[tuple[str, int, int]]:
+def plan(model: Model, metric: str, layout: str = "four") -> list[tuple[str, int, int]]:
     """(collection, documents, dimension) of everything a load writes."""
     hp = model.hparams
-    rows = [(name, get(model.params, name, hp.n_head)["weight"].shape) for name in matrices(hp)]
+    rows = [(name, get(model.params, name, hp.n_head)["weight"].shape) for name in matrices(hp, layout)]
     out = [
         (n, s[0] if n == "wte" else s[1], encoding.doc_dim(hp.n_embd if n == "wte" else s[0], metric)) for n, s in rows
     ]
     return out + [("wpe", hp.n_ctx, hp.n_embd), ("ln", 4 * hp.n_layer + 2, hp.n_embd)]
 
 
-def push(store: Store, model: Model, metric: str = "l2", progress: bool = True) -> dict:
+def push(store: Store, model: Model, metric: str = "l2", progress: bool = True, layout: str = "four") -> dict:
     """Write every matrix, the token and position tables and the layer norms under the model's own names;
     the manifest goes last, so a load is invisible until complete and never touches another model's data.
+    `layout`: one of LAYOUTS; a store may hold a model in both (their keys differ).
 
     Under the store's load lock where it has one: a second process loading the same model waits, then finds
     it loaded."""
     with getattr(store, "load_lock", contextlib.nullcontext)():
-        return _push(store, model, metric, progress)
+        return _push(store, model, metric, progress, layout)
 
 
-def _push(store: Store, model: Model, metric: str, progress: bool) -> dict:
-    key = store_fingerprint(model, metric)
+def _push(store: Store, model: Model, metric: str, progress: bool, layout: str) -> dict:
+    if layout not in LAYOUTS:
+        raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    key = store_fingerprint(model, metric, layout)
     held = store.read_manifest(key)
     if held:
         return held
@@ -91,7 +107,7 @@ def _push(store: Store, model: Model, metric: str, progress: bool) -> dict:
         raise VecgptError(
             f"this store cannot rank by {metric!r} (it offers {', '.join(offers)}); use --metric {offers[0]}"
         )
-    m2 = _write_all(store, model, metric, key, progress)
+    m2 = _write_all(store, model, metric, key, progress, layout)
     manifest = {
         "fingerprint": key,
         "model_fingerprint": model.fingerprint,
@@ -99,8 +115,9 @@ def _push(store: Store, model: Model, metric: str, progress: bool) -> dict:
         "encoding_version": encoding.ENCODING_VERSION,
         "metric": metric,
         "hparams": model.hparams.__dict__,
+        "layout": layout,
         "m2": m2,
-        "documents": sum(n for _, n, _ in plan(model, metric)),
+        "documents": sum(n for _, n, _ in plan(model, metric, layout)),
         "loaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     store.write_manifest(key, manifest)
@@ -145,13 +162,14 @@ def drop_old_layout(store: Store) -> list[str]:
     return gone
 
 
-def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool) -> dict[str, float]:
+def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool, layout: str) -> dict[str, float]:
     """Every collection of `plan`; M^2 of each matrix (see vecgpt.encoding)."""
     from tqdm import tqdm
 
     m2 = {}
-    bar = tqdm(total=sum(n for _, n, _ in plan(model, metric)), unit="doc", desc="load", disable=not progress)
-    for name in matrices(model.hparams):
+    total = sum(n for _, n, _ in plan(model, metric, layout))
+    bar = tqdm(total=total, unit="doc", desc="load", disable=not progress)
+    for name in matrices(model.hparams, layout):
         p = get(model.params, name, model.hparams.n_head)
         weight = p["weight"].T if name == "wte" else p["weight"]  # [in, out]
         docs, m2[name] = encoding.encode_rows(weight, p.get("bias"), metric)

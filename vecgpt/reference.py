@@ -47,6 +47,8 @@ def mha(x, c_attn, c_proj, n_head, cache, perturb=None):  # [m, d] -> [m, d]; ca
     q, k, v = np.split(linear(x, **c_attn, perturb=perturb), 3, axis=-1)  # [m, d] each
     cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
+    if getattr(perturb, "layout", "four") == "three":
+        return three_round_heads(x, q, c_attn, c_proj, n_head, cache, mask, perturb)
     if getattr(perturb, "project_heads", False):
         return projected_heads(q, c_proj, n_head, cache, mask, perturb)
     heads = [
@@ -66,6 +68,46 @@ def projected_heads(q, c_proj, n_head, cache, mask, perturb):  # [m, d] -> [m, d
     cache["pv"] = pv if new == len(cache["v"]) else np.concatenate([cache["pv"], pv])  # [n, H, d]
     qs, ks = np.split(q, n_head, axis=-1), np.split(cache["k"], n_head, axis=-1)
     return sum(attention(qh, kh, cache["pv"][:, h], mask, perturb) for h, (qh, kh) in enumerate(zip(qs, ks)))
+
+
+def three_round_heads(x, q, c_attn, c_proj, n_head, cache, mask, perturb):  # [m, d] -> [m, d]
+    """mha's result in vecgpt.three_rounds' order: each position's projected values from x by W_v W_o (cache "pv"
+    [n, H, d]), its keys' documents (W_q k, b_q . k) (cache "doc" [n, H, d + 1]); the searched keys
+    (perturb.searched) scored as (x, 1) . document, the later ones as q . k, as the engine scores them."""
+    m, hd = len(x), q.shape[1] // n_head
+    new = {"pv": [], "doc": []}
+    for h, k in enumerate(np.split(cache["k"][-m:], n_head, axis=-1)):
+        vo, qk = perturb.products(c_attn, c_proj, n_head, h)
+        new["pv"].append(perturb.product(x, vo["weight"], vo["bias"], x @ vo["weight"] + vo["bias"]))
+        new["doc"].append(perturb.linear(k, qk["weight"], 0, k @ qk["weight"]))
+    for name, rows in new.items():
+        cache[name] = np.concatenate([cache[name], np.stack(rows, 1)]) if name in cache else np.stack(rows, 1)
+    x1, end, out = np.hstack([x, np.ones((m, 1))]), perturb.searched(len(cache["k"]), m), 0
+    for h, (qh, kh) in enumerate(zip(np.split(q, n_head, axis=-1), np.split(cache["k"], n_head, axis=-1))):
+        doc = cache["doc"][:end, h]
+        far = perturb.searched_scores(x1, doc, x1 @ doc.T) if end else np.zeros((m, 0))
+        scores = np.hstack([far, perturb.scores(qh, kh, qh @ kh.T)[:, end:]])
+        out = out + softmax(scores / math.sqrt(hd) + mask) @ cache["pv"][:, h]
+    return out
+
+
+def value_output(c_attn, c_proj, n_head, h) -> dict:  # {"weight" [d, d], "bias" [d]}
+    """Head h's value, then its rows of c_proj, as one matrix made in float64: x (W_v W_o) + b_v W_o, with
+    c_proj's bias on head 0 (as projected_heads carries it)."""
+    d = c_proj["weight"].shape[1]
+    hd = d // n_head
+    cols, rows = slice(2 * d + h * hd, 2 * d + (h + 1) * hd), slice(h * hd, (h + 1) * hd)
+    w_v, b_v, w_o = (
+        np.asarray(a, np.float64) for a in (c_attn["weight"][:, cols], c_attn["bias"][cols], c_proj["weight"][rows])
+    )
+    return {"weight": w_v @ w_o, "bias": b_v @ w_o + (np.asarray(c_proj["bias"], np.float64) if h == 0 else 0)}
+
+
+def query_rows(c_attn, n_head, h) -> dict:  # {"weight" [hd, d + 1]}
+    """What takes a key k of head h to its document (W_q k, b_q . k): for any x, q . k = (x, 1) . document."""
+    hd = c_attn["weight"].shape[0] // n_head
+    cols = slice(h * hd, (h + 1) * hd)
+    return {"weight": np.vstack([c_attn["weight"][:, cols], c_attn["bias"][None, cols]]).T}
 
 
 def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache, perturb=None):  # [m, d] -> [m, d]

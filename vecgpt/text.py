@@ -74,7 +74,7 @@ class Text:
         record = read_record(engine.store, text_id)
         if record["model"] != engine.key:
             raise VecgptError(f"text {text_id} runs model {record['model']}, not {engine.key}")
-        text = cls(engine, text_id, record, Session(engine, SESSION_PREFIX + text_id, create=False))
+        text = cls(engine, text_id, record, engine.session(SESSION_PREFIX + text_id, create=False))
         text._restore(record)
         text.resumed = True
         return text
@@ -214,7 +214,7 @@ class Text:
         if cloned:
             own = self.session.name
             self.session.store.together(later.clone(own, name), later.clone(own + CANDIDATES, name + CANDIDATES))
-            session = Session(self.engine, name, create=False)
+            session = self.engine.session(name, create=False)
             session.adopt(self.session, record["written"])
         else:  # the child reads its shared positions itself
             session = new_session(self.engine, name, self.settings["top_k"])
@@ -310,7 +310,7 @@ class Text:
 
 def new_session(engine: Engine, name: str, top_k: int) -> Session:
     """A session on a new text collection, with the collection its candidates go to (a row of 4 top_k floats)."""
-    session = Session(engine, name)
+    session = engine.session(name)
     session.store.create(name + CANDIDATES, 1, "l2", payload=4 * top_k)
     return session
 

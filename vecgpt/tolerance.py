@@ -10,7 +10,9 @@ store's rounding of |q|^2, here at the full bound). Why this covers the real err
 worst sign pattern is not searched: the per-search bound takes gamma_n ~ n u, the worst summation
 order, while rounding errors of independent sign add up to about sqrt(n) u (n = 65..3074 here:
 8 to 55 times less), and SAFETY = 2 covers the spread of a few random patterns around the error
-they sample. The tests report the tolerance beside the error actually seen.
+they sample. The tests report the tolerance beside the error actually seen. A model loaded in layout
+"three" (vecgpt.three_rounds) is perturbed in its own order (reference.three_round_heads): W_vo's search with
+the product's float32 rounding, each key's document as a search, the searched scores as (x, 1) . document.
 
 The rule (`disagreements`), teacher-forced and by token id: each store logit within tol of
 numpy's for the same id; two candidates in an order other than numpy's only if numpy's logits are
@@ -25,7 +27,7 @@ import numpy as np
 from vecgpt import encoding
 from vecgpt.encoding import U32, U64
 from vecgpt.engine import searched_end
-from vecgpt.reference import Reference
+from vecgpt.reference import Reference, query_rows, value_output
 from vecgpt.sampling import Candidates
 from vecgpt.weights import Model
 
@@ -40,26 +42,52 @@ def unit_roundoff(backend: str) -> float:
 class Perturbation:
     """Moves every multiply of the reference by its search's error bound, with random signs."""
 
-    def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32):
-        self.metric, self.u, self.per_output, self.stored = metric, u, per_output, stored
-        self.rng, self.m2 = np.random.default_rng(seed), {}
-        # a store runs attention the engine's way: values projected per head, then weighed (reference.projected_heads)
+    def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32, layout: str = "four"):
+        self.metric, self.u, self.per_output, self.stored, self.layout = metric, u, per_output, stored, layout
+        self.rng, self.m2, self._products = np.random.default_rng(seed), {}, {}
+        # a store runs attention the engine's way: values projected per head, then weighed (reference.projected_heads;
+        # layout "three": reference.three_round_heads)
         self.project_heads = stored > 0
 
     def signs(self, shape):
         return self.rng.choice([-1.0, 1.0], shape if self.per_output else (1,) * len(shape))
 
     def linear(self, x, weight, bias, y):
+        bound = encoding.search_bound(x, self.largest_norm2(weight, bias), self.metric, self.u, self.stored)  # [m]
+        return y + bound[:, None] * self.signs(y.shape)
+
+    def largest_norm2(self, weight, bias) -> float:  # M^2, as encode_rows computes it
         key = (weight.__array_interface__["data"][0], weight.shape, weight.strides)
-        if key not in self.m2:  # the largest document norm, as encode_rows computes it
+        if key not in self.m2:
             b = np.broadcast_to(np.asarray(bias, np.float64), weight.shape[1:])
             self.m2[key] = float((np.einsum("ij,ij->j", weight, weight) + b * b).max())
-        bound = encoding.search_bound(x, self.m2[key], self.metric, self.u, self.stored)  # [m]
-        return y + bound[:, None] * self.signs(y.shape)
+        return self.m2[key]
+
+    def products(self, c_attn, c_proj, n_head, h):
+        """Head h's W_vo and W_qk (layout "three"), made once a run: M^2 is cached by the arrays' address."""
+        key = (c_attn["weight"].__array_interface__["data"][0], h)
+        if key not in self._products:
+            self._products[key] = value_output(c_attn, c_proj, n_head, h), query_rows(c_attn, n_head, h)
+        return self._products[key]
+
+    def product(self, x, weight, bias, y):
+        """A search of a product made at load (W_vo): project's bounds, and the product rounded to float32 as
+        stored: each document d_j moves by at most u32 |d_j| <= u32 M, its output by u32 M |(x, 1)|."""
+        rounding = self.stored * np.sqrt(self.largest_norm2(weight, bias) * (np.einsum("ij,ij->i", x, x) + 1))
+        return self.project(x, weight, bias, y) + rounding[:, None] * self.signs(y.shape)
 
     def project(self, v, weight, bias, y):
         """A value projected by its head's rows of c_proj: the search's bound, and float32 rounding as kept."""
         return self.linear(v, weight, bias, y) + self.stored * np.abs(y) * self.signs(y.shape)
+
+    def searched(self, n: int, m: int) -> int:
+        """Of n keys, m of them new, how many a search scores (engine.searched_end); the rest are scored in memory."""
+        return searched_end(n - m)
+
+    def searched_scores(self, q, docs, scores):  # q [m, dim] against docs [n, dim], every one searched
+        norms2 = np.einsum("ij,ij->i", docs, docs)
+        bound = encoding.key_bound(q, norms2, self.metric, self.u, norms2, self.stored)
+        return scores + bound * self.signs(scores.shape)
 
     def scores(self, q, k, scores):  # the last keys are scored in memory (engine.WINDOW): not searched
         norms2 = np.einsum("ij,ij->i", k, k)
@@ -92,13 +120,15 @@ def logit_tolerance(
     u: float,
     exact: np.ndarray | None = None,
     stored: float = U32,
+    layout: str = "four",
 ) -> np.ndarray:
     """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
-    (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way)."""
+    (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way;
+    layout: the model's, vecgpt.loading.LAYOUTS)."""
     exact = forced_logits(model64, prompt, tokens) if exact is None else exact
     moved = [
         np.abs(
-            forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored)) - exact
+            forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout)) - exact
         ).max(1)
         for seed in range(PATTERNS)
     ]
@@ -109,10 +139,10 @@ def forced_comparison(
     reader, model64: Model, prompt: list[int], tokens: list[int], metric: str, u: float, k: int = 40
 ) -> dict:
     """A store's reader and float64 numpy fed the same tokens: the rule at every step, the derived
-    tolerance and the largest error seen."""
+    tolerance (in the reader's layout) and the largest error seen."""
     cands = teacher_forced(reader, prompt, tokens, k)
     exact = forced_logits(model64, prompt, tokens)
-    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact)
+    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact, layout=getattr(reader, "layout", "four"))
     broken = [
         f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)
     ]
@@ -126,7 +156,7 @@ def forced_comparison(
 
 
 def block_tolerance(
-    model64: Model, ids: list[int], metric: str, u: float, stored: float = U32
+    model64: Model, ids: list[int], metric: str, u: float, stored: float = U32, layout: str = "four"
 ) -> tuple[np.ndarray, np.ndarray]:
     """float64 numpy's logits [positions, vocab] for one block of ids, and the tolerance per position
     (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way)."""
@@ -134,7 +164,7 @@ def block_tolerance(
     moved = []
     for seed in range(PATTERNS):
         ref = Reference(model64, np.float64)
-        ref.perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored)
+        ref.perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored, layout)
         moved.append(np.abs(ref.logits(ids) - exact).max(1))
     return exact, SAFETY * np.max(moved, axis=0)
 

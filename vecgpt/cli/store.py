@@ -30,7 +30,7 @@ def config_of(args):
     from vecgpt.backends.base import location_key
     from vecgpt.config import load_config
 
-    config = load_config(args.config, backend=args.backend, metric=args.metric)
+    config = load_config(args.config, backend=args.backend, metric=args.metric, layout=getattr(args, "layout", None))
     if args.store is not None:
         config.store[location_key(config.backend)] = args.store
     return config
@@ -45,7 +45,7 @@ def cmd_load(args) -> int:
     config = config_of(args)
     model = weights.load(args.model or config.model)
     if args.dry_run:
-        rows = plan(model, config.metric)
+        rows = plan(model, config.metric, config.layout)
         docs, size = sum(n for _, n, _ in rows), sum(n * d * 4 for _, n, d in rows)
         print(f"{len(rows)} collections, {docs:,} documents, {size / 1e6:,.1f} MB of float32 vectors")
         estimate = extra(config.backend, "estimate_cost")
@@ -55,7 +55,7 @@ def cmd_load(args) -> int:
         return 0
     store = open_store(config)
     try:
-        manifest = push(store, model, config.metric, progress=True)
+        manifest = push(store, model, config.metric, progress=True, layout=config.layout)
     finally:
         store.close()
     print(f"{config.backend}: holds {manifest['source']} ({manifest['fingerprint']})")
@@ -133,7 +133,7 @@ def implicit_load(args, config):
             return
         accepted = inspect.signature(estimate).parameters
         cost = estimate(
-            plan(weights.load(args.model or config.model), config.metric),
+            plan(weights.load(args.model or config.model), config.metric, config.layout),
             **{k: v for k, v in config.store.items() if k in accepted},
         )
         print(f"the store lacks this model; loading it first:\n{cost}", file=sys.stderr)
@@ -234,13 +234,21 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def add_layout_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layout",
+        choices=["four", "three"],
+        help="four rounds a layer (default), or three with weight products made at load (docs/three-rounds.md)",
+    )
+
+
 def load_arguments(p: argparse.ArgumentParser) -> None:
-    add_store_args(p), add_model_arg(p)
+    add_store_args(p), add_model_arg(p), add_layout_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print what a load would write, write nothing")
 
 
 def generate_arguments(p: argparse.ArgumentParser) -> None:
-    add_store_args(p), add_model_arg(p)
+    add_store_args(p), add_model_arg(p), add_layout_arg(p)
     p.add_argument("prompt", nargs="?")
     p.add_argument("-n", type=int, default=8, help="tokens to generate")
     p.add_argument("--keep", action="store_true", help="leave the text in the store (its id on stderr and in --json)")

@@ -256,4 +256,4 @@ def ensure_model(shelf: Shelf) -> None:
 
     if shelf.store.manifests() or extra(shelf.config.backend, "estimate_cost") is not None:
         return
-    push(shelf.store, weights.load(shelf.config.model), shelf.config.metric, progress=False)
+    push(shelf.store, weights.load(shelf.config.model), shelf.config.metric, progress=False, layout=shelf.config.layout)
