@@ -17,7 +17,7 @@ from lancedb.index import Bitmap
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, parallel, record
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, record
 from vecgpt.backends.lancedb.table import RESERVED, Table, fixed, floats, lance_errors, schema, sql
 from vecgpt.errors import VecgptError
 
@@ -134,7 +134,10 @@ class LanceStore(FolderStore):
             limits = [t.row_count() if s.k is None else min(s.k, t.row_count()) for s, t in zip(searches, tables)]
             sent = [(t, q, n, s.where) for s, t, q, n in zip(searches, tables, queries, limits) if n and len(q)]
             found = iter(LOOP.run(gather(*(nearest(*args) for args in sent))))
-        return [hits(next(found), t, len(q)) if n and len(q) else nothing(len(q)) for t, q, n in zip(tables, queries, limits)]
+        return [
+            hits(next(found), t, len(q)) if n and len(q) else nothing(len(q))
+            for t, q, n in zip(tables, queries, limits)
+        ]
 
     @lance_errors
     def _search_union(self, searches: Sequence[Search]) -> list[Hits]:
@@ -283,7 +286,7 @@ async def nearest(table: Table, queries: np.ndarray, limit: int, where) -> pa.Ta
     known = table.rowids is not None
     result = await table.nearest(queries, ["_distance"] if known else ["id", "_distance"], limit, sql(where))
     if not known:
-        table.knows_rowids(result, every_row=where is None and limit == table.row_count())
+        table.knows_rowids(result, every_row=where is None and limit == table.rows)
     return result
 
 

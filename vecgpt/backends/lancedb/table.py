@@ -92,9 +92,9 @@ class Table:
         # Two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it scans;
         # one vector takes a TopK that copies the vector of every row it keeps (docs/speed.md), so a lone query
         # for every row is sent twice (the same distances: one kernel) and its copy dropped.
-        twice = len(vectors) == 1 and limit >= self.row_count()
+        twice = len(vectors) == 1 and limit >= self.rows  # counted by the caller: no sync call on the loop
         query = self.query() if where is None else self.query().where(where)
-        query = query.nearest_to(np.vstack([vectors, vectors]) if twice else vectors[0] if len(vectors) == 1 else vectors)
+        query = query.nearest_to(np.vstack([vectors, vectors]) if twice else vectors)  # rows: one query each
         query = query.column("vector").distance_type(DISTANCE[self.metric]).bypass_vector_index()
         result = await collect(query.select(columns).with_row_id().limit(limit))
         return result.filter(pc.equal(result["query_index"], 0)).drop_columns("query_index") if twice else result
