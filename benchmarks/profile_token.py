@@ -14,6 +14,7 @@ import cProfile
 import io
 import pstats
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -91,21 +92,23 @@ def main():
 
 def timed(store):
     """The store, its searches timed by matrix (matrix()) in store.seconds; a search that calls
-    search_many inside is counted once."""
-    store.seconds, depth = Counter(), [0]
+    search_many inside is counted once. Calls sent together from several threads (a round's key
+    searches and projections) are each timed whole, so they may sum to more than the round."""
+    store.seconds, depth, lock = Counter(), threading.local(), threading.Lock()
     for method in ("search", "search_many"):
         inner = getattr(store, method)
 
         def wrapped(*args, inner=inner, **kw):
             first = args[0] if isinstance(args[0], str) else args[0][0].collection
-            depth[0] += 1
+            depth.n = getattr(depth, "n", 0) + 1
             t = time.perf_counter()
             try:
                 return inner(*args, **kw)
             finally:
-                depth[0] -= 1
-                if not depth[0]:
-                    store.seconds[matrix(first)] += time.perf_counter() - t
+                depth.n -= 1
+                if not depth.n:
+                    with lock:
+                        store.seconds[matrix(first)] += time.perf_counter() - t
 
         setattr(store, method, wrapped)
     return store

@@ -165,3 +165,32 @@ def test_empty_and_missing(make_store):
         store.fetch("e", np.array([7, 8]))
     with pytest.raises(VecgptError, match="no collection"):
         store.search("nothing", np.ones((1, 4), np.float32))
+
+
+def test_ids_by_rowid_stay_right_across_writes_and_compaction(make_store):
+    """Once a search of every row has shown a table's _rowids, searches read no ids, only _rowid; a write or
+    a compaction gives rows new _rowids, so each search must still name the row it measured."""
+    store = make_store("lancedb", compact_every=0)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    store.create("m", 8, "l2", attrs=("layer",))
+    store.upsert("m", np.arange(200), x[:200], {"layer": np.zeros(200)})
+    store.upsert("m", np.arange(200, 300), x[200:], {"layer": np.ones(100)})  # two fragments
+
+    def check(q):
+        hits = store.search("m", q[None])
+        truth = ((q.astype(np.float64) - x.astype(np.float64)) ** 2).sum(-1)
+        scale = (q.astype(np.float64) ** 2).sum() + (x.astype(np.float64) ** 2).sum(-1)
+        assert sorted(hits.ids[0].tolist()) == list(range(300))
+        assert np.all(np.abs(hits.dists[0] - truth[hits.ids[0]]) <= 8 * EPS32 * scale[hits.ids[0]])
+
+    table = store._table("m")
+    for step in ("two fragments", "compacted", "known", "rewritten", "compacted again", "known again"):
+        if step == "rewritten":  # rows 50..149 replaced (new values), rows 0..49 and 150.. kept
+            x[50:150] = rng.standard_normal((100, 8)).astype(np.float32)
+            store.upsert("m", np.arange(50, 150), x[50:150], {"layer": np.zeros(100)})
+        if step.startswith("compacted"):
+            store.compact("m")
+        check(rng.standard_normal(8).astype(np.float32))
+        assert (table.rowids is not None) == step.startswith(("compacted", "known"))
+    top = store.search("m", x[7][None], k=3)  # a top-k search names its rows too
+    assert top.ids[0, 0] == 7

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from lancedb.background_loop import LOOP
 
 from vecgpt.backends.base import Metric, Where
@@ -67,23 +68,61 @@ class Table:
         self.rows: int | None = None  # row count, kept up to date by this process's writes
         self.writes = 0  # writes since the last compaction
         self.indexed = {c for index in handle.list_indices() for c in index.columns}
+        self.rowids: tuple[np.uint64, np.ndarray] | None = None  # first _rowid, ids by _rowid; None after a write
+
+    def changed(self) -> None:
+        """The table was written or compacted (under its write lock): rows may have new _rowids."""
+        self.rowids = None
 
     def latest(self) -> None:
         """Move to the table's newest version, forgetting what this process knew of the older one."""
         with self.lock.write():
             self.handle.checkout_latest()
             self.ids, self.rows = None, None
+            self.changed()
 
     def row_count(self) -> int:
         if self.rows is None:
             self.rows = self.handle.count_rows()
         return self.rows
 
-    def nearest(self, vectors: list | np.ndarray, columns: list[str], limit: int, where: str | None = None):
-        """An exact search (a flat scan by the table's metric, whatever index the table has): pa.Table."""
-        query = self.query().nearest_to(vectors).column("vector").distance_type(DISTANCE[self.metric])
-        query = query.bypass_vector_index()
-        return run(query if where is None else query.where(where), columns, limit)
+    async def nearest(self, vectors: np.ndarray, columns: list[str], limit: int, where: str | None = None):
+        """An exact search (a flat scan by the table's metric, whatever index the table has), run on LanceDB's
+        event loop: pa.Table of _rowid, _distance, `columns` and (two or more vectors) query_index."""
+        # Two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it scans;
+        # one vector takes a TopK that copies the vector of every row it keeps (docs/speed.md), so a lone query
+        # for every row is sent twice (the same distances: one kernel) and its copy dropped.
+        twice = len(vectors) == 1 and limit >= self.rows  # counted by the caller: no sync call on the loop
+        query = self.query() if where is None else self.query().where(where)
+        query = query.nearest_to(np.vstack([vectors, vectors]) if twice else vectors)  # rows: one query each
+        query = query.column("vector").distance_type(DISTANCE[self.metric]).bypass_vector_index()
+        result = await collect(query.select(columns).with_row_id().limit(limit))
+        return result.filter(pc.equal(result["query_index"], 0)).drop_columns("query_index") if twice else result
+
+    def ids_of(self, result: pa.Table) -> np.ndarray:
+        """The ids of a search's rows: read with them, or (rowids known) looked up by their _rowid."""
+        if "id" in result.column_names:
+            return result["id"].to_numpy()
+        first, ids = self.rowids
+        at = result["_rowid"].to_numpy() - first
+        if len(at) and at.max() >= len(ids):  # cannot be while this version is searched; never a wrong id
+            raise RuntimeError("a search returned a row this process did not know of")
+        return ids[at]
+
+    def knows_rowids(self, result: pa.Table, every_row: bool) -> None:
+        """Learn _rowid -> id from a search that returned every row (no filter), if the _rowids are one range (a
+        compacted table's one fragment): later searches of this version of the table read only _rowid and
+        _distance, not the ids (a second read of the table, by _rowid, saved)."""
+        if not every_row or self.rowids is not None or len(result) == 0:
+            return
+        if "query_index" in result.column_names:
+            result = result.filter(pc.equal(result["query_index"], 0))
+        rowids = result["_rowid"].to_numpy()
+        first = int(rowids.min())
+        if int(rowids.max()) - first == len(rowids) - 1:
+            ids = np.empty(len(rowids), np.int64)
+            ids[rowids - first] = result["id"].to_numpy()
+            self.rowids = np.uint64(first), ids
 
     def scan(self, columns: list[str], limit: int, where: str | None = None):
         """The rows matching `where`: pa.Table."""
@@ -109,7 +148,14 @@ class Table:
 
 
 def run(query, columns: list[str], limit: int):
-    return LOOP.run(query.select(columns).limit(limit).to_arrow())
+    return LOOP.run(collect(query.select(columns).limit(limit)))
+
+
+async def collect(query) -> pa.Table:
+    """A query's rows, read straight from LanceDB's stream (its to_arrow reads the table's schema first,
+    another hop to LanceDB's runtime)."""
+    stream = await query._inner.execute(max_batch_length=None, timeout=None)
+    return pa.Table.from_batches([batch async for batch in stream], stream.schema)
 
 
 def schema(dim: int, metric: Metric, attrs: list[str], width: int) -> pa.Schema:
