@@ -237,8 +237,8 @@ class Text:
                 yield
                 self._commit()
             except BaseException:
-                with suppress(VecgptError):  # Ctrl-C: what was drawn so far still lands
-                    self.session.drain()
+                with suppress(VecgptError):  # Ctrl-C: what was drawn so far lands, with a record that claims it
+                    self._commit()
                 raise
             finally:
                 after = summarize(self.session.meter.tokens)
