@@ -16,7 +16,7 @@ from psycopg import sql  # noqa: E402
 
 from vecgpt import tolerance  # noqa: E402
 from vecgpt.backends import pgvector  # noqa: E402
-from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.backends.base import Hits, Search, Where  # noqa: E402
 from vecgpt.encoding import distance_bound  # noqa: E402
 from vecgpt.errors import VecgptError  # noqa: E402
 
@@ -351,3 +351,58 @@ def test_a_store_of_the_layout_before_payloads_opens(store):
         assert again._col("old").payload == 0 and again.count("old") == 1
     finally:
         again.close()
+
+
+def split_tables(store) -> dict:
+    """A weight table and a wide one (one part row a page, a document rewritten), loaded; their vectors."""
+    x, wide = rng.standard_normal((400, 16)).astype(np.float32), rng.standard_normal((40, 2101)).astype(np.float32)
+    store.create("w", 16, "l2", attrs=("row",))
+    store.upsert("w", np.arange(400), x, {"row": np.arange(400)})
+    store.create("wide", 2101, "l2", attrs=("row",))
+    store.upsert("wide", np.arange(40), wide, {"row": np.arange(40)})
+    store.upsert("wide", np.array([6]), wide[:1], {"row": np.array([6])})  # its parts move to the end
+    store.count("w")  # commits the load
+    return {"w": x, "wide": wide}
+
+
+# (queries, k, filter): every shape the engine sends, and a filter
+SHAPES = [(1, None, None), (3, None, None), (3, None, Where(lt={"row": 30})), (1, 5, None), (3, 7, None)]
+
+
+@pytest.mark.parametrize("connections", [2, 3])
+def test_a_scan_split_over_connections_gives_what_one_scan_gives(make_store, connections):
+    """Every row in exactly one page range, the pieces merged: the same ids and the very same distances."""
+    one = make_store("pgvector", connections=1)
+    tables = split_tables(one)
+    split = make_store("pgvector", connections=connections)
+    split.split_pages = 1  # tables of a few pages are split too
+    for name, x in tables.items():
+        meta = split._col(name)
+        ranges = split._ranges(meta, Search(name, x[:1]))
+        assert len(ranges) == connections and ranges[0] == (0, ranges[1][0]) and ranges[-1][1] is None
+        query, params = split._search_sql(0, meta, x[:1], None, None, name, ranges[1])
+        text = "\n".join(r[0] for r in split.conn.cursor(binary=True).execute("EXPLAIN " + query, params))
+        assert "Tid Range Scan" in text and "Index" not in text, text
+        for m, k, where in SHAPES:
+            q = rng.standard_normal((m, x.shape[1])).astype(np.float32)
+            want, got = (s.search(name, q, k=k, where=where) for s in (one, split))
+            if k is None:  # every row, in any order
+                want, got = (Hits(*(np.take_along_axis(a, np.argsort(h.ids, 1), 1) for a in h)) for h in (want, got))
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.dists, want.dists)
+    many = split.search_many([Search("wide", tables["wide"][:2]), Search("w", tables["w"][:1], k=3)])
+    assert many[0].ids.shape == (2, 40) and list(many[1].ids[0]) == [0, *many[1].ids[0][1:]]
+
+
+def test_a_lost_helper_connection_is_opened_again(make_store):
+    store = make_store("pgvector", connections=2)
+    x = split_tables(store)["w"]
+    store.split_pages = 1
+    before = store.search("w", x[:2])
+    helper = store._helpers[0]
+    killer = psycopg.connect(store.dsn, autocommit=True)
+    killer.execute("SELECT pg_terminate_backend(%s)", (helper.info.backend_pid,))
+    killer.close()
+    after = store.search("w", x[:2])
+    assert store._helpers[0] is not helper and not store._helpers[0].closed
+    np.testing.assert_array_equal(np.sort(after.ids), np.sort(before.ids))

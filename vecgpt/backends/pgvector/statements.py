@@ -31,6 +31,7 @@ class Meta:
     def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str], payload: int = 0, parts: int = 1):
         self.table, self.dim, self.metric, self.attrs, self.payload = table, dim, metric, list(attrs), payload
         self.parts = parts  # rows a document: 1, or more for a wide one (vecgpt/backends/pgvector/wide.py)
+        self.pages = 0  # the table's size when its catalog row was read: a search splits by it (split.py)
 
     def vector_columns(self) -> list[str]:
         """The vector(n) columns: the embedding, and the payload where the collection has one."""
@@ -52,10 +53,13 @@ def search_sql(
     k: int | None,
     filters: Sequence[tuple[str, str]],
     parts: int = 1,
+    blocks: tuple[int, int | None] | None = None,
 ) -> sql.Composed:
-    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters;
-    the query vector(s) first: one per part (single), or one array per part."""
+    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters,
+    (blocks) only the rows in pages [lo, hi); the query vector(s) first: one per part (single), or one
+    array per part."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
+    conditions += block_conditions(blocks)
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
     fmt = dict(s=sql.Literal(s_index), table=table, cond=cond)
     if k is not None:
@@ -66,6 +70,15 @@ def search_sql(
     return sql.SQL(SEARCH[single, k is not None]).format(
         dist=sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q), **fmt
     )
+
+
+def block_conditions(blocks: tuple[int, int | None] | None) -> list[sql.Composed]:
+    """Rows whose ctid is in pages [lo, hi) (hi None: to the end), which PostgreSQL scans as a TID range."""
+    if blocks is None:
+        return []
+    lo, hi = blocks
+    bounds = ([(">=", lo)] if lo else []) + ([("<", hi)] if hi is not None else [])
+    return [sql.SQL("t.ctid " + op + " {}::tid").format(sql.Literal(f"({page},0)")) for op, page in bounds]
 
 
 # A wide collection's search: the same shapes, a document's distance the sum over its part rows.
