@@ -380,9 +380,10 @@ def test_a_scan_split_over_connections_gives_what_one_scan_gives(make_store, con
         meta = split._col(name)
         ranges = split._ranges(meta, Search(name, x[:1]))
         assert len(ranges) == connections and ranges[0] == (0, ranges[1][0]) and ranges[-1][1] is None
-        query, params = split._search_sql(0, meta, x[:1], None, None, name, ranges[1])
-        text = "\n".join(r[0] for r in split.conn.cursor(binary=True).execute("EXPLAIN " + query, params))
-        assert "Tid Range Scan" in text and "Index" not in text, text
+        for m, k in [(1, None), (3, None), (1, 5), (3, 5)][: 2 if meta.parts > 1 else 4]:  # wide top-k: whole
+            query, params = split._search_sql(0, meta, x[:m], k, None, name, ranges[1])
+            text = "\n".join(r[0] for r in split.conn.cursor(binary=True).execute("EXPLAIN " + query, params))
+            assert "Tid Range Scan" in text and "Index" not in text, text
         for m, k, where in SHAPES:
             q = rng.standard_normal((m, x.shape[1])).astype(np.float32)
             want, got = (s.search(name, q, k=k, where=where) for s in (one, split))
