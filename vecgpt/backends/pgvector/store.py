@@ -393,8 +393,9 @@ class PgStore(Manifests, Texts, Session):
 
     def _send(self, pieces: list, subqueries: int) -> dict:
         """The pieces as one UNION ALL statement per connection, sent at once: {(piece, query number): (ids, dists)}."""
-        n = min(len(self._helpers) + 1, len(pieces))
-        on = assign([p[3] for p in pieces], n)
+        costs = [p[3] for p in pieces]
+        n = min(len(self._helpers) + 1, len(pieces)) if sum(costs) >= self.split_pages else 1  # small: one is enough
+        on = assign(costs, n)
         jobs = []
         for c, conn in enumerate(self._connections(n)):
             texts = [p[1] for p, at in zip(pieces, on) if at == c]
