@@ -407,3 +407,35 @@ def test_a_lost_helper_connection_is_opened_again(make_store):
     after = store.search("w", x[:2])
     assert store._helpers[0] is not helper and not store._helpers[0].closed
     np.testing.assert_array_equal(np.sort(after.ids), np.sort(before.ids))
+
+
+def test_a_helper_that_cannot_be_opened_leaves_the_store_on_one_connection(make_store):
+    store = make_store("pgvector", connections=2)
+    x = split_tables(store)["w"]
+    store.split_pages = 1
+    want = store.search("w", x[:2], k=5)
+    store._helpers[0].close()
+    store.dsn = "host=/nonexistent-vecgpt dbname=none"  # no server there: the helper cannot be opened again
+    got = store.search("w", x[:2], k=5)
+    assert store._helpers == [] and store._ranges(store._col("w"), Search("w", x[:1])) == [None]
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.dists, want.dists)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_connections_must_be_a_whole_number_from_one(make_store, bad):
+    with pytest.raises(VecgptError, match=r"^\[store\] connections (= .* has the wrong type|must be [01] or more)"):
+        make_store("pgvector", connections=bad)
+
+
+def test_pieces_merge_exactly():
+    from vecgpt.backends.pgvector.split import assign, block_ranges, merge
+
+    assert block_ranges(10, 3) == [(0, 3), (3, 7), (7, None)] and block_ranges(1, 2) == [(0, 0), (0, None)]
+    assert assign([5, 1, 4, 2], 2) == [0, 0, 1, 1]  # costliest first, each to the least loaded: 5+1 | 4+2
+    a, b = (np.array([7, 2, 9]), np.array([0.5, 1.0, 2.0])), (np.array([1, 4]), np.array([0.5, 1.0]))
+    ids, dists = merge([a, b], k=3)  # ties by id
+    assert list(ids) == [1, 7, 2] and list(dists) == [0.5, 0.5, 1.0]
+    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([3]), np.array([0.5]))], k=None)
+    assert list(ids) == [0, 3] and list(dists) == [1.0, 0.75]  # a wide document's parts in two pieces
+    assert [len(r) for r in merge([], k=None)] == [0, 0]

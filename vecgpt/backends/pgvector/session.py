@@ -87,10 +87,15 @@ class Session:
         return conn
 
     def _connections(self, n: int) -> list[psycopg.Connection]:
-        """The main connection and n - 1 helpers, opening those not yet open (or lost)."""
+        """The main connection and up to n - 1 helpers, opening those not yet open (or lost). A helper that
+        cannot be opened (the server's max_connections reached, say) is given up: the store goes on with fewer."""
         for i in range(n - 1):
             if self._helpers[i] is None:
-                self._helpers[i] = self._session()
+                try:
+                    self._helpers[i] = self._session()
+                except VecgptError:
+                    del self._helpers[i:]
+                    break
         return [self.conn, *self._helpers[: n - 1]]
 
     def _run_all(self, jobs: list) -> list:

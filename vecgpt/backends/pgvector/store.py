@@ -88,8 +88,8 @@ class PgStore(Manifests, Texts, Session):
         max_retries: int = 3,
         connections: int = 2,
     ):
-        if connections < 1:
-            raise VecgptError(f"pgvector: connections must be at least 1 (got {connections})")
+        if connections < 1:  # its type and sign are checked with the other [store] options (base.check_option)
+            raise VecgptError(f"[store] connections must be 1 or more, not {connections}")
         self.schema = schema
         self._meta: dict[str, Meta] = {}
         self._sql: dict[tuple, str] = {}  # search statements by shape
@@ -395,9 +395,10 @@ class PgStore(Manifests, Texts, Session):
         """The pieces as one UNION ALL statement per connection, sent at once: {(piece, query number): (ids, dists)}."""
         costs = [p[3] for p in pieces]
         n = min(len(self._helpers) + 1, len(pieces)) if sum(costs) >= self.split_pages else 1  # small: one is enough
-        on = assign(costs, n)
+        connections = self._connections(n)
+        on = assign(costs, len(connections))
         jobs = []
-        for c, conn in enumerate(self._connections(n)):
+        for c, conn in enumerate(connections):
             texts = [p[1] for p, at in zip(pieces, on) if at == c]
             query = " UNION ALL ".join(f"({t})" for t in texts) if len(texts) > 1 else texts[0]
             jobs.append((conn, fetch_rows, (query, [a for p, at in zip(pieces, on) if at == c for a in p[2]])))
