@@ -20,6 +20,8 @@ from vecgpt.backends.pgvector.server import local_server
 from vecgpt.backends.pgvector.store import PgStore
 from vecgpt.errors import VecgptError
 
+MAX_CONNECTIONS = 64  # one server backend each; a scan gains nothing from more than the server's cores
+
 __all__ = ["ENV_DSN", "PgStore", "connect", "describe_dsn", "dsn_params", "local_server", "scrub"]
 
 
@@ -45,6 +47,8 @@ def connect(
     """
     if not timeout > 0 or max_retries < 0:
         raise VecgptError(f"pgvector: timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries})")
+    if not 1 <= connections <= MAX_CONNECTIONS:
+        raise VecgptError(f"[store] connections must be 1 to {MAX_CONNECTIONS}, not {connections}")
     env = os.environ.get(ENV_DSN)
     if env:
         dsn = env

@@ -88,8 +88,6 @@ class PgStore(Manifests, Texts, Session):
         max_retries: int = 3,
         connections: int = 2,
     ):
-        if connections < 1:  # its type and sign are checked with the other [store] options (base.check_option)
-            raise VecgptError(f"[store] connections must be 1 or more, not {connections}")
         self.schema = schema
         self._meta: dict[str, Meta] = {}
         self._sql: dict[tuple, str] = {}  # search statements by shape
