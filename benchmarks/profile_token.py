@@ -2,6 +2,7 @@
 the rest (engine numpy and Python), and cProfile's top functions.
 
     python benchmarks/profile_token.py --config configs/faiss.toml [-n 8] [--threads 2] [--top 25]
+        [--store connections=1]   (a [store] setting of the config overridden; a TOML value)
 
 Same model and prompt as benchmarks/per_token.py (random weights at GPT-2 small shape); the store is
 placed beside the config's (suffix `bench`, as per_token.py does), loaded if it lacks the model.
@@ -28,7 +29,7 @@ import numpy as np  # noqa: E402
 from per_token import load_model  # noqa: E402
 
 from vecgpt import tokenizer  # noqa: E402
-from vecgpt.config import load_config, open_store  # noqa: E402
+from vecgpt.config import load_config, open_store, tomllib  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import push, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
@@ -45,6 +46,7 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--top", type=int, default=25, help="functions listed, by own time")
     parser.add_argument("--place", default="bench", help="suffix of the store's place beside the config's")
+    parser.add_argument("--store", action="append", default=[], metavar="KEY=VALUE", help="a [store] setting")
     return parser.parse_args(argv)
 
 
@@ -69,6 +71,7 @@ def main():
     model, ids = load_model(None), tokenizer.encode(args.prompt)
     config = load_config(args.config)
     place(config, args.place)
+    config.store.update(tomllib.loads("\n".join(args.store)))
     store = timed(open_store(config))
     push(store, model, config.metric, progress=False)
     engine = Engine(

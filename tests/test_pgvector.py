@@ -16,7 +16,7 @@ from psycopg import sql  # noqa: E402
 
 from vecgpt import tolerance  # noqa: E402
 from vecgpt.backends import pgvector  # noqa: E402
-from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.backends.base import Hits, Search, Where  # noqa: E402
 from vecgpt.encoding import distance_bound  # noqa: E402
 from vecgpt.errors import VecgptError  # noqa: E402
 
@@ -351,3 +351,93 @@ def test_a_store_of_the_layout_before_payloads_opens(store):
         assert again._col("old").payload == 0 and again.count("old") == 1
     finally:
         again.close()
+
+
+def split_tables(store) -> dict:
+    """A weight table and a wide one (one part row a page, a document rewritten), loaded; their vectors."""
+    x, wide = rng.standard_normal((400, 16)).astype(np.float32), rng.standard_normal((40, 2101)).astype(np.float32)
+    store.create("w", 16, "l2", attrs=("row",))
+    store.upsert("w", np.arange(400), x, {"row": np.arange(400)})
+    store.create("wide", 2101, "l2", attrs=("row",))
+    store.upsert("wide", np.arange(40), wide, {"row": np.arange(40)})
+    store.upsert("wide", np.array([6]), wide[:1], {"row": np.array([6])})  # its parts move to the end
+    store.count("w")  # commits the load
+    return {"w": x, "wide": wide}
+
+
+# (queries, k, filter): every shape the engine sends, and a filter
+SHAPES = [(1, None, None), (3, None, None), (3, None, Where(lt={"row": 30})), (1, 5, None), (3, 7, None)]
+
+
+@pytest.mark.parametrize("connections", [2, 3])
+def test_a_scan_split_over_connections_gives_what_one_scan_gives(make_store, connections):
+    """Every row in exactly one page range, the pieces merged: the same ids and the very same distances."""
+    one = make_store("pgvector", connections=1)
+    tables = split_tables(one)
+    split = make_store("pgvector", connections=connections)
+    split.split_pages = 1  # tables of a few pages are split too
+    for name, x in tables.items():
+        meta = split._col(name)
+        ranges = split._ranges(meta, Search(name, x[:1]))
+        assert len(ranges) == connections and ranges[0] == (0, ranges[1][0]) and ranges[-1][1] is None
+        for m, k in [(1, None), (3, None), (1, 5), (3, 5)][: 2 if meta.parts > 1 else 4]:  # wide top-k: whole
+            query, params = split._search_sql(0, meta, x[:m], k, None, name, ranges[1])
+            text = "\n".join(r[0] for r in split.conn.cursor(binary=True).execute("EXPLAIN " + query, params))
+            assert "Tid Range Scan" in text and "Index" not in text, text
+        for m, k, where in SHAPES:
+            q = rng.standard_normal((m, x.shape[1])).astype(np.float32)
+            want, got = (s.search(name, q, k=k, where=where) for s in (one, split))
+            if k is None:  # every row, in any order
+                want, got = (Hits(*(np.take_along_axis(a, np.argsort(h.ids, 1), 1) for a in h)) for h in (want, got))
+            np.testing.assert_array_equal(got.ids, want.ids)
+            np.testing.assert_array_equal(got.dists, want.dists)
+    many = split.search_many([Search("wide", tables["wide"][:2]), Search("w", tables["w"][:1], k=3)])
+    assert many[0].ids.shape == (2, 40) and list(many[1].ids[0]) == [0, *many[1].ids[0][1:]]
+
+
+def test_a_lost_helper_connection_is_opened_again(make_store):
+    store = make_store("pgvector", connections=2)
+    x = split_tables(store)["w"]
+    store.split_pages = 1
+    before = store.search("w", x[:2])
+    helper = store._helpers[0]
+    killer = psycopg.connect(store.dsn, autocommit=True)
+    killer.execute("SELECT pg_terminate_backend(%s)", (helper.info.backend_pid,))
+    killer.close()
+    after = store.search("w", x[:2])
+    assert store._helpers[0] is not helper and not store._helpers[0].closed
+    np.testing.assert_array_equal(np.sort(after.ids), np.sort(before.ids))
+
+
+def test_a_helper_that_cannot_be_opened_leaves_the_store_on_one_connection(make_store):
+    store = make_store("pgvector", connections=2)
+    x = split_tables(store)["w"]
+    store.split_pages = 1
+    want = store.search("w", x[:2], k=5)
+    store._helpers[0].close()
+    store.dsn = "host=/nonexistent-vecgpt dbname=none"  # no server there: the helper cannot be opened again
+    got = store.search("w", x[:2], k=5)
+    assert store._helpers == [] and store._ranges(store._col("w"), Search("w", x[:1])) == [None]
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.dists, want.dists)
+
+
+@pytest.mark.parametrize("bad", [0, 65, 10**12, -1, 1.5, "2", True])
+def test_connections_must_be_a_whole_number_from_one_to_64(make_store, bad):
+    with pytest.raises(
+        VecgptError, match=r"^\[store\] connections (= .* has the wrong type|must be 0 or more|must be 1 to 64)"
+    ):
+        make_store("pgvector", connections=bad)
+
+
+def test_pieces_merge_exactly():
+    from vecgpt.backends.pgvector.split import assign, block_ranges, merge
+
+    assert block_ranges(10, 3) == [(0, 3), (3, 7), (7, None)] and block_ranges(1, 2) == [(0, 0), (0, None)]
+    assert assign([5, 1, 4, 2], 2) == [0, 0, 1, 1]  # costliest first, each to the least loaded: 5+1 | 4+2
+    a, b = (np.array([7, 2, 9]), np.array([0.5, 1.0, 2.0])), (np.array([1, 4]), np.array([0.5, 1.0]))
+    ids, dists = merge([a, b], k=3)  # ties by id
+    assert list(ids) == [1, 7, 2] and list(dists) == [0.5, 0.5, 1.0]
+    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([3]), np.array([0.5]))], k=None)
+    assert list(ids) == [0, 3] and list(dists) == [1.0, 0.75]  # a wide document's parts in two pieces
+    assert [len(r) for r in merge([], k=None)] == [0, 0]

@@ -20,6 +20,8 @@ from vecgpt.backends.pgvector.server import local_server
 from vecgpt.backends.pgvector.store import PgStore
 from vecgpt.errors import VecgptError
 
+MAX_CONNECTIONS = 64  # one server backend each; a scan gains nothing from more than the server's cores
+
 __all__ = ["ENV_DSN", "PgStore", "connect", "describe_dsn", "dsn_params", "local_server", "scrub"]
 
 
@@ -31,6 +33,7 @@ def connect(
     keep_server: bool = False,
     timeout: float = 5.0,
     max_retries: int = 3,
+    connections: int = 2,
 ) -> PgStore:
     """dsn: a libpq connection string (VECGPT_PG_DSN wins); none: a local pgserver in data_dir.
 
@@ -39,10 +42,13 @@ def connect(
 
     workers: parallel workers per scan (max_parallel_workers_per_gather); keep_server: leave the
     local server running when this process exits; timeout: seconds to wait for a connection (and, over
-    TCP, for a silent server); max_retries: reconnections tried when the connection is lost.
+    TCP, for a silent server); max_retries: reconnections tried when the connection is lost;
+    connections: a large scan is split over this many connections, one server backend (core) each.
     """
     if not timeout > 0 or max_retries < 0:
         raise VecgptError(f"pgvector: timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries})")
+    if not 1 <= connections <= MAX_CONNECTIONS:
+        raise VecgptError(f"[store] connections must be 1 to {MAX_CONNECTIONS}, not {connections}")
     env = os.environ.get(ENV_DSN)
     if env:
         dsn = env
@@ -51,4 +57,4 @@ def connect(
         check_dsn_has_no_password(dsn)
     else:
         dsn = local_server(data_dir, cleanup=None if keep_server else "stop")
-    return PgStore(dsn, schema or f"vecgpt_{user_name()}", workers, timeout, max_retries)
+    return PgStore(dsn, schema or f"vecgpt_{user_name()}", workers, timeout, max_retries, connections)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 from psycopg import sql
@@ -63,12 +64,18 @@ def with_vector(conn: psycopg.Connection) -> None:
 
 
 class Session:
-    """The connection, a lock around every call, and the load transaction that stays open across upserts."""
+    """The connection, a lock around every call, and the load transaction that stays open across upserts.
 
-    def __init__(self, dsn: str, workers: int = 0, timeout: float = 5.0, max_retries: int = 3):
+    Searches may also use `connections - 1` helper connections (opened on first use, each driven by a
+    thread of its own), so that a search's scan runs on as many server backends, that is cores.
+    """
+
+    def __init__(self, dsn: str, workers: int = 0, timeout: float = 5.0, max_retries: int = 3, connections: int = 1):
         self.dsn, self.workers, self.timeout, self.max_retries = dsn, workers, timeout, max_retries
         self._lock = threading.RLock()
         self._pending: str | None = None  # the collection whose load transaction is open
+        self._helpers: list[psycopg.Connection | None] = [None] * (connections - 1)
+        self._pool = ThreadPoolExecutor(connections - 1) if connections > 1 else None
         self.conn = self._session()
 
     def _session(self) -> psycopg.Connection:
@@ -78,6 +85,35 @@ class Session:
         for setting, value in (("jit", "off"), ("max_parallel_workers_per_gather", str(int(self.workers)))):
             conn.execute(sql.SQL("SET {} = {}").format(sql.Identifier(setting), sql.Literal(value)))
         return conn
+
+    def _connections(self, n: int) -> list[psycopg.Connection]:
+        """The main connection and up to n - 1 helpers, opening those not yet open (or lost). A helper that
+        cannot be opened (the server's max_connections reached, say) is given up: the store goes on with fewer."""
+        for i in range(n - 1):
+            if self._helpers[i] is None:
+                try:
+                    self._helpers[i] = self._session()
+                except VecgptError:
+                    del self._helpers[i:]
+                    break
+        return [self.conn, *self._helpers[: n - 1]]
+
+    def _run_all(self, jobs: list) -> list:
+        """Call each (conn, fn, args): the first here, the rest on the helpers' threads, all at once; their
+        results. Every call has ended when this returns, so no connection is left mid-statement."""
+        (conn, fn, args), rest = jobs[0], jobs[1:]
+        futures = [self._pool.submit(f, c, *a) for c, f, a in rest]
+        try:
+            first = fn(conn, *args)
+        finally:
+            results = [f.exception() or f.result() for f in futures]  # waits for every one
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return [first, *results]
+
+    def _lost(self) -> bool:
+        return any(c is not None and (c.broken or c.closed) for c in (self.conn, *self._helpers))
 
     def _forget(self) -> None:
         """Drop what is cached about the database (after a rollback)."""
@@ -95,6 +131,9 @@ class Session:
             except psycopg.Error:  # a command cut short (Ctrl-C inside it) left the connection unusable
                 self.conn.close()
         self._pending = None  # a collection created in the transaction is gone
+        for i, helper in enumerate(self._helpers):  # searches only, autocommit: a lost one is opened again
+            if helper is not None and (helper.broken or helper.closed):
+                self._helpers[i] = None
         self._forget()
 
     def _run(self, fn, *args, loading: str | None = None):
@@ -114,9 +153,9 @@ class Session:
                 except VecgptError:
                     raise
                 except psycopg.Error as e:
-                    loading_lost = self._pending is not None
+                    loading_lost, lost_now = self._pending is not None, self._lost()
                     self._rollback()
-                    if not (self.conn.broken or self.conn.closed):
+                    if not lost_now:
                         raise VecgptError(f"PostgreSQL: {first_line(e)}") from None
                     if loading_lost:
                         raise VecgptError(
@@ -134,6 +173,8 @@ class Session:
 
     def _reconnect(self, attempt: int) -> bool:
         time.sleep(retry_delay(attempt))
+        if not (self.conn.broken or self.conn.closed):  # only a helper was lost: it opens on next use
+            return True
         try:
             self.conn = self._session()
         except VecgptError:
@@ -148,3 +189,8 @@ class Session:
                 self._commit()
             finally:
                 self.conn.close()
+                for helper in self._helpers:
+                    if helper is not None:
+                        helper.close()
+                if self._pool is not None:
+                    self._pool.shutdown()

@@ -31,6 +31,7 @@ class Meta:
     def __init__(self, table: str, dim: int, metric: Metric, attrs: Sequence[str], payload: int = 0, parts: int = 1):
         self.table, self.dim, self.metric, self.attrs, self.payload = table, dim, metric, list(attrs), payload
         self.parts = parts  # rows a document: 1, or more for a wide one (vecgpt/backends/pgvector/wide.py)
+        self.pages = 0  # the table's size when its catalog row was read: a search splits by it (split.py)
 
     def vector_columns(self) -> list[str]:
         """The vector(n) columns: the embedding, and the payload where the collection has one."""
@@ -52,10 +53,13 @@ def search_sql(
     k: int | None,
     filters: Sequence[tuple[str, str]],
     parts: int = 1,
+    blocks: tuple[int, int | None] | None = None,
 ) -> sql.Composed:
-    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters;
-    the query vector(s) first: one per part (single), or one array per part."""
+    """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters,
+    (blocks) only the rows in pages [lo, hi); the query vector(s) first: one per part (single), or one
+    array per part."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
+    conditions += block_conditions(blocks)
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
     fmt = dict(s=sql.Literal(s_index), table=table, cond=cond)
     if k is not None:
@@ -68,17 +72,29 @@ def search_sql(
     )
 
 
-# A wide collection's search: the same shapes, a document's distance the sum over its part rows.
+def block_conditions(blocks: tuple[int, int | None] | None) -> list[sql.Composed]:
+    """Rows whose ctid is in pages [lo, hi) (hi None: to the end), which PostgreSQL scans as a TID range."""
+    if blocks is None:
+        return []
+    lo, hi = blocks
+    bounds = ([(">=", lo)] if lo else []) + ([("<", hi)] if hi is not None else [])
+    return [sql.SQL("t.ctid " + op + " {}::tid").format(sql.Literal(f"({page},0)")) for op, page in bounds]
+
+
+# A wide collection's search: the same shapes, a document's distance the sum over its part rows. The part
+# rows' distances are computed below an OFFSET 0 fence, so the grouping sorts or hashes (id, distance)
+# pairs: without it the planner sorted the rows, vectors and all, and spilled them to disk (9 MB a search).
+ROWS = "(SELECT t.id / {p} AS id, {dist} AS d FROM {table} t{cond} OFFSET 0) y"
 WIDE = {
     (True, False): "SELECT {s}::int, 1::bigint, array_agg(x.id), array_agg(x.d) FROM "
-    "(SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} GROUP BY 1) x",
+    "(SELECT y.id, sum(y.d) AS d FROM " + ROWS + " GROUP BY 1) x",
     (False, False): "SELECT {s}::int, x.i, array_agg(x.id), array_agg(x.d) FROM "
-    "(SELECT q.i, t.id / {p} AS id, sum({dist}) AS d FROM {table} t CROSS JOIN {unnest}{cond} GROUP BY 1, 2) x "
-    "GROUP BY x.i",
+    "(SELECT y.i, y.id, sum(y.d) AS d FROM (SELECT q.i, t.id / {p} AS id, {dist} AS d FROM {table} t "
+    "CROSS JOIN {unnest}{cond} OFFSET 0) y GROUP BY 1, 2) x GROUP BY x.i",
     (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
-    "FROM (SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x",
+    "FROM (SELECT y.id, sum(y.d) AS d FROM " + ROWS + " GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x",
     (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
-    "FROM {unnest} CROSS JOIN LATERAL (SELECT t.id / {p} AS id, sum({dist}) AS d FROM {table} t{cond} "
+    "FROM {unnest} CROSS JOIN LATERAL (SELECT y.id, sum(y.d) AS d FROM " + ROWS + " "
     "GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x GROUP BY q.i",
 }
 

@@ -13,6 +13,7 @@ from vecgpt.backends.base import Hits, Metric, Search, Where, record
 from vecgpt.backends.pgvector.arrays import numpy_arrays
 from vecgpt.backends.pgvector.manifests import Manifests
 from vecgpt.backends.pgvector.session import Session
+from vecgpt.backends.pgvector.split import SPLIT_PAGES, assign, block_ranges, merge
 from vecgpt.backends.pgvector.statements import Meta, copy_stream, fetch_copy, read_copy, search_sql, table_name
 from vecgpt.backends.pgvector.texts import Texts
 from vecgpt.backends.pgvector.wide import PLAIN_MAX_DIM, join, parts_for, row_ids, split, width
@@ -47,6 +48,21 @@ def arrays(found: tuple | None) -> tuple[np.ndarray, np.ndarray]:
     return found
 
 
+def hits(name: str, m: int, found: list[tuple[np.ndarray, np.ndarray]]) -> Hits:
+    """m queries' (ids, dists) as Hits; every query sees the same rows."""
+    n = len(found[0][0]) if found else 0
+    if any(len(ids) != n for ids, _ in found):
+        raise VecgptError(f"search in {name!r}: queries got different numbers of rows")
+    if n == 0:
+        return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
+    return Hits(np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found]))
+
+
+def fetch_rows(conn: psycopg.Connection, query: str, params: list) -> list:
+    """A search statement's rows (search, query number, ids[], dists[]), the arrays read into numpy."""
+    return numpy_arrays(conn.cursor(binary=True)).execute(query, params).fetchall()
+
+
 def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
     """Where each wanted id is among the ids found (in any order); an error naming the first one missing."""
     if len(found) == 0:
@@ -60,13 +76,22 @@ def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
 
 class PgStore(Manifests, Texts, Session):
     metrics: tuple[Metric, ...] = ("l2", "ip")
-    concurrent = False  # one connection; the engine sends requests one after another
+    concurrent = False  # the engine sends requests one after another; a search may use every connection
+    split_pages = SPLIT_PAGES  # weight tables of at least this many pages are scanned in pieces
 
-    def __init__(self, dsn: str, schema: str = "vecgpt", workers: int = 0, timeout: float = 5.0, max_retries: int = 3):
+    def __init__(
+        self,
+        dsn: str,
+        schema: str = "vecgpt",
+        workers: int = 0,
+        timeout: float = 5.0,
+        max_retries: int = 3,
+        connections: int = 2,
+    ):
         self.schema = schema
         self._meta: dict[str, Meta] = {}
         self._sql: dict[tuple, str] = {}  # search statements by shape
-        super().__init__(dsn, workers, timeout, max_retries)
+        super().__init__(dsn, workers, timeout, max_retries, connections)
         self._setup()
 
     def __str__(self) -> str:
@@ -107,20 +132,29 @@ class PgStore(Manifests, Texts, Session):
         self._meta.clear()
         self._sql.clear()
 
+    def _commit(self) -> None:
+        loaded = self._pending
+        super()._commit()
+        if loaded is not None:  # read again when next used: its size in pages is known now
+            self._meta.pop(loaded, None)
+
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
             row = self.conn.execute(
                 sql.SQL(
                     "SELECT tbl, dim, metric, attrs, payload, (SELECT atttypmod FROM pg_attribute WHERE attname = "
-                    "'embedding' AND attrelid = to_regclass(format('%%I.%%I', {}::text, tbl))) "
-                    "FROM {}._collections WHERE name = %s"
+                    "'embedding' AND attrelid = to_regclass(format('%%I.%%I', {0}::text, tbl))), "
+                    "pg_relation_size(to_regclass(format('%%I.%%I', {0}::text, tbl))) / "
+                    "current_setting('block_size')::bigint FROM {1}._collections WHERE name = %s"
                 ).format(sql.Literal(self.schema), sql.Identifier(self.schema)),
                 (name,),
             ).fetchone()
             if row is None:
                 return None
-            *row, columns = row  # the embedding column's width: dim, or a part's (tables made before parts: dim)
-            self._meta[name] = Meta(*row, parts=1 if columns in (None, row[1]) else parts_for(row[1]))
+            *row, columns, pages = row  # the embedding column's width: dim, or a part's (made before parts: dim)
+            meta = Meta(*row, parts=1 if columns in (None, row[1]) else parts_for(row[1]))
+            meta.pages = pages or 0
+            self._meta[name] = meta
         return self._meta[name]
 
     def _col(self, name: str) -> Meta:
@@ -331,42 +365,47 @@ class PgStore(Manifests, Texts, Session):
 
     def _search_many(self, searches):
         self._commit()
-        parts, params, prepared = [], [], []
-        for s_index, s in enumerate(searches):
-            meta = self._col(s.collection)
-            queries = base.check_vectors(s.collection, s.queries, meta.dim)
-            prepared.append(queries)
+        prepared = [base.check_vectors(s.collection, s.queries, self._col(s.collection).dim) for s in searches]
+        pieces = []  # (search number, statement, parameters, cost)
+        for s_index, (s, queries) in enumerate(zip(searches, prepared)):
             if len(queries) == 0 or s.k == 0:
                 continue
-            part, args = self._search_sql(s_index, meta, queries, s.k, s.where, s.collection)
-            parts.append(part)
-            params += args
-        out = [None] * len(searches)
-        if parts:
-            record(1, sum(len(q) for q in prepared))
-            query = " UNION ALL ".join(f"({p})" for p in parts) if len(parts) > 1 else parts[0]
-            rows = numpy_arrays(self.conn.cursor(binary=True)).execute(query, params).fetchall()
-            got: dict[int, dict[int, tuple]] = {}
-            for s_index, i, ids, dists in rows:
-                got.setdefault(s_index, {})[i] = (ids, dists)
-            for s_index, s in enumerate(searches):
-                found = got.get(s_index)
-                if found is not None:
-                    m = len(prepared[s_index])
-                    ids, dists = zip(*(arrays(found.get(i)) for i in range(1, m + 1)))
-                    n = len(ids[0])
-                    if any(len(r) != n for r in ids):  # every query sees the same rows
-                        raise VecgptError(f"search in {s.collection!r}: queries got different numbers of rows")
-                    out[s_index] = Hits(np.vstack(ids).reshape(m, n), np.vstack(dists).reshape(m, n))
-        for s_index, hits in enumerate(out):
-            if hits is None:
-                out[s_index] = Hits(
-                    np.zeros((len(prepared[s_index]), 0), np.int64), np.zeros((len(prepared[s_index]), 0))
-                )
+            meta = self._col(s.collection)
+            ranges = self._ranges(meta, s)
+            for blocks in ranges:
+                text, args = self._search_sql(len(pieces), meta, queries, s.k, s.where, s.collection, blocks)
+                pieces.append((s_index, text, args, len(queries) * max(meta.pages, 1) / len(ranges)))
+        found = self._send(pieces, sum(len(q) for q in prepared)) if pieces else {}
+        out = []
+        for s_index, (s, queries) in enumerate(zip(searches, prepared)):
+            mine = [p for p, piece in enumerate(pieces) if piece[0] == s_index]
+            per_query = [merge([arrays(found.get((p, i))) for p in mine], s.k) for i in range(1, len(queries) + 1)]
+            out.append(hits(s.collection, len(queries), per_query))
         return out
 
-    def _search_sql(self, s_index, meta, queries, k, where, name):
-        """One SELECT giving (search, query number, ids[], dists[]) rows for one search: its text, params."""
+    def _ranges(self, meta: Meta, s: Search) -> list:
+        """The page ranges a search is split into: [None] (whole) unless a large weight table."""
+        n = len(self._helpers) + 1
+        whole = s.collection.startswith("text-") or (s.k is not None and meta.parts > 1)  # keys; wide top-k
+        return [None] if n == 1 or whole or meta.pages < self.split_pages else block_ranges(meta.pages, n)
+
+    def _send(self, pieces: list, subqueries: int) -> dict:
+        """The pieces as one UNION ALL statement per connection, sent at once: {(piece, query number): (ids, dists)}."""
+        costs = [p[3] for p in pieces]
+        n = min(len(self._helpers) + 1, len(pieces)) if sum(costs) >= self.split_pages else 1  # small: one is enough
+        connections = self._connections(n)
+        on = assign(costs, len(connections))
+        jobs = []
+        for c, conn in enumerate(connections):
+            texts = [p[1] for p, at in zip(pieces, on) if at == c]
+            query = " UNION ALL ".join(f"({t})" for t in texts) if len(texts) > 1 else texts[0]
+            jobs.append((conn, fetch_rows, (query, [a for p, at in zip(pieces, on) if at == c for a in p[2]])))
+        record(len(jobs), subqueries)
+        return {(p, i): (ids, dists) for rows in self._run_all(jobs) for p, i, ids, dists in rows}
+
+    def _search_sql(self, s_index, meta, queries, k, where, name, blocks=None):
+        """One SELECT giving (search, query number, ids[], dists[]) rows for one search (blocks: the rows in
+        that page range): its text, params."""
         filters = []
         if where is not None:
             base.check_where(name, where, meta.attrs)
@@ -376,11 +415,11 @@ class PgStore(Manifests, Texts, Session):
                 for attr, value in sorted(values.items())
             ]
         single = len(queries) == 1
-        key = (s_index, name, single, k, tuple(f[:2] for f in filters))
+        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks)
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
             text = self._sql[key] = search_sql(
-                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters], meta.parts
+                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters], meta.parts, blocks
             ).as_string(self.conn)
         args = [f[2] for f in filters]
         if meta.parts > 1:  # a vector (single) or an array of vectors per part
