@@ -100,9 +100,10 @@ def test_filters_exclude_what_they_must(make_store, backend):
         assert set(top.ids[0].tolist()) <= set((np.flatnonzero(keep) * 7 + 5).tolist())
 
 
-def test_search_many_matches_single_searches(make_store, backend):
+@pytest.mark.parametrize("n", [300, 3000])  # in-process stores: a shared scan, then one scan a search
+def test_search_many_matches_single_searches(make_store, backend, n):
     store = make_store(backend)
-    filled(store)
+    filled(store, n=n)
     q = rng.standard_normal((2, 24)).astype(np.float32)
     searches = [Search("c", q, where=Where(eq={"layer": h % 3, "head": h})) for h in range(4)] + [Search("c", q, k=5)]
     for many, s in zip(store.search_many(searches), searches):

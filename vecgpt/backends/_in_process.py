@@ -20,6 +20,7 @@ from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, recor
 from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
+SHARED_SCAN_ROWS = 512  # rows a search may scan for others in a shared scan: about what a call of its own costs
 
 
 class Table:
@@ -124,8 +125,8 @@ class Collection:
     def slots(self, where: Where | None) -> np.ndarray | None:
         return None if where is None else np.flatnonzero(self.mask(where))
 
-    def mask(self, where: Where | None) -> np.ndarray:
-        return np.ones(self.table.n, bool) if where is None else where.mask(self._attrs, self.table.n)
+    def mask(self, where: Where | None, memo: dict | None = None) -> np.ndarray:
+        return np.ones(self.table.n, bool) if where is None else where.mask(self._attrs, self.table.n, memo)
 
 
 class InProcessStore(FolderStore):
@@ -177,25 +178,36 @@ class InProcessStore(FolderStore):
         record(1, len(queries))
         slots = col.slots(where)
         if k is None:
-            dists, found = col.table.all_dists(queries, slots)
-            return Hits(col.ids[found], dists)
+            return self._rows_of(col, queries, slots)
         k = min(k, col.table.n if slots is None else len(slots))
         if k == 0:
             return Hits(np.zeros((len(queries), 0), np.int64), np.zeros((len(queries), 0)))
         dists, found = col.table.topk(queries, k, slots)
         return Hits(col.ids[found], dists)
 
+    def _rows_of(self, col: Collection, queries, slots) -> Hits:
+        """Every row in slots (None: all)."""
+        dists, found = col.table.all_dists(queries, slots)
+        return Hits(col.ids[found], dists)
+
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        """Filtered all-row searches of one collection (a layer's heads) share one scan; others go one by one."""
+        """Filtered all-row searches of one collection (a layer's heads) share one scan while the rows a search
+        does not need cost less than a call of its own (a short text); others go one by one."""
         if len(searches) < 2 or len({s.collection for s in searches}) > 1 or any(s.k is not None for s in searches):
             return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         col = self._col(searches[0].collection)
         queries = [base.check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
         for s in searches:
             base.check_where(s.collection, s.where, col.names)
-        masks = [col.mask(s.where) for s in searches]
+        memo: dict = {}
+        masks = [col.mask(s.where, memo) for s in searches]
+        union = np.logical_or.reduce(masks)
+        extra = sum(len(q) * int(union.sum() - mask.sum()) for q, mask in zip(queries, masks))
+        if extra > SHARED_SCAN_ROWS * len(searches):  # each head would scan every head's keys: one by one
+            record(len(searches), sum(len(q) for q in queries))
+            return [self._rows_of(col, q, np.flatnonzero(mask)) for q, mask in zip(queries, masks)]
         record(1, sum(len(q) for q in queries))
-        dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(np.logical_or.reduce(masks)))
+        dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(union))
         out, row = [], 0
         for q, mask in zip(queries, masks):  # keep each search's own rows and its own matches
             d, f = dists[row : row + len(q)], found[row : row + len(q)]

@@ -64,15 +64,19 @@ class Where:
     def attributes(self) -> set[str]:
         return set(self.eq) | set(self.lt) | set(self.ge)
 
-    def mask(self, attrs: Mapping[str, np.ndarray], n: int) -> np.ndarray:
-        """Which of n rows match, given their attribute columns (for stores that filter in numpy)."""
+    def mask(self, attrs: Mapping[str, np.ndarray], n: int, memo: dict | None = None) -> np.ndarray:
+        """Which of n rows match, given their attribute columns (for stores that filter in numpy); `memo` keeps
+        each condition's rows for the next mask over the same rows (a layer's heads share layer and position)."""
+        memo = {} if memo is None else memo
         keep = np.ones(n, bool)
-        for name, value in self.eq.items():
-            keep &= attrs[name][:n] == value
-        for name, value in self.lt.items():
-            keep &= attrs[name][:n] < value
-        for name, value in self.ge.items():
-            keep &= attrs[name][:n] >= value
+        for op, conditions in (("eq", self.eq), ("lt", self.lt), ("ge", self.ge)):
+            for name, value in conditions.items():
+                if (op, name, value) not in memo:
+                    column = attrs[name][:n]
+                    memo[op, name, value] = (
+                        column == value if op == "eq" else (column < value if op == "lt" else column >= value)
+                    )
+                keep &= memo[op, name, value]
         return keep
 
 

@@ -91,6 +91,8 @@ class FaissTable(Table):
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         if slots is None and len(queries) == 1:
             return self.every_row(queries), np.arange(self.n)[None]
+        if len(queries) == 1:  # a key search: FAISS's kernel over the matching rows, gathered
+            return self.some_rows(queries, slots), slots[None]
         threads_for(queries, self.n if slots is None else len(slots), self.dim)
         _, d, found = self.index.range_search(
             np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots)
@@ -120,6 +122,15 @@ class FaissTable(Table):
             self._norms = np.empty(self.n, np.float32)
             faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
         return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
+
+    def some_rows(self, queries, slots) -> np.ndarray:
+        """One query against the rows in slots: a range search with a selector visits every row of the
+        table (a text's keys of every layer and head), this reads only the rows asked for."""
+        q, rows = np.ascontiguousarray(queries, np.float32), np.ascontiguousarray(self._view()[slots])
+        out = np.empty(len(slots), np.float32)
+        kernel = faiss.fvec_L2sqr_ny if self.metric == "l2" else faiss.fvec_inner_products_ny
+        kernel(faiss.swig_ptr(out), faiss.swig_ptr(q), faiss.swig_ptr(rows), self.dim, len(slots))
+        return self._sign(out)[None]
 
     def topk(self, queries, k, slots):
         if k == 0:
