@@ -136,6 +136,8 @@ def test_tokenize(capsys):
         (["generate", "--backend", "nosuchstore", "hi"], "known backends: "),
         (["generate", "--top-k", "60000", "hi"], "--top-k 60000"),
         (["generate", "-n", "100", "hi"], "context of 64"),
+        (["generate", "--store", "~nosuchuser0/faiss", "hi"], "no such user's home"),
+        (["generate", "--model", "~nosuchuser0/model", "hi"], "no such user's home"),
     ],
 )
 def test_bad_input_one_line(capsys, tiny_model_dir, args, needle, monkeypatch):

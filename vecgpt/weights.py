@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vecgpt.errors import VecgptError
+from vecgpt.paths import expand
 
 SHIPPED = Path(__file__).parent / "models"
 DEFAULT_MODEL = "shakespeare"
@@ -110,8 +111,8 @@ def read_hparams(config: dict, where: str) -> HParams:
 def resolve(model: str | None) -> Path:
     """A local folder, a model shipped with vecgpt, or a Hugging Face hub name."""
     model = model or DEFAULT_MODEL
-    if Path(model).expanduser().is_dir():
-        return Path(model).expanduser()
+    if expand(model).is_dir():
+        return expand(model)
     if (SHIPPED / model / "config.json").is_file():
         return SHIPPED / model
     if model.startswith(("/", ".", "~")) or Path(model).exists():

@@ -48,6 +48,7 @@ import numpy as np
 
 from vecgpt.encoding import Metric
 from vecgpt.errors import TextConflict, VecgptError
+from vecgpt.paths import expand
 
 GROUP = "vecgpt.stores"
 T = TypeVar("T")
@@ -349,7 +350,7 @@ class FolderStore:
     backend: str  # the store's name, and its folder's under the cache folder by default
 
     def __init__(self, path: str | None = None):
-        self.path = Path(path).expanduser() if path else cache_dir(self.backend)
+        self.path = expand(path) if path else cache_dir(self.backend)
 
     def __str__(self) -> str:
         return f"{type(self).__name__}(path={self.path})"

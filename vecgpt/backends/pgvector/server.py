@@ -14,6 +14,7 @@ from psycopg import sql
 from vecgpt.backends.base import cache_dir, first_line, user_name
 from vecgpt.backends.pgvector.dsn import ENV_DSN
 from vecgpt.errors import VecgptError
+from vecgpt.paths import expand
 
 # Buffers large enough to hold GPT-2 small's tables (about 600 MB), and minimal WAL, so a COPY into
 # a table created in the same transaction writes no WAL at all.
@@ -44,7 +45,7 @@ def local_server(
     cleanup "stop": the last process holding it stops it at exit (the data stays); "delete": also
     removes the folder. Settings are written with ALTER SYSTEM and the server restarted, once.
     """
-    path = Path(data_dir or default_data_dir()).expanduser().resolve()
+    path = expand(data_dir or default_data_dir()).resolve()
     if path in _servers:
         return _servers[path].get_uri()
     logging.getLogger("pgserver").setLevel(logging.ERROR)
