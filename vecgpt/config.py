@@ -14,6 +14,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# "four": a layer is four rounds (engine.Session); "three": weight products made at load, three (vecgpt.three_rounds)
+LAYOUTS = ("four", "three")
+
+
 @dataclass
 class Config:
     backend: str = "faiss"  # a module in vecgpt/backends
@@ -28,8 +32,8 @@ class Config:
     def __post_init__(self):
         if self.metric not in ("l2", "ip"):
             raise VecgptError(f"metric must be 'l2' or 'ip', not {self.metric!r}")
-        if self.layout not in ("four", "three"):
-            raise VecgptError(f"layout must be 'four' or 'three', not {self.layout!r}")
+        if self.layout not in LAYOUTS:
+            raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
         if self.tile < 1:

@@ -113,7 +113,7 @@ class Session:
     """One decoding session: keys and projected values in the store (text-<id>), also in memory with |k|^2,
     and the tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
 
-    layout = "four"  # the model's layout (vecgpt.loading.LAYOUTS): tolerance derives its bound in that order
+    layout = "four"  # the model's layout (vecgpt.config.LAYOUTS): tolerance derives its bound in that order
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -221,8 +221,12 @@ class Session:
     # ------------------------------------------------------------ the forward pass, in reference.py's order
 
     def linear(self, x, name):  # [m, in] -> [m, out]: x @ weight + bias as one search returning every row
+        search, decode = self.search_of(x, name)
+        return decode(self.store.search(search.collection, search.queries))
+
+    def search_of(self, x, name):  # x [m, in] -> (a search of every row of a matrix, decode(hits) -> [m, out])
         q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
-        return self.scatter(self.store.search(self.engine.name(name), q), q, name)
+        return Search(self.engine.name(name), q), lambda hits: self.scatter(hits, q, name)
 
     def feed_forward(self, x, layer):  # [m, d] -> [m, d]
         return self.linear(gelu(self.linear(x, f"h.{layer}.mlp.c_fc")), f"h.{layer}.mlp.c_proj")
@@ -259,14 +263,12 @@ class Session:
         return np.broadcast_to(np.arange(lo, hi), (len(q), hi - lo)), dots
 
     def scores_and_projections(self, q, v, layer, start, end) -> list:
-        """One round: the scores of the keys < end as attention's columns, and (v given) the new positions'
-        values projected by their heads' rows of c_proj, kept in float32 in `projected`."""
+        """One round: the scores of the keys < end as attention's columns, and the new positions' values
+        projected by their heads' rows of c_proj, kept in float32 in `projected`."""
         sent, keys = self.key_searches(q, layer, end) if end else (None, [])
-        project, decode = self.projections(v, layer) if v is not None else ([], None)
-        calls = [later.search_many(project)] if project else []
-        found = self.store.together(*calls, *([later.search_many(keys)] if keys else []))  # filed as a key search
-        if project:
-            self.projected[layer, start : start + len(v)] = decode(found[0])
+        project, decode = self.projections(v, layer)
+        found = self.store.together(later.search_many(project), *([later.search_many(keys)] if keys else []))
+        self.projected[layer, start : start + len(v)] = decode(found[0])  # the round is filed as a key search
         return [self.key_columns(sent, found[-1], layer, end)] if keys else []
 
     def projections(self, v, layer):  # v [m, H, hd] -> (a search per head, decode(hits) -> [m, H, d])

@@ -10,6 +10,7 @@ import numpy as np
 
 from vecgpt import encoding
 from vecgpt.backends.base import Store
+from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
 from vecgpt.reference import query_rows, value_output
 from vecgpt.weights import HParams, Model
@@ -17,8 +18,6 @@ from vecgpt.weights import HParams, Model
 LN_PARTS = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
 BATCH = 4096
 BARE = {"wte", "wpe", "ln"}  # names the previous layout gave every model
-# "four": a layer is four rounds (engine.Session); "three": weight products made at load, three (vecgpt.three_rounds)
-LAYOUTS = ("four", "three")
 
 
 def matrices(hp: HParams, layout: str = "four") -> list[str]:
@@ -47,12 +46,11 @@ def matrix_of(name: str) -> str:  # "0123abcd...-e1-l2.h.0.mlp.c_fc" -> "h.0.mlp
     return re.sub(r"^[0-9a-f]+-e\d+-[a-z0-9]+(-[a-z]+)?\.", "", name)
 
 
-def get(
-    params: dict, name: str, n_head: int | None = None
-) -> dict:  # "h.3.attn.c_attn" -> params["h"][3]["attn"]["c_attn"]
-    """A matrix's {"weight" [in, out], "bias"}; a head's part of c_proj ("h.3.attn.c_proj.5", n_head needed)
-    holds its rows of the weight, and the bias only for head 0 (attention weights sum to 1, so the bias
-    carried by one head's projected values adds it once)."""
+def get(params: dict, name: str, n_head: int | None = None) -> dict:
+    """A matrix's {"weight" [in, out], "bias"}: "h.3.attn.c_attn" is params["h"][3]["attn"]["c_attn"]. A head's
+    part of c_proj ("h.3.attn.c_proj.5", n_head needed) holds its rows of the weight, and the bias only for
+    head 0 (attention weights sum to 1, so the bias carried by one head's projected values adds it once);
+    "vo" and "qk" parts are layout three's products (reference.value_output, reference.query_rows)."""
     product = re.fullmatch(r"h\.(\d+)\.attn\.(vo|qk)\.(\d+)", name)
     if product:
         attn, h = params["h"][int(product[1])]["attn"], int(product[3])

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecgpt import encoding
-from vecgpt.backends.base import Search
 from vecgpt.engine import Session, searched_end, squared_norms
 from vecgpt.meter import later
 from vecgpt.reference import gelu, layer_norm
@@ -73,10 +71,6 @@ class ThreeRounds(Session):
             self.write(later.upsert(*self.key_rows(self.pending)))
             self.pending = []
         return fc[1](found[0][0])
-
-    def search_of(self, x, name):  # x [m, in] -> (a search of every row of a matrix, decode(hits) -> [m, out])
-        q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
-        return Search(self.engine.name(name), q), lambda hits: self.scatter(hits, q, name)
 
     def take_rows(self, vectors, payload) -> None:
         """The first n positions' rows as the store holds them: documents [L, n, H, d + 1], payload [.., hd + d]."""

@@ -124,7 +124,7 @@ def logit_tolerance(
 ) -> np.ndarray:
     """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
     (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way;
-    layout: the model's, vecgpt.loading.LAYOUTS)."""
+    layout: the model's, vecgpt.config.LAYOUTS)."""
     exact = forced_logits(model64, prompt, tokens) if exact is None else exact
     moved = [
         np.abs(

@@ -111,8 +111,8 @@ def read_hparams(config: dict, where: str) -> HParams:
 def resolve(model: str | None) -> Path:
     """A local folder, a model shipped with vecgpt, or a Hugging Face hub name."""
     model = model or DEFAULT_MODEL
-    if expand(model).is_dir():
-        return expand(model)
+    if (folder := expand(model)).is_dir():
+        return folder
     if (SHIPPED / model / "config.json").is_file():
         return SHIPPED / model
     if model.startswith(("/", ".", "~")) or Path(model).exists():

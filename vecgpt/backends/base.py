@@ -70,13 +70,10 @@ class Where:
         each condition's rows for the next mask over the same rows (a layer's heads share layer and position)."""
         memo = {} if memo is None else memo
         keep = np.ones(n, bool)
-        for op, conditions in (("eq", self.eq), ("lt", self.lt), ("ge", self.ge)):
+        for op, conditions in ((np.equal, self.eq), (np.less, self.lt), (np.greater_equal, self.ge)):
             for name, value in conditions.items():
                 if (op, name, value) not in memo:
-                    column = attrs[name][:n]
-                    memo[op, name, value] = (
-                        column == value if op == "eq" else (column < value if op == "lt" else column >= value)
-                    )
+                    memo[op, name, value] = op(attrs[name][:n], value)
                 keep &= memo[op, name, value]
         return keep
 

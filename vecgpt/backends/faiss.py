@@ -29,8 +29,8 @@ def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
-_POOL: list[ThreadPoolExecutor] = []
-os.register_at_fork(after_in_child=_POOL.clear)  # a forked child has none of the pool's threads
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # by size
+os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the pools' threads
 
 
 def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
@@ -45,9 +45,10 @@ def in_threads(calls) -> None:
     """Run the calls at once, one per thread (FAISS's kernels release the GIL); the last in this thread."""
     if len(calls) <= 1:
         return calls[0]() if calls else None
-    if not _POOL or _POOL[0]._max_workers < len(calls) - 1:
-        _POOL[:] = [ThreadPoolExecutor(len(calls) - 1, thread_name_prefix="vecgpt-faiss")]
-    futures = [_POOL[0].submit(call) for call in calls[:-1]]
+    workers = len(calls) - 1
+    if workers not in _POOLS:
+        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="vecgpt-faiss")
+    futures = [_POOLS[workers].submit(call) for call in calls[:-1]]
     calls[-1]()
     for future in futures:
         future.result()

@@ -7,6 +7,7 @@ import inspect
 import json
 import sys
 
+from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
 
 
@@ -237,7 +238,7 @@ def cmd_compare(args) -> int:
 def add_layout_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layout",
-        choices=["four", "three"],
+        choices=LAYOUTS,
         help="four rounds a layer (default), or three with weight products made at load (docs/three-rounds.md)",
     )
 
