@@ -14,15 +14,16 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-# "four": a layer is four rounds (engine.Session); "three": weight products made at load, three (vecgpt.three_rounds)
-LAYOUTS = ("four", "three")
+# "four": a layer is four rounds (engine.Session); "three": weight products made at load, three (vecgpt.three_rounds);
+# "five": the textbook order, attention's c_proj one search of the whole matrix (vecgpt.five_rounds)
+LAYOUTS = ("four", "three", "five")
 
 
 @dataclass
 class Config:
     backend: str = "faiss"  # a module in vecgpt/backends
     metric: str = "l2"  # "l2": padded documents under squared L2; "ip": plain inner product
-    layout: str = "four"  # "four" rounds a layer; "three": weight products made at load (vecgpt.three_rounds)
+    layout: str = "four"  # "four" rounds a layer; "three": weight products made at load; "five": see LAYOUTS
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
     prompt_block: bool = True  # read a prompt as one block of queries per search

@@ -8,7 +8,8 @@ Attention's output projection is applied per head to each position's value when 
 rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
 in memory and as the key rows' payload. Writes go out in order beside the searches (vecgpt.writer).
 Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64. A model loaded with
-`--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it).
+`--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it);
+`--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter.
@@ -71,11 +72,17 @@ class Engine:
         return self.session()
 
     def session(self, name: str | None = None, create: bool = True) -> Session:
-        """A Session of the model's layout (its manifest's "layout": "three" runs vecgpt.three_rounds)."""
-        if self.manifest.get("layout") == "three":
+        """A Session of the model's layout (its manifest's "layout": "three" runs vecgpt.three_rounds, "five"
+        vecgpt.five_rounds)."""
+        layout = self.manifest.get("layout")
+        if layout == "three":
             from vecgpt.three_rounds import ThreeRounds
 
             return ThreeRounds(self, name, create)
+        if layout == "five":
+            from vecgpt.five_rounds import FiveRounds
+
+            return FiveRounds(self, name, create)
         return Session(self, name, create)
 
 
@@ -132,7 +139,7 @@ class Session:
         self.keys = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd), np.float32)  # [L, ctx, H, hd] as stored
         # each position's value, projected by its head's rows of c_proj: [L, ctx, H, d] as stored (zeros
         # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
-        self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hp.n_embd), np.float32)
+        self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, self.value_width()), np.float32)
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
         dim, payload = self.row_widths()
         opening = [later.create(self.name, dim, self.metric, ("layer", "head", "position"), payload=payload)]
@@ -151,6 +158,10 @@ class Session:
     def row_widths(self) -> tuple[int, int]:
         """A text row's vector and payload widths: a key (hd) and its projected value (d)."""
         return self.hp.n_embd // self.hp.n_head, self.hp.n_embd
+
+    def value_width(self) -> int:
+        """The width of a position's kept value, a head's row of `projected`: projected by c_proj, d."""
+        return self.hp.n_embd
 
     @property
     def position(self) -> int:
@@ -232,15 +243,18 @@ class Session:
         return self.linear(gelu(self.linear(x, f"h.{layer}.mlp.c_fc")), f"h.{layer}.mlp.c_proj")
 
     def attention(self, q, columns, layer, start):  # q [m, H, hd] -> [m, d]: sum_h softmax(q k^T / sqrt(hd)) pv_h
+        return self.weighted_values(q, columns, layer, start).sum(axis=0)
+
+    def weighted_values(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, value_width]
         m, n_head, hd = q.shape
-        state, tile = RunningSoftmax((n_head, m), self.hp.n_embd), self.engine.tile
+        state, tile = RunningSoftmax((n_head, m), self.value_width()), self.engine.tile
         query_pos = np.arange(start, start + m)[:, None]
         for pos, dots in columns:  # pos [m, n] key positions, dots q.k [H, m, n]; a tile of keys at a time
             for t in range(0, pos.shape[1], tile):
                 p = pos[:, t : t + tile]  # [m, tile]
                 values = self.projected[layer, p[0]].transpose(1, 0, 2)  # [H, tile, d]
                 state.update(dots[:, :, t : t + tile] / math.sqrt(hd), values, mask=p <= query_pos)
-        return state.finish().sum(axis=0)
+        return state.finish()
 
     def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store and in memory, projected values in memory
         hp, m = self.hp, len(x)

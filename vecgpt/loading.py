@@ -24,12 +24,14 @@ def matrices(hp: HParams, layout: str = "four") -> list[str]:
     """Every matrix a load writes. The attention output projection is split by head (h.<i>.attn.c_proj.<h>:
     the rows of c_proj that head h's value multiplies), so each position's value is projected when it is
     computed and attention needs no multiply after it (see engine.Session.mha). Layout "three" stores instead
-    per head W_v W_o (h.<i>.attn.vo.<h>) and W_q's rows with b_q (h.<i>.attn.qk.<h>): see vecgpt.three_rounds."""
+    per head W_v W_o (h.<i>.attn.vo.<h>) and W_q's rows with b_q (h.<i>.attn.qk.<h>): see vecgpt.three_rounds.
+    Layout "five" stores c_proj whole (h.<i>.attn.c_proj), applied after attention: see vecgpt.five_rounds."""
     names = []
     for i in range(hp.n_layer):
-        parts = ("vo", "qk") if layout == "three" else ("c_proj",)
+        parts = {"three": ("vo", "qk"), "five": ()}.get(layout, ("c_proj",))
         heads = [f"h.{i}.attn.{part}.{h}" for part in parts for h in range(hp.n_head)]
-        names += [f"h.{i}.attn.c_attn", *heads, f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
+        whole = [f"h.{i}.attn.c_proj"] if layout == "five" else []
+        names += [f"h.{i}.attn.c_attn", *heads, *whole, f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
     return names + ["wte"]
 
 

@@ -45,6 +45,7 @@ def causal_mask(m, n, dtype):  # query i of the last m sits at position n - m + 
 
 def mha(x, c_attn, c_proj, n_head, cache, perturb=None):  # [m, d] -> [m, d]; cache holds "k", "v" [n, d]
     q, k, v = np.split(linear(x, **c_attn, perturb=perturb), 3, axis=-1)  # [m, d] each
+    v = v if perturb is None else perturb.kept(v)  # values as a text keeps them (layout "five": float32)
     cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
     if getattr(perturb, "layout", "four") == "three":

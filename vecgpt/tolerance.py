@@ -13,6 +13,8 @@ order, while rounding errors of independent sign add up to about sqrt(n) u (n = 
 they sample. The tests report the tolerance beside the error actually seen. A model loaded in layout
 "three" (vecgpt.three_rounds) is perturbed in its own order (reference.three_round_heads): W_vo's search with
 the product's float32 rounding, each key's document as a search, the searched scores as (x, 1) . document.
+Layout "five" (vecgpt.five_rounds) runs the plain order (reference.mha without projected heads): the raw values
+rounded to float32 as kept, attention's c_proj one search over the heads' outputs.
 
 The rule (`disagreements`), teacher-forced and by token id: each store logit within tol of
 numpy's for the same id; two candidates in an order other than numpy's only if numpy's logits are
@@ -46,8 +48,8 @@ class Perturbation:
         self.metric, self.u, self.per_output, self.stored, self.layout = metric, u, per_output, stored, layout
         self.rng, self.m2, self._products = np.random.default_rng(seed), {}, {}
         # a store runs attention the engine's way: values projected per head, then weighed (reference.projected_heads;
-        # layout "three": reference.three_round_heads)
-        self.project_heads = stored > 0
+        # layout "three": reference.three_round_heads; layout "five": the plain order, heads then c_proj)
+        self.project_heads = stored > 0 and layout != "five"
 
     def signs(self, shape):
         return self.rng.choice([-1.0, 1.0], shape if self.per_output else (1,) * len(shape))
@@ -75,6 +77,11 @@ class Perturbation:
         stored: each document d_j moves by at most u32 |d_j| <= u32 M, its output by u32 M |(x, 1)|."""
         rounding = self.stored * np.sqrt(self.largest_norm2(weight, bias) * (np.einsum("ij,ij->i", x, x) + 1))
         return self.project(x, weight, bias, y) + rounding[:, None] * self.signs(y.shape)
+
+    def kept(self, v):
+        """c_attn's values as a text keeps them: layout "five" keeps them raw in float32, each element moved by
+        at most u32 |v| (the other layouts keep projected values instead: `project`)."""
+        return v + self.stored * np.abs(v) * self.signs(v.shape) if self.layout == "five" else v
 
     def project(self, v, weight, bias, y):
         """A value projected by its head's rows of c_proj: the search's bound, and float32 rounding as kept."""

@@ -239,7 +239,8 @@ def add_layout_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layout",
         choices=LAYOUTS,
-        help="four rounds a layer (default), or three with weight products made at load (docs/three-rounds.md)",
+        help="four rounds a layer (default); three, with weight products made at load (docs/three-rounds.md); "
+        "or five, the textbook order, fewer queries for embedded stores (docs/five-rounds.md)",
     )
 
 

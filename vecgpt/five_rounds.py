@@ -1,0 +1,43 @@
+"""Five rounds a layer (`vecgpt load --layout five`): the textbook order, reference.mha's plain path.
+
+The default layout (engine.Session) projects each position's value by its head's rows of c_proj when it is
+computed: a search per head and position (144 a token at GPT-2 small), in the key search's round, so a layer
+is four rounds. An embedded store pays nothing for a round but a fixed cost for each query, and the projected
+values take d floats per (layer, position, head). Here attention's output projection is one search of the
+whole c_proj (h.<i>.attn.c_proj) over the heads' outputs side by side, after attention; a text keeps the raw
+values (hd floats, float32). A layer is five dependent rounds: c_attn; key search; c_proj; c_fc; mlp.c_proj.
+
+A text row: the key (hd) as its vector, the raw value (hd) as its payload. The WINDOW, the writes, restore,
+adopt and branching are the plain layout's: only what a row's payload holds and how attention ends differ.
+"""
+
+from __future__ import annotations
+
+from vecgpt.engine import Session
+
+
+class FiveRounds(Session):
+    """A Session on a model loaded with layout "five"; `projected` holds each position's raw value [.., H, hd]."""
+
+    layout = "five"
+
+    def row_widths(self) -> tuple[int, int]:
+        """A text row: the key (hd; the store's vector) and its raw value (hd)."""
+        hd = self.hp.n_embd // self.hp.n_head
+        return hd, hd
+
+    def value_width(self) -> int:
+        """A position's kept value: the raw value of its head, hd."""
+        return self.hp.n_embd // self.hp.n_head
+
+    def scores_and_projections(self, q, v, layer, start, end) -> list:
+        """One round: the scores of the keys < end as attention's columns; the new values kept as they are."""
+        self.projected[layer, start : start + len(v)] = v  # float32, as the store holds them
+        if not end:
+            return []
+        sent, keys = self.key_searches(q, layer, end)
+        return [self.key_columns(sent, self.store.search_many(keys), layer, end)]
+
+    def attention(self, q, columns, layer, start):  # q [m, H, hd] -> [m, d]: concat_h softmax(q k^T / sqrt(hd)) v_h
+        heads = self.weighted_values(q, columns, layer, start)  # [H, m, hd]
+        return self.linear(heads.transpose(1, 0, 2).reshape(len(q), -1), f"h.{layer}.attn.c_proj")
