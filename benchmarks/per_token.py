@@ -1,6 +1,7 @@
 """Per-token time of the engine on each store against the numpy reference, at GPT-2 small shape.
 
     python benchmarks/per_token.py --configs configs/faiss.toml configs/memory.toml [-n 16] [--threads 2]
+        [--layout four|three|five]   (the model's layout on every store; default each config's)
 
 Random weights at the full GPT-2 small shape (12 layers, 12 heads, 768 wide, 1,024 positions,
 50,257 tokens), written once under ~/.cache/vecgpt/models. Threads are pinned before numpy loads.
@@ -25,7 +26,7 @@ pin_threads(sys.argv)
 import numpy as np  # noqa: E402
 
 from vecgpt import tokenizer, weights  # noqa: E402
-from vecgpt.config import load_config, open_store  # noqa: E402
+from vecgpt.config import LAYOUTS, load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import drop, push, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
@@ -42,6 +43,7 @@ def parse_args(argv=None):
     parser.add_argument("--prompt", default="The history of the vector database begins")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--fresh", action="store_true", help="empty each store first, so the load time is a real load")
+    parser.add_argument("--layout", choices=LAYOUTS, default=None, help="the model's layout (default: each config's)")
     parser.add_argument("--out", default="benchmarks/results/per_token.json")
     return parser.parse_args(argv)
 
@@ -68,18 +70,20 @@ def reference_row(model, ids, n) -> dict:
     return {"store": "numpy reference (float32)", "prompt_s": first, "per_token_s": tok, "ratio": 1.0}
 
 
-def store_row(model, ids, config, n, fresh: bool, keep: bool = True) -> dict:
-    """Load the model into the config's store (emptied first if fresh), then time n decode tokens there."""
-    store = open_store(config)
-    key = store_fingerprint(model, config.metric)
+def store_row(model, ids, config, n, fresh: bool, keep: bool = True, layout: str | None = None) -> dict:
+    """Load the model into the config's store in `layout` (None: the config's; emptied first if fresh), then time
+    n decode tokens there."""
+    store, layout = open_store(config), layout or config.layout
+    key = store_fingerprint(model, config.metric, layout)
     if fresh:
         drop(store, key)
     t = time.perf_counter()
-    push(store, model, config.metric, progress=True)
+    push(store, model, config.metric, progress=True, layout=layout)
     load_s = time.perf_counter() - t
     text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key).open()
     first, tok, _ = per_token_seconds(text, ids, n)
-    row = {"store": f"{config.backend} ({config.metric})", "prompt_s": first, "per_token_s": tok, "load_s": load_s}
+    row = {"store": f"{config.backend} ({config.metric})", "layout": layout, "prompt_s": first, "per_token_s": tok}
+    row["load_s"] = load_s
     row.update(meter_figures(text.meter.summary()), **stored(store.stats()))
     text.close()
     if not keep:
@@ -114,7 +118,7 @@ def main():
     for path in args.configs:
         config = load_config(path)
         place(config, "bench")  # a store of its own beside the config's, so the default stores keep their model
-        rows.append({**store_row(model, ids, config, args.n, args.fresh), "config": path})
+        rows.append({**store_row(model, ids, config, args.n, args.fresh, layout=args.layout), "config": path})
         rows[-1]["ratio"] = rows[-1]["per_token_s"] / rows[0]["per_token_s"]
     print_table(rows, args, len(ids))
     write_json(args.out, {"model": model.source, "hparams": model.hparams.__dict__, "threads": args.threads}, rows)
@@ -127,11 +131,11 @@ def print_table(rows, args, prompt_tokens):
         f"{args.threads} threads; {m['cpu']}, {m['cores']} cores"
     )
     print(
-        f"{'store':28} {'ms/token':>9} {'x numpy':>8} {'prompt ms':>10} {'req/tok':>8} {'rt/tok':>7} {'load s':>7} {'docs':>9} {'MB':>7}"
+        f"{'store':28} {'layout':6} {'ms/token':>9} {'x numpy':>8} {'prompt ms':>10} {'req/tok':>8} {'rt/tok':>7} {'load s':>7} {'docs':>9} {'MB':>7}"
     )
     for r in rows:
         print(
-            f"{r['store']:28} {r['per_token_s'] * 1e3:9.1f} {r['ratio']:8.2f} {r['prompt_s'] * 1e3:10.1f} "
+            f"{r['store']:28} {r.get('layout', ''):6} {r['per_token_s'] * 1e3:9.1f} {r['ratio']:8.2f} {r['prompt_s'] * 1e3:10.1f} "
             f"{r.get('requests_per_token', 0):8.0f} {r.get('round_trips_per_token', 0):7.0f} {r.get('load_s', 0):7.1f} "
             f"{r.get('stored_documents', 0):9,} {r.get('stored_bytes', 0) / 1e6:7.0f}"
         )

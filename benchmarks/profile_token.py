@@ -3,6 +3,7 @@ the rest (engine numpy and Python), and cProfile's top functions.
 
     python benchmarks/profile_token.py --config configs/faiss.toml [-n 8] [--threads 2] [--top 25]
         [--store connections=1]   (a [store] setting of the config overridden; a TOML value)
+        [--layout four|three|five]   (the model's layout; default the config's)
 
 Same model and prompt as benchmarks/per_token.py (random weights at GPT-2 small shape); the store is
 placed beside the config's (suffix `bench`, as per_token.py does), loaded if it lacks the model.
@@ -29,7 +30,7 @@ import numpy as np  # noqa: E402
 from per_token import load_model  # noqa: E402
 
 from vecgpt import tokenizer  # noqa: E402
-from vecgpt.config import load_config, open_store, tomllib  # noqa: E402
+from vecgpt.config import LAYOUTS, load_config, open_store, tomllib  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import push, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
@@ -47,6 +48,7 @@ def parse_args(argv=None):
     parser.add_argument("--top", type=int, default=25, help="functions listed, by own time")
     parser.add_argument("--place", default="bench", help="suffix of the store's place beside the config's")
     parser.add_argument("--store", action="append", default=[], metavar="KEY=VALUE", help="a [store] setting")
+    parser.add_argument("--layout", choices=LAYOUTS, default=None, help="the model's layout (default: the config's)")
     return parser.parse_args(argv)
 
 
@@ -69,27 +71,28 @@ def timed_tokens(reader, ids, n, profiler=None, started=lambda: None):
 def main():
     args = parse_args()
     model, ids = load_model(None), tokenizer.encode(args.prompt)
-    config = load_config(args.config)
+    config = load_config(args.config, layout=args.layout)
     place(config, args.place)
     config.store.update(tomllib.loads("\n".join(args.store)))
     store = timed(open_store(config))
-    push(store, model, config.metric, progress=False)
+    push(store, model, config.metric, progress=False, layout=config.layout)
     engine = Engine(
         store,
         top_k=config.top_k,
         prompt_block=config.prompt_block,
         tile=config.tile,
-        model=store_fingerprint(model, config.metric),
+        model=store_fingerprint(model, config.metric, config.layout),
     )
     text = engine.open()
     numpy_s, plain_s = interleaved([Reference(model, np.float32), text], ids, args.n, store.seconds.clear)
     by_matrix = {k: v / args.n for k, v in sorted(store.seconds.items())}
-    store_s = mean_seconds(text.meter.summary()["per_token"][1:])
+    decode = text.meter.summary()["per_token"][1:]
+    store_s, requests = mean_seconds(decode), {k: np.mean([t[k] for t in decode]) for k in ("total", "round_trips")}
     text.close()
     text, profiler = engine.open(), cProfile.Profile()
     profiled_s = timed_tokens(text, ids, args.n, profiler)
     text.close()
-    report(args, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler)
+    report(args, config.layout, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler, requests)
     store.close()
 
 
@@ -144,10 +147,11 @@ def mean_seconds(tokens) -> dict:
     return {k: float(np.mean([t["seconds_by_kind"].get(k, 0.0) for t in tokens])) for k in kinds}
 
 
-def report(args, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler):
+def report(args, layout, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler, requests):
     print(
-        f"{args.config}: {plain_s * 1e3:.1f} ms/token (numpy float32 {numpy_s * 1e3:.1f}, "
-        f"x{plain_s / numpy_s:.2f}); under cProfile {profiled_s * 1e3:.1f}"
+        f"{args.config}, layout {layout}: {plain_s * 1e3:.1f} ms/token (numpy float32 {numpy_s * 1e3:.1f}, "
+        f"x{plain_s / numpy_s:.2f}); under cProfile {profiled_s * 1e3:.1f}; "
+        f"{requests['total']:.0f} requests, {requests['round_trips']:.0f} round trips a token"
     )
     in_store = sum(store_s.values())
     print(

@@ -2,6 +2,7 @@
 
     python benchmarks/speed_table.py [--stores faiss faiss-ip memory pgvector lancedb turbopuffer] [-n 16] [--repeat 1]
                                      [--threads 2] [--latency-ms 25] [--model DIR] [--out benchmarks/results/speed]
+                                     [--layout four|three|five]
 
 Random weights at GPT-2 small shape unless --model. Each store is emptied first in a place of its own
 (a temporary folder, schema vecgpt_speed_<store>, or a private local turbopuffer server), so the load
@@ -9,7 +10,8 @@ time is a real load and a user's default stores are not touched. After a ten-tok
 tokens are timed per store (median); --repeat k runs the whole set k times and gives each figure as the
 median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
 turbopuffer runs through the official client against the local server with a fixed simulated latency
-per request. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
+per request. --layout loads the model in that layout into the embedded stores (default: each config's layout;
+turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
 speed.md (the table as README shows it) and speed.png; progress goes to stderr.
 """
 
@@ -32,7 +34,7 @@ import per_token  # noqa: E402
 import round_trips  # noqa: E402
 
 from vecgpt import tokenizer  # noqa: E402
-from vecgpt.config import load_config  # noqa: E402
+from vecgpt.config import LAYOUTS, load_config  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 STORES = ["faiss", "faiss-ip", "memory", "pgvector", "lancedb", "turbopuffer"]
@@ -48,6 +50,12 @@ def parse_args(argv=None):
     parser.add_argument(
         "--latency-ms", type=float, default=25.0, help="turbopuffer: the local server's delay a request"
     )
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=None,
+        help="the model's layout in the embedded stores (default: each config's)",
+    )
     parser.add_argument("--out", default="benchmarks/results/speed", help="folder for speed.json, .md and .png")
     return parser.parse_args(argv)
 
@@ -59,14 +67,22 @@ def progress(msg: str) -> None:
 def embedded_row(name: str, model, ids, args, root: str) -> dict:
     config = load_config(CONFIGS / f"{name}.toml")
     per_token.place(config, f"speed_{name.replace('-', '_')}", root)
-    progress(f"{name}: loading into {config.store} and timing {args.n} tokens")
-    return {**per_token.store_row(model, ids, config, args.n, fresh=True, keep=False), "config": f"configs/{name}.toml"}
+    progress(f"{name}: loading into {config.store} in layout {args.layout or config.layout}, timing {args.n} tokens")
+    row = per_token.store_row(model, ids, config, args.n, fresh=True, keep=False, layout=args.layout)
+    return {**row, "config": f"configs/{name}.toml"}
 
 
 def turbopuffer_row(model, args) -> dict:
     progress(f"turbopuffer: local server at {args.latency_ms:g} ms a request, loading and timing {args.n} tokens")
+    layout = load_config(CONFIGS / "turbopuffer.toml").layout
     tp_args = argparse.Namespace(
-        n=args.n, latency_ms=args.latency_ms, replicas=2, key_replicas=2, key_partition="head", layouts=False
+        n=args.n,
+        latency_ms=args.latency_ms,
+        replicas=2,
+        key_replicas=2,
+        key_partition="head",
+        layouts=False,
+        layout=layout,
     )
     r = round_trips.measure(
         model, tp_args, prefix="speed-", max_retries=3
@@ -74,6 +90,7 @@ def turbopuffer_row(model, args) -> dict:
     t = r["per_token"]
     return {
         "store": f"turbopuffer (l2, local server, {args.latency_ms:g} ms a request)",
+        "layout": layout,
         "config": "configs/turbopuffer.toml",
         "prompt_s": r["prompt"]["seconds"],
         "per_token_s": t["seconds"],
@@ -159,11 +176,11 @@ def markdown(result) -> str:
         f"{result['shape']}; {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['blas']}; "
         f"commit {m['commit'][:12]}, {m['date']}.",
         "",
-        "| store | ms/token | × numpy | requests/token | round trips/token | load | documents | stored | $/token |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| store | layout | ms/token | × numpy | requests/token | round trips/token | load | documents | stored | $/token |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        cells = [r["store"], f"{r['per_token_s'] * 1e3:,.1f}", cell_ratio(r["ratio"])]
+        cells = [r["store"], r.get("layout", ""), f"{r['per_token_s'] * 1e3:,.1f}", cell_ratio(r["ratio"])]
         if "load_s" in r:
             cells += [f"{r['requests_per_token']:.0f}", f"{r['round_trips_per_token']:.0f}", f"{r['load_s']:.1f} s"]
             cells += [f"{r['stored_documents']:,}", f"{r['stored_bytes'] / 1e6:,.0f} MB"]
@@ -183,7 +200,8 @@ def plot(result, path: Path) -> None:
     rows, m = result["rows"], result["machine"]
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.6))
     ms = [r["per_token_s"] * 1e3 for r in rows]
-    ax.barh([r["store"] for r in rows], ms, color=["grey"] + ["tab:blue"] * (len(rows) - 1))
+    labels = [f"{r['store']}, layout {r['layout']}" if "layout" in r else r["store"] for r in rows]
+    ax.barh(labels, ms, color=["grey"] + ["tab:blue"] * (len(rows) - 1))
     for y, (v, r) in enumerate(zip(ms, rows)):
         ax.text(v, y, f" {v:,.1f} ms ({cell_ratio(r['ratio'])}× numpy)", va="center", fontsize=8)
     ax.set_xscale("log")
