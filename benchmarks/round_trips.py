@@ -213,7 +213,10 @@ def measure_text(store, model, args, layout: str = "four") -> dict:
         text.meter.start_token()
         cands, s, used = token_usage(store, lambda c=cands: text.read([int(c.ids[0])]))
         decode.append((s, used))
-    text.drain()  # the last step's writes, counted in its tally (they run beside the critical path)
+    # A step's writes land beside the next step's searches and are billed in its window; the last step's land
+    # here, after its read: counted in its tally, so the mean bills every step's writes once.
+    _, _, landed = token_usage(store, text.drain)
+    decode[-1] = (decode[-1][0], {k: decode[-1][1].get(k, 0) + landed.get(k, 0) for k in {*decode[-1][1], *landed}})
     summary = text.meter.summary()
     held = store.stats()
     text.close()

@@ -18,7 +18,8 @@ from vecgpt.backends.base import Search, Where, tally  # noqa: E402
 from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.errors import TextConflict, VecgptError  # noqa: E402
-from vecgpt.loading import plan, push  # noqa: E402
+from vecgpt.loading import plan, push, text_row  # noqa: E402
+from vecgpt.weights import HParams  # noqa: E402
 
 LIVE_KEY = os.environ.get("TURBOPUFFER_API_KEY")  # read at import, before the local setup sets a dummy one
 rng = np.random.default_rng(3)
@@ -127,6 +128,25 @@ def test_multi_layer_key_upsert_is_one_write_per_head_namespace(local, small_ser
         "text-0badcafe", x[[2 * H + 1]], k=1, where=Where(eq={"layer": 2, "head": 1}, lt={"position": 8})
     )
     assert hits.ids[0].tolist() == [(2 * H + 1) * 100 + 7]
+    store.drop("text-0badcafe")
+
+
+@pytest.mark.parametrize("layout", ["four", "three"])
+def test_a_tokens_key_write_is_billed_as_the_estimate_counts(local, small_server, layout):
+    hp = HParams(n_layer=3, n_head=4, n_embd=768, n_ctx=8, n_vocab=10)  # a head's rows over the 10 KB minimum
+    dim, width = text_row(hp, layout)
+    store = local(small_server.url)
+    store.create("text-0badcafe", dim, "l2", ("layer", "head", "position"), payload=width)
+    L, H = hp.n_layer, hp.n_head
+    layer, head = np.repeat(np.arange(L), H), np.tile(np.arange(H), L)
+    rows = {"layer": layer, "head": head, "position": np.full(L * H, 7)}
+    vectors, payload = (rng.standard_normal((L * H, w)).astype(np.float32) for w in (dim, width))
+    store.upsert("text-0badcafe", (layer * H + head) * 8 + 7, vectors, rows, payload)  # names the heads first
+    before = store.usage["billed_written"]
+    store.upsert("text-0badcafe", (layer * H + head) * 8 + 6, vectors, {**rows, "position": np.full(L * H, 6)}, payload)
+    billed = store.usage["billed_written"] - before
+    assert billed == H * tpb.cost.key_write_bytes(L, (dim, width), copies=2)
+    assert billed > H * 2 * tpb.PRICES["min_write_bytes"]  # more than the minimum the estimate used to count
     store.drop("text-0badcafe")
 
 

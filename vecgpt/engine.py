@@ -27,7 +27,7 @@ from vecgpt import encoding
 from vecgpt.attention import RunningSoftmax
 from vecgpt.backends.base import Search, Store, Where
 from vecgpt.errors import VecgptError
-from vecgpt.loading import check_layout, collection
+from vecgpt.loading import check_layout, collection, text_row
 from vecgpt.meter import SESSION_PREFIX, Metered, later
 from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import Candidates, ordered
@@ -156,8 +156,8 @@ class Session:
         self.ln_f = {"weight": table[-2], "bias": table[-1]}
 
     def row_widths(self) -> tuple[int, int]:
-        """A text row's vector and payload widths: a key (hd) and its projected value (d)."""
-        return self.hp.n_embd // self.hp.n_head, self.hp.n_embd
+        """A text row's vector and payload widths (vecgpt.loading.text_row)."""
+        return text_row(self.hp, self.layout)
 
     def value_width(self) -> int:
         """The width of a position's kept value, a head's row of `projected`: projected by c_proj, d."""

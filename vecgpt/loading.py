@@ -35,6 +35,13 @@ def matrices(hp: HParams, layout: str = "four") -> list[str]:
     return names + ["wte"]
 
 
+def text_row(hp: HParams, layout: str = "four") -> tuple[int, int]:
+    """A text row's vector and payload widths in a layout: four, a key (hd) and its projected value (d);
+    three, the document (W_q k, b_q . k) (d + 1) and the key with its projected value (hd + d)."""
+    hd = hp.n_embd // hp.n_head
+    return (hp.n_embd + 1, hd + hp.n_embd) if layout == "three" else (hd, hp.n_embd)
+
+
 def store_fingerprint(model: Model, metric: str, layout: str = "four") -> str:
     """A loaded model's key in a store: its collections are named from it, its manifest is filed under it."""
     return f"{model.fingerprint}-e{encoding.ENCODING_VERSION}-{metric}" + ("" if layout == "four" else f"-{layout}")

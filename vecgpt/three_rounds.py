@@ -29,11 +29,6 @@ class ThreeRounds(Session):
 
     layout = "three"
 
-    def row_widths(self) -> tuple[int, int]:
-        """A text row: the document (d + 1; the store's vector), then key and projected value (hd + d)."""
-        hd = self.hp.n_embd // self.hp.n_head
-        return self.hp.n_embd + 1, hd + self.hp.n_embd
-
     def transformer_block(self, x, layer, start):  # [m, d] -> [m, d]
         ln, eps = self.ln[layer], self.hp.eps
         x = x + self.mha(layer_norm(x, **ln["ln_1"], eps=eps), layer, start)

@@ -39,7 +39,6 @@ def config_of(args):
 
 def cmd_load(args) -> int:
     from vecgpt import weights
-    from vecgpt.backends.base import extra
     from vecgpt.config import open_store
     from vecgpt.loading import plan, push
 
@@ -49,10 +48,9 @@ def cmd_load(args) -> int:
         rows = plan(model, config.metric, config.layout)
         docs, size = sum(n for _, n, _ in rows), sum(n * d * 4 for _, n, d in rows)
         print(f"{len(rows)} collections, {docs:,} documents, {size / 1e6:,.1f} MB of float32 vectors")
-        estimate = extra(config.backend, "estimate_cost")
+        estimate = cost_estimate(config, model)
         if estimate:
-            accepted = inspect.signature(estimate).parameters
-            print(estimate(rows, **{k: v for k, v in config.store.items() if k in accepted}))
+            print(estimate)
         return 0
     store = open_store(config)
     try:
@@ -61,6 +59,21 @@ def cmd_load(args) -> int:
         store.close()
     print(f"{config.backend}: holds {manifest['source']} ({manifest['fingerprint']})")
     return 0
+
+
+def cost_estimate(config, model) -> str | None:
+    """What loading the model into the config's store costs and what a token costs there (the backend's
+    estimate_cost), or None for a store that bills nothing."""
+    from vecgpt.backends.base import extra
+    from vecgpt.loading import plan, text_row
+
+    estimate = extra(config.backend, "estimate_cost")
+    if estimate is None:
+        return None
+    shape = {"n_head": model.hparams.n_head, "key_row": text_row(model.hparams, config.layout)}
+    options = {**config.store, **shape}
+    accepted = inspect.signature(estimate).parameters
+    return estimate(plan(model, config.metric, config.layout), **{k: v for k, v in options.items() if k in accepted})
 
 
 def cmd_ls(args) -> int:
@@ -126,17 +139,10 @@ def implicit_load(args, config):
 
     def confirm(store) -> None:
         from vecgpt import weights
-        from vecgpt.backends.base import extra
-        from vecgpt.loading import plan
 
-        estimate = extra(config.backend, "estimate_cost")
-        if estimate is None:  # not billed: load without asking
+        cost = cost_estimate(config, weights.load(args.model or config.model))
+        if cost is None:  # not billed: load without asking
             return
-        accepted = inspect.signature(estimate).parameters
-        cost = estimate(
-            plan(weights.load(args.model or config.model), config.metric, config.layout),
-            **{k: v for k, v in config.store.items() if k in accepted},
-        )
         print(f"the store lacks this model; loading it first:\n{cost}", file=sys.stderr)
         if args.yes:
             return

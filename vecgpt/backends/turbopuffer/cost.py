@@ -41,13 +41,20 @@ def clone_cost(method: str, written: Sequence[int]) -> dict:
     return {"method": method, "namespaces": len(written), "bytes": sum(written), "dollars": dollars_}
 
 
-def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_replicas: int = 2) -> str:
+def estimate_cost(
+    rows: Sequence[tuple[str, int, int]],
+    replicas: int = 1,
+    key_replicas: int = 2,
+    n_head: int | None = None,
+    key_row: tuple[int, int] | None = None,
+) -> str:
     """What a load writes and costs, and what a generated token costs, at the published prices.
 
-    rows: (collection, documents, dimension) as `vecgpt.loading.plan` gives them. Per-token figures assume
-    GPT-2's shape (64-wide heads) and a namespace per matrix: one kNN subquery per matrix, one per head
-    for the keys, the token search; every query is billed at least 1.28 GB queried; the token's keys (all
-    layers) go out as one upsert, a write per head namespace and copy, each billed at least 10 KB.
+    rows: (collection, documents, dimension) as `vecgpt.loading.plan` gives them; n_head and key_row (a text
+    row's vector and payload widths, `vecgpt.loading.text_row`) default to GPT-2's 64-wide heads in layout
+    four. Per token: one kNN subquery per matrix, one per head for the keys, the token search, each billed at
+    least 1.28 GB queried; the token's keys (all layers) go out as one upsert, a write per head namespace and
+    copy (the first copy carries the payload), each billed at least 10 KB.
     """
     doc_bytes = [(name, n, d, n * (8 + 4 * d + 8)) for name, n, d in rows]  # id + f32 vector + row attribute
     docs = sum(n for _, n, _, _ in doc_bytes) * replicas
@@ -57,7 +64,7 @@ def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_r
     matrices = [r for r in doc_bytes if r[0].startswith("h.")]
     layers = sum(1 for r in matrices if r[0].endswith("attn.c_attn"))
     width = next((d for name, _, d in rows if name == "wpe"), 768)
-    heads = max(1, width // 64)
+    heads = n_head or max(1, width // 64)
     per_ns_bytes = {name: b for name, _, _, b in doc_bytes}
     subqueries = len(matrices) + layers * heads + 1
     queried = (
@@ -67,7 +74,7 @@ def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_r
     )
     returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
     writes = heads * key_replicas  # a token's keys, every layer, in one upsert: a request per head namespace copy
-    key_writes = writes * PRICES["min_write_bytes"]
+    key_writes = heads * key_write_bytes(layers, key_row or (width // heads, width), key_replicas)
     token = (
         queried / 1e15 * PRICES["queried_pb"]
         + returned / 1e9 * PRICES["returned_gb"]
@@ -79,7 +86,17 @@ def estimate_cost(rows: Sequence[tuple[str, int, int]], replicas: int = 1, key_r
             f"  load (writes at $2/GB, before batch discounts): ${write:,.2f}",
             f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
             f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
-            f"{returned / 1e6:.2f} MB returned, {writes} key writes: ${token:.6f}",
+            f"{returned / 1e6:.2f} MB returned, {writes} key writes ({key_writes / 1e3:,.0f} KB): ${token:.6f}",
             "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
         ]
     )
+
+
+def key_write_bytes(layers: int, key_row: tuple[int, int], copies: int) -> float:
+    """Billed bytes of one head's key rows of a token (one per layer) over its namespace copies: a row is its
+    id, vector and three integer attributes (layer, head, position), the first copy's also its payload as
+    base64 text; each request at least the 10 KB write minimum."""
+    dim, payload = key_row
+    row = 8 + 4 * dim + 3 * 8
+    first = layers * (row + 4 * -(-4 * payload // 3))  # base64: 4 characters per 3 bytes, padded
+    return max(first, PRICES["min_write_bytes"]) + (copies - 1) * max(layers * row, PRICES["min_write_bytes"])
