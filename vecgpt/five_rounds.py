@@ -21,11 +21,6 @@ class FiveRounds(Session):
 
     layout = "five"
 
-    def row_widths(self) -> tuple[int, int]:
-        """A text row: the key (hd; the store's vector) and its raw value (hd)."""
-        hd = self.hp.n_embd // self.hp.n_head
-        return hd, hd
-
     def value_width(self) -> int:
         """A position's kept value: the raw value of its head, hd."""
         return self.hp.n_embd // self.hp.n_head

@@ -37,9 +37,10 @@ def matrices(hp: HParams, layout: str = "four") -> list[str]:
 
 def text_row(hp: HParams, layout: str = "four") -> tuple[int, int]:
     """A text row's vector and payload widths in a layout: four, a key (hd) and its projected value (d);
-    three, the document (W_q k, b_q . k) (d + 1) and the key with its projected value (hd + d)."""
+    three, the document (W_q k, b_q . k) (d + 1) and the key with its projected value (hd + d); five, a key
+    and its raw value (hd, hd)."""
     hd = hp.n_embd // hp.n_head
-    return (hp.n_embd + 1, hd + hp.n_embd) if layout == "three" else (hd, hp.n_embd)
+    return {"three": (hp.n_embd + 1, hd + hp.n_embd), "five": (hd, hd)}.get(layout, (hd, hp.n_embd))
 
 
 def store_fingerprint(model: Model, metric: str, layout: str = "four") -> str:
