@@ -21,6 +21,7 @@ import json
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,15 +53,22 @@ def scans(model) -> tuple[list, np.ndarray]:
     return out + [(wte, TOP_K)], documents(model, "h.0.attn.c_proj.1")
 
 
-def timed(search, calls: list, n: int) -> float:
-    """Median ms of n tokens (after one warm-up), a token being search(i, q) for every (i, q) in order."""
-    times = []
-    for _ in range(n + 1):
-        start = time.perf_counter()
-        for i, q in calls:
+def timed(search, calls: list, n: int) -> tuple[float, np.ndarray]:
+    """n tokens after one warm-up, a token being search(i, q) for every (i, q) in order: the median ms of a
+    token, and of each call."""
+    ms = np.zeros((n + 1, len(calls)))
+    for t in range(n + 1):
+        for j, (i, q) in enumerate(calls):
+            start = time.perf_counter()
             search(i, q)
-        times.append(time.perf_counter() - start)
-    return 1e3 * float(np.median(times[1:]))
+            ms[t, j] = 1e3 * (time.perf_counter() - start)
+    return float(np.median(ms[1:].sum(axis=1))), np.median(ms[1:], axis=0)
+
+
+def by_matrix(ms: np.ndarray) -> dict:
+    """A token's per-call medians summed by matrix over the layers (the wte search last)."""
+    layers = ms[:-1].reshape(-1, len(PARTS)).sum(axis=0)
+    return {**dict(zip(PARTS, layers.tolist())), "wte": float(ms[-1])}
 
 
 def numpy_forms(tables, threads):
@@ -120,40 +128,75 @@ def pg_table(conn, name: str, rows: np.ndarray) -> int:
     return parts
 
 
-def pg_statement(name: str, parts: int, k: int | None, aggregated: bool) -> str:
+def pg_statement(name: str, parts: int, k: int | None, aggregated: bool, pages=(0, None)) -> str:
+    """A scan's SQL, over the rows in pages [lo, hi) (a ctid range; hi None: to the end)."""
     cases = " ".join(f"WHEN {p} THEN %s" for p in range(parts))
     q = "%s" if parts == 1 else f"CASE id %% {parts} {cases} END"  # a wide document's part p: the query's part p
-    dist = f"embedding <-> {q}"
+    dist, (lo, hi) = f"embedding <-> {q}", pages
+    bounds = ([f"ctid >= '({lo},0)'::tid"] if lo else []) + ([f"ctid < '({hi},0)'::tid"] if hi else [])
+    rows = f"{name} WHERE {' AND '.join(bounds)}" if bounds else name
     if k is not None:
-        top = f"SELECT id FROM {name} ORDER BY {dist} LIMIT {k}"
-        return f"SELECT array_agg(id) FROM ({top}) s" if aggregated else top
-    return f"SELECT array_agg(id), array_agg({dist}) FROM {name}" if aggregated else f"SELECT id, {dist} FROM {name}"
+        top = f"SELECT id, {dist} AS d FROM {rows} ORDER BY d LIMIT {k}"
+        return f"SELECT array_agg(id), array_agg(d) FROM ({top}) s" if aggregated else top
+    return f"SELECT array_agg(id), array_agg({dist}) FROM {rows}" if aggregated else f"SELECT id, {dist} FROM {rows}"
 
 
-def pgvector_forms(tables, threads):
+def pg_connect(dsn: str):
     import psycopg
     from pgvector.psycopg import register_vector
 
-    from vecgpt.backends.pgvector.server import local_server
-
-    folder = tempfile.mkdtemp(prefix="vecgpt-floors-pg-")
-    conn = psycopg.connect(local_server(folder, cleanup="delete"), autocommit=True)
+    conn = psycopg.connect(dsn, autocommit=True)
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
     register_vector(conn)
-    parts = [pg_table(conn, f"t{i}", rows) for i, (rows, _) in enumerate(tables)]
-    cur = conn.cursor()
+    return conn
 
-    def form(aggregated: bool):
-        sqls = [pg_statement(f"t{i}", p, k, aggregated) for i, (p, (_, k)) in enumerate(zip(parts, tables))]
+
+def page_ranges(pages: int, split: int) -> list[tuple[int, int | None]]:
+    return [(pages * s // split, pages * (s + 1) // split if s < split - 1 else None) for s in range(split)]
+
+
+def pgvector_forms(tables, threads):
+    from vecgpt.backends.pgvector.server import local_server
+
+    dsn = local_server(tempfile.mkdtemp(prefix="vecgpt-floors-pg-"), cleanup="delete")
+    conns = [pg_connect(dsn) for _ in range(threads)]
+    parts = [pg_table(conns[0], f"t{i}", rows) for i, (rows, _) in enumerate(tables)]
+    pages = [
+        conns[0].execute(f"SELECT relpages FROM pg_class WHERE relname = 't{i}'").fetchone()[0]
+        for i in range(len(tables))
+    ]
+    helpers = ThreadPoolExecutor(max(1, threads - 1))
+
+    def one(conn, statement, params):
+        return conn.execute(statement, params, binary=True, prepare=True).fetchall()
+
+    def form(aggregated: bool, split: int = 1):
+        sqls = [
+            [pg_statement(f"t{i}", p, k, aggregated, r) for r in page_ranges(pages[i], split)]
+            for i, (p, (_, k)) in enumerate(zip(parts, tables))
+        ]
 
         def run(i, q):
             halves = np.array_split(np.pad(q, (0, -len(q) % parts[i])), parts[i])
-            cur.execute(sqls[i], halves, binary=True, prepare=True)
-            return cur.fetchall()
+            others = [helpers.submit(one, c, statement, halves) for c, statement in zip(conns[1:], sqls[i][1:])]
+            found = [one(conns[0], sqls[i][0], halves)] + [f.result() for f in others]
+            return found[0] if split == 1 else merged(found, tables[i][1])
 
         return run
 
-    return {"SELECT id, embedding <-> q (binary)": form(False), "SELECT array_agg(id), array_agg(distance)": form(True)}
+    forms = {
+        "SELECT id, embedding <-> q (binary)": form(False),
+        "SELECT array_agg(id), array_agg(distance)": form(True),
+    }
+    if threads > 1:  # a helper connection on a thread of its own scans the other pages, as vecgpt's store does
+        forms[f"array_agg, pages split over {threads} connections"] = form(True, threads)
+    return forms
+
+
+def merged(found: list, k: int | None):
+    """The split scans' (ids, distances) arrays as one; a top-k search's k nearest of them."""
+    ids, dists = (np.concatenate([np.asarray(f[0][c]) for f in found]) for c in (0, 1))
+    return (ids, dists) if k is None else ids[np.argsort(dists, kind="stable")[:k]]
 
 
 def lancedb_forms(tables, threads):
@@ -184,9 +227,10 @@ def library_rows(store: str, tables, tiny, args) -> list[dict]:
     queries = [rng.standard_normal(rows.shape[1], np.float32) for rows, _ in tables + [(tiny, None)]]
     found = []
     for form, search in FORMS[store](tables + [(tiny, None)], args.threads).items():
-        token = timed(search, list(enumerate(queries[:-1])), args.n)
-        tiny_ms = timed(search, [(len(tables), queries[-1])] * 20, args.n) / 20
+        token, calls = timed(search, list(enumerate(queries[:-1])), args.n)
+        tiny_ms = timed(search, [(len(tables), queries[-1])] * 20, args.n)[0] / 20
         found.append({"library": store, "form": form, "ms_token_scans": token, "ms_tiny_query": tiny_ms})
+        found[-1]["ms_by_matrix"] = by_matrix(calls)
         print(f"store_floors: {store}, {form}: {token:.1f} ms, tiny {tiny_ms:.3f} ms", file=sys.stderr, flush=True)
     return found
 
@@ -230,6 +274,9 @@ def table(result) -> str:
             f"{r['library']:9s} {r['form'][:48]:48s} {r['ms_token_scans']:9.1f} {r['x_numpy_token']:8.2f} "
             f"{r['x_numpy_sgemv']:8.2f} {r['ms_tiny_query']:8.3f}" + (" *" if r["best"] else "")
         )
+    lines.append("* the library's best form; its token by matrix (ms, all layers):")
+    for r in (r for r in result["rows"] if r["best"]):
+        lines.append(f"  {r['library']:9s} " + ", ".join(f"{k} {v:.1f}" for k, v in r["ms_by_matrix"].items()))
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ def test_store_floors_times_every_form(store_floors, tiny_model, tmp_path):
     assert [r["library"] for r in rows] == ["numpy"] + ["faiss"] * 4 + ["lancedb"] * 2
     for r in rows:
         assert min(r["ms_token_scans"], r["ms_tiny_query"], r["x_numpy_token"], r["x_numpy_sgemv"]) > 0
+        assert list(r["ms_by_matrix"]) == [*store_floors.PARTS, "wte"] and min(r["ms_by_matrix"].values()) > 0
     assert sum(r["best"] for r in rows) == 3  # one best form a library
     assert rows[0]["x_numpy_sgemv"] == 1.0
     printed = store_floors.table(result)
