@@ -11,6 +11,8 @@ LanceDB: a table per matrix in a temporary folder, written in batches of loading
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -64,9 +66,9 @@ def faiss_forms(tables, threads):
 def pg_table(conn, name: str, rows: np.ndarray) -> int:
     """A PLAIN table of the rows; one wider than a page holds as two rows a document (id 2j + p, half each)."""
     from vecgpt.backends.pgvector.statements import copy_stream
-    from vecgpt.backends.pgvector.wide import PLAIN_MAX_DIM, parts_for, split
+    from vecgpt.backends.pgvector.wide import parts_for, split
 
-    parts = parts_for(rows.shape[1]) if rows.shape[1] > PLAIN_MAX_DIM else 1
+    parts = parts_for(rows.shape[1])
     rows = split(rows, parts)
     conn.execute(f"CREATE TABLE {name} (id bigint, embedding vector({rows.shape[1]}))")
     conn.execute(f"ALTER TABLE {name} ALTER COLUMN embedding SET STORAGE PLAIN")
@@ -151,7 +153,9 @@ def lancedb_forms(tables, threads):
     import lancedb
     import pyarrow as pa
 
-    db = lancedb.connect(tempfile.mkdtemp(prefix="vecgpt-floors-lance-"))
+    folder = tempfile.mkdtemp(prefix="vecgpt-floors-lance-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # 500 MB at GPT-2 small
+    db = lancedb.connect(folder)
     handles = []
     for i, (rows, _) in enumerate(tables):
         vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.ravel()), rows.shape[1])
