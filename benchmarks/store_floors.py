@@ -137,18 +137,20 @@ def plot(result, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
-    ax.barh([f"{r['library']}: {r['form']}" for r in rows], [r["ms_token_scans"] for r in rows], color="tab:blue")
-    for y, r in enumerate(rows):
-        label = f" {r['ms_token_scans']:.1f} ms ({r['x_numpy_token']:.2f}x numpy's token)"
-        ax.text(r["ms_token_scans"], y, label, va="center", fontsize=8)
+    rows, ms = result["rows"], [r["ms_token_scans"] for r in result["rows"]]
+    fig, ax = plt.subplots(figsize=(12, 0.4 * len(rows) + 1.6))
+    ax.barh([f"{r['library']}: {r['form']}" for r in rows], ms, color=["grey"] + ["tab:blue"] * (len(rows) - 1))
+    for y, (v, r) in enumerate(zip(ms, rows)):
+        ax.text(v, y, f" {v:.1f} ms ({r['x_numpy_token']:.2f}x numpy's token)", va="center", fontsize=8)
     ax.axvline(result["numpy_reference_ms_token"], color="grey", linestyle="--", label="numpy's whole token")
     ax.set_xscale("log")
+    ax.set_xlim(min(ms) / 2, max(ms) * 8)
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.invert_yaxis()
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     ax.set_xlabel("ms for a token's scans (log scale)")
-    ax.set_title(f"{result['shape']}; {result['machine']['cpu']}, {result['machine']['threads']} threads", fontsize=9)
+    m = result["machine"]
+    ax.set_title(f"{result['shape']}; {m['cpu']}, {m['threads']} threads; median of {result['n']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
