@@ -41,6 +41,11 @@ def blas() -> str:
         return "unknown"
 
 
+def shape(hp) -> str:
+    """A model's shape in words, as the benchmarks' records and plots state it."""
+    return f"{hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, {hp.n_vocab:,} tokens"
+
+
 def machine(threads: int) -> dict:
     """The machine stated in full (CPU model, cores, threads, BLAS), library versions, commit and date."""
     import numpy as np

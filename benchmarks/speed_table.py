@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import machine, pin_threads  # noqa: E402
+from provenance import machine, pin_threads, shape  # noqa: E402
 
 pin_threads(sys.argv)
 
@@ -146,11 +146,10 @@ def measure(args) -> dict:
     for k in range(args.repeat):
         progress(f"run {k + 1} of {args.repeat}")
         runs.append(measure_once(model, ids, args))
-    hp = model.hparams
     return {
         "command": "python benchmarks/speed_table.py " + " ".join(sys.argv[1:]),
         "model": model.source,
-        "shape": f"{hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, {hp.n_vocab:,} tokens",
+        "shape": shape(model.hparams),
         "prompt_tokens": len(ids),
         "n": args.n,
         "repeat": args.repeat,
