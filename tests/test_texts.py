@@ -91,7 +91,9 @@ def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path,
 def test_ctrl_c_leaves_a_kept_text_complete(backend, tmp_path, long_model):
     args, rc, err, held = interrupt_a_writer(backend, tmp_path, long_model, signal.SIGINT)
     assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
-    assert held["written"] == len(held["tokens"]) - 1  # every drawn token but the last was read and landed
+    # every drawn token but the last was read and landed; the last too if the signal came between its read
+    # (which also files the next position's candidates) and the next draw
+    assert len(held["tokens"]) - 1 <= held["written"] <= len(held["tokens"])
     b = run_json("generate", "--resume", held["id"], "-n", "2", "--json", *args)
     assert b["positions_reread"] == 0
     assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
