@@ -2,7 +2,7 @@
 
     python benchmarks/speed_table.py [--stores faiss faiss-ip memory pgvector lancedb turbopuffer] [-n 16] [--repeat 1]
                                      [--threads 2] [--latency-ms 25] [--model DIR] [--out benchmarks/results/speed]
-                                     [--layout four|three|five]
+                                     [--layout four|three|five ...]
 
 Random weights at GPT-2 small shape unless --model. Each store is emptied first in a place of its own
 (a temporary folder, schema vecgpt_speed_<store>, or a private local turbopuffer server), so the load
@@ -10,8 +10,8 @@ time is a real load and a user's default stores are not touched. After a ten-tok
 tokens are timed per store (median); --repeat k runs the whole set k times and gives each figure as the
 median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
 turbopuffer runs through the official client against the local server with a fixed simulated latency
-per request. --layout loads the model in that layout into the embedded stores (default: each config's layout;
-turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
+per request. --layout loads the model in each layout given into the embedded stores, a row each (default: each
+config's layout; turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
 speed.md (the table as README shows it) and speed.png; progress goes to stderr.
 """
 
@@ -53,8 +53,9 @@ def parse_args(argv=None):
     parser.add_argument(
         "--layout",
         choices=LAYOUTS,
-        default=None,
-        help="the model's layout in the embedded stores (default: each config's)",
+        nargs="+",
+        default=[None],
+        help="the model's layouts in the embedded stores, a row each (default: each config's)",
     )
     parser.add_argument("--out", default="benchmarks/results/speed", help="folder for speed.json, .md and .png")
     return parser.parse_args(argv)
@@ -64,11 +65,11 @@ def progress(msg: str) -> None:
     print(f"speed_table: {msg}", file=sys.stderr, flush=True)
 
 
-def embedded_row(name: str, model, ids, args, root: str) -> dict:
+def embedded_row(name: str, model, ids, args, root: str, layout: str | None) -> dict:
     config = load_config(CONFIGS / f"{name}.toml")
     per_token.place(config, f"speed_{name.replace('-', '_')}", root)
-    progress(f"{name}: loading into {config.store} in layout {args.layout or config.layout}, timing {args.n} tokens")
-    row = per_token.store_row(model, ids, config, args.n, fresh=True, keep=False, layout=args.layout)
+    progress(f"{name}: loading into {config.store} in layout {layout or config.layout}, timing {args.n} tokens")
+    row = per_token.store_row(model, ids, config, args.n, fresh=True, keep=False, layout=layout)
     return {**row, "config": f"configs/{name}.toml"}
 
 
@@ -116,10 +117,13 @@ def measure_once(model, ids, args) -> list[dict]:
     root = tempfile.mkdtemp(prefix="vecgpt-speed-")
     try:
         for name in args.stores:
-            rows.append(
-                turbopuffer_row(model, args) if name == "turbopuffer" else embedded_row(name, model, ids, args, root)
-            )
-            rows[-1]["ratio"] = rows[-1]["per_token_s"] / rows[0]["per_token_s"]
+            for layout in [None] if name == "turbopuffer" else args.layout:
+                rows.append(
+                    turbopuffer_row(model, args)
+                    if name == "turbopuffer"
+                    else embedded_row(name, model, ids, args, root, layout)
+                )
+                rows[-1]["ratio"] = rows[-1]["per_token_s"] / rows[0]["per_token_s"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
