@@ -1,12 +1,12 @@
 """A generated token's time as the text grows: one store against numpy float32 at the same context length.
 
     python benchmarks/context_length.py [--config configs/faiss.toml] [--contexts 50 200 800] [-n 6] [--threads 2]
-                                        [--out benchmarks/results/context_length]
+                                        [--layout four|three|five] [--out benchmarks/results/context_length]
 
 Random weights at GPT-2 small shape (context 1,024). For each length a random prompt of that many tokens is
 read as one block, then n greedy tokens are timed (median), the store's and numpy's in turn. The meter splits
 the store's token into time inside store calls and the engine's own (layer norm, GELU, the streaming softmax
-over each head's projected values, encoding). Writes <out>.json and <out>.png; the store is placed beside the
+over each head's kept values, encoding). --layout: the model's (default: the config's). Writes <out>.json and <out>.png; the store is placed beside the
 config's (suffix `bench`), loaded if it lacks the model.
 """
 
@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from per_token import load_model  # noqa: E402
 from profile_token import interleaved  # noqa: E402
 
-from vecgpt.config import load_config, open_store  # noqa: E402
+from vecgpt.config import LAYOUTS, load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import push, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
@@ -41,6 +41,7 @@ def parse_args(argv=None):
     parser.add_argument("--contexts", type=int, nargs="+", default=[50, 200, 800])
     parser.add_argument("-n", type=int, default=6, help="generated tokens timed at each length")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--layout", choices=LAYOUTS, default=None, help="the model's layout (default: the config's)")
     parser.add_argument("--out", default="benchmarks/results/context_length")
     return parser.parse_args(argv)
 
@@ -79,8 +80,10 @@ def main():
         sys.exit(f"context_length: error: a context plus -n must stay within {model.hparams.n_ctx} positions")
     place(config, "bench")
     store = open_store(config)
-    push(store, model, config.metric, progress=False)
-    engine = Engine(store, top_k=config.top_k, tile=config.tile, model=store_fingerprint(model, config.metric))
+    layout = args.layout or config.layout
+    push(store, model, config.metric, progress=False, layout=layout)
+    key = store_fingerprint(model, config.metric, layout)
+    engine = Engine(store, top_k=config.top_k, tile=config.tile, model=key)
     rows = []
     for length in args.contexts:
         rows.append(at_length(engine, model, length, args.n))
@@ -93,8 +96,9 @@ def main():
     store.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"config": args.config, "rows": rows, **machine(THREADS)}, indent=2))
-    plot(rows, f"{config.backend} ({config.metric}), GPT-2 small shape", out.with_suffix(".png"))
+    record = {"config": args.config, "layout": layout, "rows": rows, **machine(THREADS)}
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2))
+    plot(rows, f"{config.backend} ({config.metric}), layout {layout}, GPT-2 small shape", out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
 
