@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,7 +42,15 @@ def cli(*argv: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
+
+
+def default_sigint() -> None:
+    """Ctrl-C as a terminal gives it: a suite started in the background (`cmd &`, nohup) ignores SIGINT, a child
+    inherits that, and Python then installs no KeyboardInterrupt handler, so an interrupt test would see no
+    interrupt at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str, str]:
