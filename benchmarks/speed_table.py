@@ -201,7 +201,7 @@ def plot(result, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows, m = result["rows"], result["machine"]
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(rows) + 1.6))
     ms = [r["per_token_s"] * 1e3 for r in rows]
     labels = [f"{r['store']}, layout {r['layout']}" if "layout" in r else r["store"] for r in rows]
     ax.barh(labels, ms, color=["grey"] + ["tab:blue"] * (len(rows) - 1))
@@ -214,7 +214,7 @@ def plot(result, path: Path) -> None:
         f"{result['shape']}\n{m['cpu']}, {m['cores']} cores, {m['threads']} threads; median of {result['n']}{runs_note(result)}",
         fontsize=9,
     )
-    ax.set_xlim(right=max(ms) * 8)
+    ax.set_xlim(right=max(ms) * 20)  # room for the longest bar's label
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
