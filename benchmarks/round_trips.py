@@ -28,8 +28,9 @@ import numpy as np  # noqa: E402
 from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.base import get_store  # noqa: E402
+from vecgpt.config import LAYOUTS  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
-from vecgpt.loading import LAYOUTS, plan, push, store_fingerprint  # noqa: E402
+from vecgpt.loading import plan, push, store_fingerprint  # noqa: E402
 
 PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
 

@@ -22,9 +22,8 @@ import numpy as np  # noqa: E402
 
 from vecgpt.backends import turbopuffer as tpb  # noqa: E402
 from vecgpt.backends.base import tally  # noqa: E402
-from vecgpt.backends.turbopuffer.cost import PRICES, dollars  # noqa: E402
+from vecgpt.backends.turbopuffer.cost import PRICES, b64_length, dollars  # noqa: E402
 from vecgpt.backends.turbopuffer.server import Running  # noqa: E402
-from vecgpt.backends.turbopuffer.store import b64_length  # noqa: E402
 
 LAYERS, HEADS, DIM = 12, 12, 64
 ATTRS = ("layer", "head", "position")

@@ -28,11 +28,17 @@ def matrices(hp: HParams, layout: str = "four") -> list[str]:
     Layout "five" stores c_proj whole (h.<i>.attn.c_proj), applied after attention: see vecgpt.five_rounds."""
     names = []
     for i in range(hp.n_layer):
-        parts = {"three": ("vo", "qk"), "five": ()}.get(layout, ("c_proj",))
-        heads = [f"h.{i}.attn.{part}.{h}" for part in parts for h in range(hp.n_head)]
-        whole = [f"h.{i}.attn.c_proj"] if layout == "five" else []
-        names += [f"h.{i}.attn.c_attn", *heads, *whole, f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
+        names += [f"h.{i}.attn.c_attn", *attention_output(i, hp.n_head, layout), f"h.{i}.mlp.c_fc", f"h.{i}.mlp.c_proj"]
     return names + ["wte"]
+
+
+def attention_output(layer: int, n_head: int, layout: str) -> list[str]:
+    """The matrices a layout stores for attention beyond c_attn: c_proj whole (five), per head (four), or
+    layout three's per-head products."""
+    if layout == "five":
+        return [f"h.{layer}.attn.c_proj"]
+    parts = ("vo", "qk") if layout == "three" else ("c_proj",)
+    return [f"h.{layer}.attn.{part}.{h}" for part in parts for h in range(n_head)]
 
 
 def text_row(hp: HParams, layout: str = "four") -> tuple[int, int]:

@@ -98,5 +98,10 @@ def key_write_bytes(layers: int, key_row: tuple[int, int], copies: int) -> float
     base64 text; each request at least the 10 KB write minimum."""
     dim, payload = key_row
     row = 8 + 4 * dim + 3 * 8
-    first = layers * (row + 4 * -(-4 * payload // 3))  # base64: 4 characters per 3 bytes, padded
+    first = layers * (row + b64_length(payload))
     return max(first, PRICES["min_write_bytes"]) + (copies - 1) * max(layers * row, PRICES["min_write_bytes"])
+
+
+def b64_length(floats: int) -> int:
+    """Characters of a float32 vector sent as base64 text: 4 per 3 bytes, padded."""
+    return 4 * -(-4 * floats // 3) if floats else 0

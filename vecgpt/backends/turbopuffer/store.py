@@ -13,6 +13,7 @@ import numpy as np
 
 from vecgpt.backends.base import Metric, check_payload, check_rows, last_writes, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
+from vecgpt.backends.turbopuffer.cost import b64_length
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
 from vecgpt.backends.turbopuffer.records import Records
 from vecgpt.backends.turbopuffer.search import Searching
@@ -28,10 +29,6 @@ PAYLOAD_SCHEMA = {"payload": {"type": "string", "filterable": False}}
 def row_bytes(spec: dict) -> int:
     """A row's vector in every copy, and its payload (base64 of float32, in the first copy only)."""
     return spec["dim"] * 4 * spec["replicas"] + b64_length(spec.get("payload", 0))
-
-
-def b64_length(floats: int) -> int:
-    return 4 * -(-4 * floats // 3) if floats else 0
 
 
 def b64(vectors: np.ndarray) -> list[str]:
