@@ -127,14 +127,22 @@ def matrix(collection: str) -> str:
     return ".".join(p for p in collection.split(".")[1:] if p != "h" and not p.isdigit())
 
 
+# OpenBLAS's idle workers spin for 2^28 cycles (0.13 s at 2.1 GHz) after numpy's last call before they sleep.
+# Taken straight after numpy's token, the store's token shared the cores with them: its scans ran 1.5-2x slower
+# than alone (docs/speed.md, "Round 4"). A pause before each token lets them sleep.
+SETTLE_S = 0.2
+
+
 def interleaved(readers, ids, n, started):
-    """Median seconds a token of each reader, their tokens taken in turn: a busy machine slows both alike."""
+    """Median seconds a token of each reader, their tokens taken in turn (a busy machine slows both alike), each
+    after a pause in which the other's idle threads stop spinning."""
     cands, times = [r.read(ids) for r in readers], [[] for _ in readers]
     started()
     for _ in range(n):
         for j, reader in enumerate(readers):
             if hasattr(reader, "meter"):
                 reader.meter.start_token()
+            time.sleep(SETTLE_S)
             t = time.perf_counter()
             cands[j] = reader.read([int(cands[j].ids[0])])
             times[j].append(time.perf_counter() - t)

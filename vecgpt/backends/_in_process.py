@@ -16,11 +16,10 @@ import numpy as np
 
 from vecgpt.backends import _text_log as text_log
 from vecgpt.backends import base
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, record
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, matching, record
 from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
-SHARED_SCAN_ROWS = 512  # rows a search may scan for others in a shared scan: about what a call of its own costs
 
 
 class Table:
@@ -123,10 +122,16 @@ class Collection:
         return twin
 
     def slots(self, where: Where | None) -> np.ndarray | None:
-        return None if where is None else np.flatnonzero(self.mask(where))
+        return None if where is None else np.flatnonzero(where.mask(self._attrs, self.table.n))
 
-    def mask(self, where: Where | None, memo: dict | None = None) -> np.ndarray:
-        return np.ones(self.table.n, bool) if where is None else where.mask(self._attrs, self.table.n, memo)
+    def slots_each(self, wheres: Sequence[Where]) -> list[np.ndarray]:
+        """Each filter's rows, ascending: the conditions all share (a layer's heads: layer, position) are tested on
+        every row once, the rest only on the rows those leave."""
+        conditions = [w.conditions() for w in wheres]
+        shared = set.intersection(*conditions)
+        rows = np.flatnonzero(matching(shared, self.attrs, self.table.n))
+        columns = {a: column[rows] for a, column in self.attrs.items()}
+        return [rows[matching(c - shared, columns, len(rows))] for c in conditions]
 
 
 class InProcessStore(FolderStore):
@@ -191,31 +196,18 @@ class InProcessStore(FolderStore):
         return Hits(col.ids[found], dists)
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        """Filtered all-row searches of one collection (a layer's heads) share one scan while the rows a search
-        does not need cost less than a call of its own (a short text); others go one by one."""
-        if len(searches) < 2 or len({s.collection for s in searches}) > 1 or any(s.k is not None for s in searches):
+        """Filtered all-row searches of one collection (a layer's heads) find their rows together, then each scans
+        only its own (FAISS: its kernel over them, gathered); others go one by one."""
+        alone = any(s.k is not None or s.where is None for s in searches)
+        if len(searches) < 2 or len({s.collection for s in searches}) > 1 or alone:
             return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
         col = self._col(searches[0].collection)
         queries = [base.check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
         for s in searches:
             base.check_where(s.collection, s.where, col.names)
-        memo: dict = {}
-        masks = [col.mask(s.where, memo) for s in searches]
-        union = np.logical_or.reduce(masks)
-        extra = sum(len(q) * int(union.sum() - mask.sum()) for q, mask in zip(queries, masks))
-        if extra > SHARED_SCAN_ROWS * len(searches):  # each head would scan every head's keys: one by one
-            record(len(searches), sum(len(q) for q in queries))
-            return [self._rows_of(col, q, np.flatnonzero(mask)) for q, mask in zip(queries, masks)]
-        record(1, sum(len(q) for q in queries))
-        dists, found = col.table.all_dists(np.vstack(queries), np.flatnonzero(union))
-        out, row = [], 0
-        for q, mask in zip(queries, masks):  # keep each search's own rows and its own matches
-            d, f = dists[row : row + len(q)], found[row : row + len(q)]
-            keep = mask[f]
-            n = int(keep[0].sum()) if len(q) else 0
-            out.append(Hits(col.ids[f[keep].reshape(len(q), n)], d[keep].reshape(len(q), n)))
-            row += len(q)
-        return out
+        record(1, sum(len(q) for q in queries))  # one request: the engine's one call (scans inside are not sent)
+        slots = col.slots_each([s.where for s in searches])
+        return [self._rows_of(col, q, rows) for q, rows in zip(queries, slots)]
 
     def fetch(self, name, ids, payload=False):
         col = self._col(name)

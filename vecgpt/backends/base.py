@@ -65,17 +65,22 @@ class Where:
     def attributes(self) -> set[str]:
         return set(self.eq) | set(self.lt) | set(self.ge)
 
-    def mask(self, attrs: Mapping[str, np.ndarray], n: int, memo: dict | None = None) -> np.ndarray:
-        """Which of n rows match, given their attribute columns (for stores that filter in numpy); `memo` keeps
-        each condition's rows for the next mask over the same rows (a layer's heads share layer and position)."""
-        memo = {} if memo is None else memo
-        keep = np.ones(n, bool)
-        for op, conditions in ((np.equal, self.eq), (np.less, self.lt), (np.greater_equal, self.ge)):
-            for name, value in conditions.items():
-                if (op, name, value) not in memo:
-                    memo[op, name, value] = op(attrs[name][:n], value)
-                keep &= memo[op, name, value]
-        return keep
+    def conditions(self) -> set[tuple]:
+        """Each condition as (ufunc, attribute, value)."""
+        ops = ((np.equal, self.eq), (np.less, self.lt), (np.greater_equal, self.ge))
+        return {(op, name, value) for op, conditions in ops for name, value in conditions.items()}
+
+    def mask(self, attrs: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+        """Which of n rows match, given their attribute columns (for stores that filter in numpy)."""
+        return matching(self.conditions(), {a: column[:n] for a, column in attrs.items()}, n)
+
+
+def matching(conditions, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """Which of n rows satisfy every condition (Where.conditions), given the rows' attribute columns."""
+    keep = np.ones(n, bool)
+    for op, name, value in conditions:
+        keep &= op(columns[name], value)
+    return keep
 
 
 class Hits(NamedTuple):

@@ -68,14 +68,17 @@ class FaissTable(Table):
         self.index = index or (faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim))
         self.n = self.index.ntotal
         self._norms: np.ndarray | None = None  # |x|^2 of every row in float32, made when first needed
+        self._rows: np.ndarray | None = None  # _view's array, until an add moves the storage
 
     def _view(self) -> np.ndarray:
         # IndexFlat has no update; writing through a view of its storage overwrites a row in place.
-        return faiss.rev_swig_ptr(self.index.get_xb(), self.n * self.dim).reshape(self.n, self.dim)
+        if self._rows is None:
+            self._rows = faiss.rev_swig_ptr(self.index.get_xb(), self.n * self.dim).reshape(self.n, self.dim)
+        return self._rows
 
     def append(self, vectors):
         self.index.add(np.ascontiguousarray(vectors))
-        self.n, self._norms = self.index.ntotal, None
+        self.n, self._norms, self._rows = self.index.ntotal, None, None
 
     def overwrite(self, slots, vectors):
         self._view()[slots] = vectors
@@ -92,8 +95,8 @@ class FaissTable(Table):
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         if slots is None and len(queries) == 1:
             return self.every_row(queries), np.arange(self.n)[None]
-        if len(queries) == 1:  # a key search: FAISS's kernel over the matching rows, gathered
-            return self.some_rows(queries, slots), slots[None]
+        if slots is not None:  # a key search: FAISS's kernel over the matching rows, gathered
+            return self.some_rows(queries, slots), np.tile(slots, (len(queries), 1))
         threads_for(queries, self.n if slots is None else len(slots), self.dim)
         _, d, found = self.index.range_search(
             np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots)
@@ -125,13 +128,14 @@ class FaissTable(Table):
         return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
 
     def some_rows(self, queries, slots) -> np.ndarray:
-        """One query against the rows in slots: a range search with a selector visits every row of the
+        """Each query against the rows in slots: a range search with a selector visits every row of the
         table (a text's keys of every layer and head), this reads only the rows asked for."""
         q, rows = np.ascontiguousarray(queries, np.float32), np.ascontiguousarray(self._view()[slots])
-        out = np.empty(len(slots), np.float32)
+        out = np.empty((len(q), len(slots)), np.float32)
         kernel = faiss.fvec_L2sqr_ny if self.metric == "l2" else faiss.fvec_inner_products_ny
-        kernel(faiss.swig_ptr(out), faiss.swig_ptr(q), faiss.swig_ptr(rows), self.dim, len(slots))
-        return self._sign(out)[None]
+        for i in range(len(q)):
+            kernel(faiss.swig_ptr(out[i]), faiss.swig_ptr(q[i]), faiss.swig_ptr(rows), self.dim, len(slots))
+        return self._sign(out)
 
     def topk(self, queries, k, slots):
         if k == 0:
