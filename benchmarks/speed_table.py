@@ -7,8 +7,9 @@
 Random weights at GPT-2 small shape unless --model. Each store is emptied first in a place of its own
 (a temporary folder, schema vecgpt_speed_<store>, or a private local turbopuffer server), so the load
 time is a real load and a user's default stores are not touched. After a ten-token prompt, n greedy
-tokens are timed per store (median); --repeat k runs the whole set k times and gives each figure as the
-median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
+tokens are timed per store (median), and numpy's n tokens just before each store's: a row's ratio is against
+that, numpy's row the median of its timings. --repeat k runs the whole set k times and gives each figure as
+the median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
 turbopuffer runs through the official client against the local server with a fixed simulated latency
 per request. --layout loads the model in each layout given into the embedded stores, a row each (default: each
 config's layout; turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
@@ -112,20 +113,24 @@ def turbopuffer_row(model, args) -> dict:
 
 
 def measure_once(model, ids, args) -> list[dict]:
-    progress(f"numpy reference (float32): {len(ids)}-token prompt, {args.n} tokens")
-    rows = [per_token.reference_row(model, ids, args.n)]
+    """numpy's row, then a row per store and layout, each with numpy timed again just before it: its ratio is
+    against that (the machine this runs on drifts by a third from one minute to the next)."""
+    progress(f"numpy reference (float32): {len(ids)}-token prompt, {args.n} tokens, again before each store")
+    rows, numpy_s = [per_token.reference_row(model, ids, args.n)], []
     root = tempfile.mkdtemp(prefix="vecgpt-speed-")
     try:
         for name in args.stores:
             for layout in [None] if name == "turbopuffer" else args.layout:
+                numpy_s.append(per_token.reference_row(model, ids, args.n)["per_token_s"])
                 rows.append(
                     turbopuffer_row(model, args)
                     if name == "turbopuffer"
                     else embedded_row(name, model, ids, args, root, layout)
                 )
-                rows[-1]["ratio"] = rows[-1]["per_token_s"] / rows[0]["per_token_s"]
+                rows[-1].update(numpy_per_token_s=numpy_s[-1], ratio=rows[-1]["per_token_s"] / numpy_s[-1])
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    rows[0].update(per_token_s=float(np.median([rows[0]["per_token_s"], *numpy_s])), numpy_runs=numpy_s)
     return rows
 
 
@@ -134,7 +139,7 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
     rows = []
     for i, row in enumerate(runs[0]):
         row = dict(row)
-        for key in ("per_token_s", "prompt_s", "load_s", "ratio"):
+        for key in ("per_token_s", "prompt_s", "load_s", "ratio", "numpy_per_token_s"):
             if key in row:
                 row[f"{key}_runs"] = [run[i][key] for run in runs]
                 row[key] = float(np.median(row[f"{key}_runs"]))
@@ -176,6 +181,7 @@ def markdown(result) -> str:
     m = result["machine"]
     lines = [
         f"Per generated token after a {result['prompt_tokens']}-token prompt, median of {result['n']} tokens{runs_note(result)}; "
+        "× numpy: against numpy's tokens timed just before the row's; "
         f"{result['shape']}; {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['blas']}; "
         f"commit {m['commit'][:12]}, {m['date']}.",
         "",

@@ -45,6 +45,9 @@ def test_speed_table_writes_json_markdown_and_plot(tmp_path):
     assert result["machine"]["threads"] == 1 and result["machine"]["cores"] >= 1 and result["machine"]["commit"]
     for row in result["rows"][1:]:
         assert row["load_s"] > 0 and row["stored_documents"] > 0 and row["round_trips_per_token"] > 0
+        assert row["ratio"] == pytest.approx(row["per_token_s"] / row["numpy_per_token_s"])  # numpy timed beside it
+    numpy_row = result["rows"][0]
+    assert len(numpy_row["numpy_runs"]) == 4 and min(numpy_row["numpy_runs"]) <= numpy_row["per_token_s"]
     table = (tmp_path / "speed.md").read_text()
     assert "| store | layout | ms/token | × numpy |" in table and "| faiss (l2) | five |" in table
     four, five = (r for r in result["rows"] if r["store"] == "faiss (l2)")

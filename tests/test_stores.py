@@ -100,16 +100,25 @@ def test_filters_exclude_what_they_must(make_store, backend):
         assert set(top.ids[0].tolist()) <= set((np.flatnonzero(keep) * 7 + 5).tolist())
 
 
-@pytest.mark.parametrize("n", [300, 3000])  # in-process stores: a shared scan, then one scan a search
-def test_search_many_matches_single_searches(make_store, backend, n):
+@pytest.mark.parametrize("n", [300, 3000])
+@pytest.mark.parametrize("shared", [False, True])  # True: a layer's heads (layer and a position range in common)
+def test_search_many_matches_single_searches(make_store, backend, n, shared):
     store = make_store(backend)
     filled(store, n=n)
     q = rng.standard_normal((2, 24)).astype(np.float32)
-    searches = [Search("c", q, where=Where(eq={"layer": h % 3, "head": h})) for h in range(4)] + [Search("c", q, k=5)]
+    wheres = [
+        Where(eq={"layer": 1, "head": h}, lt={"position": n // 24}) if shared else Where(eq={"layer": h % 3, "head": h})
+        for h in range(4)
+    ]
+    searches = [Search("c", q, where=w) for w in wheres] + [Search("c", q, k=5)]
     for many, s in zip(store.search_many(searches), searches):
         one = store.search(s.collection, s.queries, s.k, s.where)
         if s.k is None:
-            assert sorted(many.ids[0].tolist()) == sorted(one.ids[0].tolist())
+            assert many.ids.shape[1] == one.ids.shape[1] > 0
+            for row in range(len(q)):  # the same rows at the same distances, in whatever order the store gives
+                a, b = np.argsort(many.ids[row]), np.argsort(one.ids[row])
+                assert many.ids[row][a].tolist() == one.ids[row][b].tolist()
+                np.testing.assert_allclose(many.dists[row][a], one.dists[row][b], rtol=1e-6, atol=1e-5)
         else:
             assert many.ids.tolist() == one.ids.tolist()
 
