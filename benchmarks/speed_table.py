@@ -23,6 +23,7 @@ import json
 import shutil
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -216,10 +217,9 @@ def plot(result, path: Path) -> None:
     ax.set_xscale("log")
     ax.invert_yaxis()
     ax.set_xlabel("ms per generated token (log scale)")
-    ax.set_title(
-        f"{result['shape']}\n{m['cpu']}, {m['cores']} cores, {m['threads']} threads; median of {result['n']}{runs_note(result)}",
-        fontsize=9,
-    )
+    about = f"{m['cpu']}, {m['cores']} cores, {m['threads']} threads; median of {result['n']}{runs_note(result)}"
+    about += "; × numpy: against numpy timed just before the row"
+    ax.set_title(result["shape"] + "\n" + textwrap.fill(about, 85), fontsize=9)
     ax.set_xlim(right=max(ms) * 20)  # room for the longest bar's label
     fig.tight_layout()
     fig.savefig(path, dpi=110)
