@@ -130,8 +130,9 @@ class Collection:
         conditions = [w.conditions() for w in wheres]
         shared = set.intersection(*conditions)
         rows = np.flatnonzero(matching(shared, self.attrs, self.table.n))
-        columns = {a: column[rows] for a, column in self.attrs.items()}
-        return [rows[matching(c - shared, columns, len(rows))] for c in conditions]
+        rest = [c - shared for c in conditions]
+        columns = {name: self._attrs[name][rows] for c in rest for _, name, _ in c}  # only what is still tested
+        return [rows[matching(c, columns, len(rows))] for c in rest]
 
 
 class InProcessStore(FolderStore):

@@ -91,16 +91,12 @@ class FaissTable(Table):
         return -d if self.metric == "ip" else d
 
     def all_dists(self, queries, slots):
-        if slots is not None and len(slots) == 0:
-            return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        if slots is None and len(queries) == 1:
-            return self.every_row(queries), np.arange(self.n)[None]
         if slots is not None:  # a key search: FAISS's kernel over the matching rows, gathered
             return self.some_rows(queries, slots), np.tile(slots, (len(queries), 1))
-        threads_for(queries, self.n if slots is None else len(slots), self.dim)
-        _, d, found = self.index.range_search(
-            np.ascontiguousarray(queries), UNBOUNDED[self.metric], params=selector(slots)
-        )
+        if len(queries) == 1:
+            return self.every_row(queries), np.arange(self.n)[None]
+        threads_for(queries, self.n, self.dim)  # every row for a block of queries (a prompt)
+        _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric])
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
 
     def every_row(self, queries) -> np.ndarray:
