@@ -78,3 +78,9 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir):
     return weights.load(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def model64(tiny_model_dir):
+    """The tiny model in float64: what the stores' results are checked against."""
+    return weights.load(str(tiny_model_dir), dtype=np.float64)

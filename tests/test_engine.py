@@ -11,7 +11,6 @@ from vecgpt.engine import Engine
 from vecgpt.loading import push
 from vecgpt.reference import Reference
 from vecgpt.sampling import choose, draw
-from vecgpt.weights import load
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over", ""]
 # Tolerances are derived per step by vecgpt.tolerance from each search's error bound; see there.
@@ -20,11 +19,6 @@ PROMPTS = ["Hello world", "The quick brown fox jumps over", ""]
 @pytest.fixture(params=["l2", "ip"])
 def metric(request):
     return request.param
-
-
-@pytest.fixture(scope="module")
-def model64(tiny_model_dir):
-    return load(str(tiny_model_dir), dtype=np.float64)
 
 
 def engine_for(make_store, backend, model, metric, **kw):

@@ -7,15 +7,10 @@ import numpy as np
 import pytest
 from layouts import PROMPT, cli_runs, forced_comparison, loaded, resumes_and_branches, rounds_on_turbopuffer
 
-from vecgpt import tokenizer, weights
+from vecgpt import tokenizer
 from vecgpt.engine import Engine, Session
 from vecgpt.five_rounds import FiveRounds
 from vecgpt.loading import collection, matrices, push
-
-
-@pytest.fixture(scope="module")
-def model64(tiny_model_dir):
-    return weights.load(str(tiny_model_dir), dtype=np.float64)
 
 
 @pytest.mark.parametrize(

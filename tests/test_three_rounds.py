@@ -3,20 +3,13 @@ texts that resume and branch bit for bit, and a store holding the same model in 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from layouts import cli_runs, forced_comparison, loaded, resumes_and_branches, rounds_on_turbopuffer
 
-from vecgpt import weights
 from vecgpt.cli import main
 from vecgpt.engine import Engine
 from vecgpt.loading import push, store_fingerprint
 from vecgpt.three_rounds import ThreeRounds
-
-
-@pytest.fixture(scope="module")
-def model64(tiny_model_dir):
-    return weights.load(str(tiny_model_dir), dtype=np.float64)
 
 
 @pytest.mark.parametrize(
