@@ -438,6 +438,10 @@ def test_pieces_merge_exactly():
     a, b = (np.array([7, 2, 9]), np.array([0.5, 1.0, 2.0])), (np.array([1, 4]), np.array([0.5, 1.0]))
     ids, dists = merge([a, b], k=3)  # ties by id
     assert list(ids) == [1, 7, 2] and list(dists) == [0.5, 0.5, 1.0]
-    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([3]), np.array([0.5]))], k=None)
+    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([3]), np.array([0.5]))], None, parts=2)
     assert list(ids) == [0, 3] and list(dists) == [1.0, 0.75]  # a wide document's parts in two pieces
+    ids, dists = merge([(np.array([3, 0, 0, 3]), np.array([0.25, 1.0, 2.0, 0.5]))], None, parts=2)
+    assert list(ids) == [0, 3] and list(dists) == [3.0, 0.75]  # ... or both in one
+    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([5]), np.array([0.5]))], None)
+    assert list(ids) == [3, 0, 5] and list(dists) == [0.25, 1.0, 0.5]  # narrow rows: concatenated as they are
     assert [len(r) for r in merge([], k=None)] == [0, 0]

@@ -55,6 +55,8 @@ def hits(name: str, m: int, found: list[tuple[np.ndarray, np.ndarray]]) -> Hits:
         raise VecgptError(f"search in {name!r}: queries got different numbers of rows")
     if n == 0:
         return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
+    if m == 1:
+        return Hits(found[0][0][None], found[0][1][None])
     return Hits(np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found]))
 
 
@@ -376,10 +378,13 @@ class PgStore(Manifests, Texts, Session):
                 text, args = self._search_sql(len(pieces), meta, queries, s.k, s.where, s.collection, blocks)
                 pieces.append((s_index, text, args, len(queries) * max(meta.pages, 1) / len(ranges)))
         found = self._send(pieces, sum(len(q) for q in prepared)) if pieces else {}
+        mine = [[] for _ in searches]  # each search's pieces
+        for p, piece in enumerate(pieces):
+            mine[piece[0]].append(p)
         out = []
-        for s_index, (s, queries) in enumerate(zip(searches, prepared)):
-            mine = [p for p, piece in enumerate(pieces) if piece[0] == s_index]
-            per_query = [merge([arrays(found.get((p, i))) for p in mine], s.k) for i in range(1, len(queries) + 1)]
+        for s, queries, at in zip(searches, prepared, mine):
+            parts = self._col(s.collection).parts
+            per_query = [merge([arrays(found.get((p, i))) for p in at], s.k, parts) for i in range(1, len(queries) + 1)]
             out.append(hits(s.collection, len(queries), per_query))
         return out
 

@@ -5,7 +5,8 @@ page, so PostgreSQL moves it out of line, and a search then reads each row throu
 768 such rows took longer than 3,072 inline rows of 770 floats (docs/speed.md). Such a collection's
 document `id` is instead `parts` rows, ids `id * parts + p`, each holding `width` floats (the last
 part padded with zeros, which add nothing to either distance); a search sums a document's partial
-distances with GROUP BY. A sum of the same terms in another order: encoding.search_bound covers it.
+distances (split.merge; the k nearest: GROUP BY). A sum of the same terms in another order:
+encoding.search_bound covers it.
 """
 
 from __future__ import annotations
