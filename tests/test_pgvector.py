@@ -375,7 +375,7 @@ def test_a_scan_split_over_connections_gives_what_one_scan_gives(make_store, con
     one = make_store("pgvector", connections=1)
     tables = split_tables(one)
     split = make_store("pgvector", connections=connections)
-    split.split_pages = 1  # tables of a few pages are split too
+    split.split_pages = split.share_pages = 1  # tables of a few pages are split too
     for name, x in tables.items():
         meta = split._col(name)
         ranges = split._ranges(meta, Search(name, x[:1]))
@@ -398,7 +398,7 @@ def test_a_scan_split_over_connections_gives_what_one_scan_gives(make_store, con
 def test_a_lost_helper_connection_is_opened_again(make_store):
     store = make_store("pgvector", connections=2)
     x = split_tables(store)["w"]
-    store.split_pages = 1
+    store.split_pages = store.share_pages = 1
     before = store.search("w", x[:2])
     helper = store._helpers[0]
     killer = psycopg.connect(store.dsn, autocommit=True)
@@ -412,7 +412,7 @@ def test_a_lost_helper_connection_is_opened_again(make_store):
 def test_a_helper_that_cannot_be_opened_leaves_the_store_on_one_connection(make_store):
     store = make_store("pgvector", connections=2)
     x = split_tables(store)["w"]
-    store.split_pages = 1
+    store.split_pages = store.share_pages = 1
     want = store.search("w", x[:2], k=5)
     store._helpers[0].close()
     store.dsn = "host=/nonexistent-vecgpt dbname=none"  # no server there: the helper cannot be opened again

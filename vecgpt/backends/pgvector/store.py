@@ -13,7 +13,7 @@ from vecgpt.backends.base import Hits, Metric, Search, Where, record
 from vecgpt.backends.pgvector.arrays import numpy_arrays
 from vecgpt.backends.pgvector.manifests import Manifests
 from vecgpt.backends.pgvector.session import Session
-from vecgpt.backends.pgvector.split import SPLIT_PAGES, assign, block_ranges, merge
+from vecgpt.backends.pgvector.split import SHARE_PAGES, SPLIT_PAGES, assign, block_ranges, merge
 from vecgpt.backends.pgvector.statements import Meta, copy_stream, fetch_copy, read_copy, search_sql, table_name
 from vecgpt.backends.pgvector.texts import Texts
 from vecgpt.backends.pgvector.wide import PLAIN_MAX_DIM, join, parts_for, row_ids, split, width
@@ -80,6 +80,7 @@ class PgStore(Manifests, Texts, Session):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     concurrent = False  # the engine sends requests one after another; a search may use every connection
     split_pages = SPLIT_PAGES  # weight tables of at least this many pages are scanned in pieces
+    share_pages = SHARE_PAGES  # a request's pieces of at least this many pages in all use several connections
 
     def __init__(
         self,
@@ -397,7 +398,7 @@ class PgStore(Manifests, Texts, Session):
     def _send(self, pieces: list, subqueries: int) -> dict:
         """The pieces as one UNION ALL statement per connection, sent at once: {(piece, query number): (ids, dists)}."""
         costs = [p[3] for p in pieces]
-        n = min(len(self._helpers) + 1, len(pieces)) if sum(costs) >= self.split_pages else 1  # small: one is enough
+        n = min(len(self._helpers) + 1, len(pieces)) if sum(costs) >= self.share_pages else 1  # small: one is enough
         connections = self._connections(n)
         on = assign(costs, len(connections))
         jobs = []
