@@ -368,12 +368,14 @@ class PgStore(Manifests, Texts, Session):
 
     def _search_many(self, searches):
         self._commit()
-        prepared = [base.check_vectors(s.collection, s.queries, self._col(s.collection).dim) for s in searches]
+        metas, prepared = [], []  # each search checked in turn: the first bad one is the error
+        for s in searches:
+            metas.append(self._col(s.collection))
+            prepared.append(base.check_vectors(s.collection, s.queries, metas[-1].dim))
         pieces = []  # (search number, statement, parameters, cost)
-        for s_index, (s, queries) in enumerate(zip(searches, prepared)):
+        for s_index, (s, meta, queries) in enumerate(zip(searches, metas, prepared)):
             if len(queries) == 0 or s.k == 0:
                 continue
-            meta = self._col(s.collection)
             ranges = self._ranges(meta, s)
             for blocks in ranges:
                 text, args = self._search_sql(len(pieces), meta, queries, s.k, s.where, s.collection, blocks)
@@ -383,9 +385,10 @@ class PgStore(Manifests, Texts, Session):
         for p, piece in enumerate(pieces):
             mine[piece[0]].append(p)
         out = []
-        for s, queries, at in zip(searches, prepared, mine):
-            parts = self._col(s.collection).parts
-            per_query = [merge([arrays(found.get((p, i))) for p in at], s.k, parts) for i in range(1, len(queries) + 1)]
+        for s, meta, queries, at in zip(searches, metas, prepared, mine):
+            per_query = [
+                merge([arrays(found.get((p, i))) for p in at], s.k, meta.parts) for i in range(1, len(queries) + 1)
+            ]
             out.append(hits(s.collection, len(queries), per_query))
         return out
 
