@@ -29,8 +29,8 @@ def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
-_POOLS: dict[int, ThreadPoolExecutor] = {}  # by size
-os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the pools' threads
+_WORKERS: dict[int, ThreadPoolExecutor] = {}  # in_threads' workers, by number
+os.register_at_fork(after_in_child=_WORKERS.clear)  # a forked child has none of their threads
 
 
 def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
@@ -42,16 +42,27 @@ def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
 
 
 def in_threads(calls) -> None:
-    """Run the calls at once, one per thread (FAISS's kernels release the GIL); the last in this thread."""
+    """Run the calls at once, each on a worker thread of its own (FAISS's kernels release the GIL), and wait.
+    This thread runs none itself: when it ran a share, Linux woke the worker, asleep between scans, on this
+    thread's core, and both shares took turns there (a token's matrix scans 31-32 ms against 23-25, docs/speed.md)."""
     if len(calls) <= 1:
         return calls[0]() if calls else None
-    workers = len(calls) - 1
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="vecgpt-faiss")
-    futures = [_POOLS[workers].submit(call) for call in calls[:-1]]
-    calls[-1]()
+    futures = [worker(i).submit(call) for i, call in enumerate(calls)]
     for future in futures:
         future.result()
+
+
+def worker(i: int) -> ThreadPoolExecutor:
+    if i not in _WORKERS:
+        _WORKERS[i] = ThreadPoolExecutor(1, thread_name_prefix=f"vecgpt-faiss-{i}", initializer=pin, initargs=(i,))
+    return _WORKERS[i]
+
+
+def pin(i: int) -> None:
+    """Keep this worker thread on the i-th core the process may use (where the OS lets a thread choose)."""
+    if hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[i % len(cpus)]})
 
 
 def selector(slots: np.ndarray | None):
