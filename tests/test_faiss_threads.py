@@ -1,4 +1,4 @@
-"""The FAISS store's split scans: each share on a worker thread of its own, each worker kept on one core."""
+"""The FAISS store's split scans: one share in the calling thread, each other on a worker kept on another core."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 faiss_store = pytest.importorskip("vecgpt.backends.faiss")
 
 
-def test_each_share_runs_on_a_worker_of_its_own_kept_on_one_core():
+def test_the_last_share_runs_here_the_others_on_workers_each_kept_on_one_core():
     seen = {}
 
     def share(i):
@@ -23,12 +23,23 @@ def test_each_share_runs_on_a_worker_of_its_own_kept_on_one_core():
 
     faiss_store.in_threads([share(0), share(1), share(2)])
     threads = [seen[i][0] for i in range(3)]
-    assert len(set(threads)) == 3 and threading.get_ident() not in threads
-    if hasattr(os, "sched_getaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))  # this thread's: the workers' pins leave it as it was
-        assert [seen[i][1] for i in range(3)] == [{cpus[i % len(cpus)]} for i in range(3)]
-    faiss_store.in_threads([share(0), share(1)])
-    assert seen[1][0] == threads[1]  # the same workers again, not new threads
+    assert threads[2] == threading.get_ident() and len(set(threads)) == 3
+    if faiss_store.CPUS:
+        assert all(len(seen[i][1]) == 1 and seen[i][1] <= set(faiss_store.CPUS) for i in range(2))
+
+
+@pytest.mark.parametrize("cpus", [[0, 1], [4, 5, 6, 7], [3]])
+def test_workers_on_this_threads_core_come_last(monkeypatch, cpus):
+    monkeypatch.setattr(faiss_store, "CPUS", cpus)
+    for here in cpus:
+        monkeypatch.setattr(faiss_store, "current_cpu", lambda here=here: here)
+        for n in range(1, 2 * len(cpus)):
+            chosen = faiss_store.elsewhere(n)
+            assert len(set(chosen)) == n
+            cores = [cpus[i % len(cpus)] for i in chosen]
+            elsewhere = sum(core != here for core in cores)
+            assert cores[:elsewhere] == [c for c in cores if c != here]  # every other core's before this one's
+            assert elsewhere == min(n, sum(1 for i in range(n + 1) if cpus[i % len(cpus)] != here))
 
 
 def test_a_split_scan_equals_one_scan(monkeypatch):

@@ -5,6 +5,7 @@ Environment: XDG_CACHE_HOME (the default folder). See docs/faiss.md.
 
 from __future__ import annotations
 
+import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,14 +43,21 @@ def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
 
 
 def in_threads(calls) -> None:
-    """Run the calls at once, each on a worker thread of its own (FAISS's kernels release the GIL), and wait.
-    This thread runs none itself: when it ran a share, Linux woke the worker, asleep between scans, on this
-    thread's core, and both shares took turns there (a token's matrix scans 31-32 ms against 23-25, docs/speed.md)."""
+    """Run the calls at once (FAISS's kernels release the GIL): the last in this thread, each other on a worker
+    kept on a core this thread is not on. A worker free to move, woken after the reader had paused, often ran
+    on this thread's core, the two shares taking turns there (docs/speed.md, "Round 6")."""
     if len(calls) <= 1:
         return calls[0]() if calls else None
-    futures = [worker(i).submit(call) for i, call in enumerate(calls)]
+    futures = [worker(i).submit(call) for i, call in zip(elsewhere(len(calls) - 1), calls[:-1])]
+    calls[-1]()
     for future in futures:
         future.result()
+
+
+def elsewhere(n: int) -> list[int]:
+    """n workers' numbers, those kept on this thread's core last (worker i is kept on core CPUS[i % len(CPUS)])."""
+    here = current_cpu()
+    return sorted(range(n + 1), key=lambda i: bool(CPUS) and CPUS[i % len(CPUS)] == here)[:n]
 
 
 def worker(i: int) -> ThreadPoolExecutor:
@@ -59,10 +67,19 @@ def worker(i: int) -> ThreadPoolExecutor:
 
 
 def pin(i: int) -> None:
-    """Keep this worker thread on the i-th core the process may use (where the OS lets a thread choose)."""
-    if hasattr(os, "sched_setaffinity"):
-        cpus = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cpus[i % len(cpus)]})
+    if CPUS:
+        os.sched_setaffinity(0, {CPUS[i % len(CPUS)]})
+
+
+def _sched_getcpu():
+    try:
+        return ctypes.CDLL(None).sched_getcpu
+    except (AttributeError, OSError, TypeError):  # not glibc or musl: no core is preferred
+        return lambda: -1
+
+
+current_cpu = _sched_getcpu()
+CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # where the OS lets threads be kept
 
 
 def selector(slots: np.ndarray | None):
