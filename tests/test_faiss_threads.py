@@ -52,3 +52,15 @@ def test_a_split_scan_equals_one_scan(monkeypatch):
     split = table.every_row(q)
     monkeypatch.setattr(faiss_store, "THREADS", [1])
     assert np.array_equal(split, table.every_row(q))  # each row's distance is the same sum, whoever scans it
+
+
+def test_a_core_the_process_may_no_longer_use_leaves_the_worker_free(monkeypatch):
+    if not faiss_store.CPUS:
+        pytest.skip("this OS does not let a thread be kept on a core")
+    monkeypatch.setattr(faiss_store, "CPUS", [max(faiss_store.CPUS) + 4096])  # no such core
+    monkeypatch.setattr(faiss_store, "_WORKERS", {})
+    out = []
+    faiss_store.in_threads([lambda: out.append(os.sched_getaffinity(0)), lambda: None])
+    for pool in faiss_store._WORKERS.values():
+        pool.shutdown()
+    assert out == [os.sched_getaffinity(0)]  # ran, on the cores this thread has

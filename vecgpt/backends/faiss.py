@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 
 import faiss
@@ -68,7 +69,8 @@ def worker(i: int) -> ThreadPoolExecutor:
 
 def pin(i: int) -> None:
     if CPUS:
-        os.sched_setaffinity(0, {CPUS[i % len(CPUS)]})
+        with suppress(OSError):  # a core taken from the process since (cpuset): the worker stays free to move
+            os.sched_setaffinity(0, {CPUS[i % len(CPUS)]})
 
 
 def _sched_getcpu():
