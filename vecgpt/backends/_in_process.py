@@ -35,6 +35,10 @@ class Table:
         self, queries: np.ndarray, slots: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]: ...  # dists, slots [m, n]
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
+    def all_dists_each(self, queries: list[np.ndarray], slots: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """all_dists of each (queries, slots) pair: a layer's heads, each over its own rows."""
+        return [self.all_dists(q, rows) for q, rows in zip(queries, slots)]
+
     def copy(self) -> Table: ...
     def save(self, folder: Path) -> None: ...
     @classmethod
@@ -126,13 +130,29 @@ class Collection:
 
     def slots_each(self, wheres: Sequence[Where]) -> list[np.ndarray]:
         """Each filter's rows, ascending: the conditions all share (a layer's heads: layer, position) are tested on
-        every row once, the rest only on the rows those leave."""
+        every row once, the rest only on the rows those leave; where the rest is one attribute's value each (a
+        head), the rows are grouped by that attribute once instead of tested once per filter."""
         conditions = [w.conditions() for w in wheres]
         shared = set.intersection(*conditions)
         rows = np.flatnonzero(matching(shared, self.attrs, self.table.n))
         rest = [c - shared for c in conditions]
+        if by := one_attribute(rest):
+            column = self._attrs[by][rows]
+            order = np.argsort(column, kind="stable")  # stable: each group's rows stay ascending
+            ranked, values = column[order], [value for ((_, _, value),) in rest]
+            starts, ends = np.searchsorted(ranked, values, "left"), np.searchsorted(ranked, values, "right")
+            return [rows[order[a:b]] for a, b in zip(starts.tolist(), ends.tolist())]
         columns = {name: self._attrs[name][rows] for c in rest for _, name, _ in c}  # only what is still tested
         return [rows[matching(c, columns, len(rows))] for c in rest]
+
+
+def one_attribute(rest: list[set]) -> str | None:
+    """The attribute if every filter's remaining conditions are one equality on that same attribute, else None."""
+    tested = {(op, name) for c in rest for op, name, _ in c}
+    if len(tested) == 1 and all(len(c) == 1 for c in rest):
+        ((op, name),) = tested
+        return name if op is np.equal else None
+    return None
 
 
 class InProcessStore(FolderStore):
@@ -207,8 +227,8 @@ class InProcessStore(FolderStore):
         for s in searches:
             base.check_where(s.collection, s.where, col.names)
         record(1, sum(len(q) for q in queries))  # one request: the engine's one call (scans inside are not sent)
-        slots = col.slots_each([s.where for s in searches])
-        return [self._rows_of(col, q, rows) for q, rows in zip(queries, slots)]
+        found = col.table.all_dists_each(queries, col.slots_each([s.where for s in searches]))
+        return [Hits(col.ids[rows], dists) for dists, rows in found]
 
     def fetch(self, name, ids, payload=False):
         col = self._col(name)

@@ -163,6 +163,21 @@ class FaissTable(Table):
             kernel(faiss.swig_ptr(out[i]), faiss.swig_ptr(q[i]), faiss.swig_ptr(rows), self.dim, len(slots))
         return self._sign(out)
 
+    def all_dists_each(self, queries, slots):
+        """A layer's heads: their rows gathered at once, then FAISS's kernel over each head's own (as some_rows)."""
+        rows = np.ascontiguousarray(self._view()[np.concatenate(slots)])
+        qs = [np.ascontiguousarray(q, np.float32) for q in queries]
+        out = np.empty(sum(len(q) * len(s) for q, s in zip(qs, slots)), np.float32)
+        kernel = faiss.fvec_L2sqr_ny if self.metric == "l2" else faiss.fvec_inner_products_ny
+        found, row, at = [], 0, 0
+        for q, s in zip(qs, slots):
+            n = len(s)
+            for i in range(len(q)):
+                kernel(faiss.swig_ptr(out[at + i * n :]), faiss.swig_ptr(q[i]), faiss.swig_ptr(rows[row:]), self.dim, n)
+            found.append((self._sign(out[at : at + len(q) * n].reshape(len(q), n)), s[None].repeat(len(q), 0)))
+            row, at = row + n, at + len(q) * n
+        return found
+
     def topk(self, queries, k, slots):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
