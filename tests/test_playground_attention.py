@@ -67,3 +67,20 @@ def test_calculator_and_walk_in_the_browser(playground, page):
             assert float(got["rescale"]) == want["rescale"]
     assert page.locator("#walk tbody tr").count() == 3
     page.screenshot(path=str(IMAGES / "attention.png"))
+
+
+def test_a_late_answer_does_not_replace_the_answer_to_a_later_change(playground, page):
+    page.goto(f"{playground.url}/attention")
+    page.wait_for_function("document.body.dataset.memoryReady !== undefined")
+    page.evaluate(  # the page's next question is answered a second late, as a busy server may
+        """() => { const ask = call; let asked = 0;
+            window.call = async (...args) => { const mine = ++asked; const answer = await ask(...args);
+                if (mine === 1) await new Promise((done) => setTimeout(done, 1000));
+                return answer; }; }"""
+    )
+    page.fill("#context", "2048")
+    page.fill("#context", "4096")
+    page.wait_for_function("document.body.dataset.memoryReady.startsWith('4096:')")
+    page.wait_for_timeout(1500)  # the first answer is back by now
+    assert page.evaluate("document.body.dataset.memoryReady").startswith("4096:")
+    assert "4,096 positions" in page.inner_text("#memory-note")

@@ -1,14 +1,16 @@
 // The streaming-attention page: the memory calculator and "walk it", both computed by the server's code.
 "use strict";
-let walkData = null, walkShown = 0;
+let walkData = null, walkShown = 0, memoryAsked = 0;
 
 async function updateMemory() {
+  const asked = ++memoryAsked;  // answers may come back out of order: only the latest question's is shown
   const q = new URLSearchParams({
     heads: $("#heads").value, context: $("#context").value, head_dim: $("#head-dim").value,
     tile: $("#tile").value, dtype: $("#dtype").value, query_block: $("#query-mode").value,
   });
   try {
     const r = await call("GET", `/api/attention-memory?${q}`);
+    if (asked !== memoryAsked) return;
     showError("#memory-error", null);
     $("#full-bytes").textContent = fmtInt(r.full); $("#full-human").textContent = human(r.full);
     $("#stream-bytes").textContent = fmtInt(r.streaming); $("#stream-human").textContent = human(r.streaming);
@@ -19,7 +21,7 @@ async function updateMemory() {
     $("#memory-note").textContent =
       `${fmtInt(r.n_ctx)} positions, ${fmtInt(r.n_query)} queries; the table is ${r.ratio.toFixed(1)} times the streaming working set.`;
     document.body.dataset.memoryReady = `${r.n_ctx}:${$("#heads").value}:${r.full}`;
-  } catch (e) { showError("#memory-error", e); }
+  } catch (e) { if (asked === memoryAsked) showError("#memory-error", e); }
 }
 
 // the slider moves along log2(context), so 1 to 131,072 positions all get room
