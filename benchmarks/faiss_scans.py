@@ -40,7 +40,8 @@ LAYER = [(2304, 770)] + [(768, 66)] * 12 + [(3072, 770), (768, 3074)]
 WTE = (50257, 770)
 
 
-def scan(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int) -> None:
+def shares(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int) -> list:
+    """A one-query scan's shares, as the store splits it over `threads`: a call each."""
     store.THREADS[0] = threads
     n, dim = rows.shape
 
@@ -49,19 +50,16 @@ def scan(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int) -> None
             faiss.swig_ptr(out[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(rows[a:b]), dim, b - a
         )
 
-    store.in_threads([part(a, b) for a, b in store.row_chunks(n, dim)])
+    return [part(a, b) for a, b in store.row_chunks(n, dim)]
 
 
-def caller_shares(rows: np.ndarray, q: np.ndarray, out: np.ndarray, pool: ThreadPoolExecutor) -> None:
+def scan(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int) -> None:
+    store.in_threads(shares(rows, q, out, threads))
+
+
+def caller_shares(rows: np.ndarray, q: np.ndarray, out: np.ndarray, pool: ThreadPoolExecutor, threads: int) -> None:
     """The split before b58d6fc: unpinned workers scan all shares but the last, which the calling thread scans."""
-    store.THREADS[0] = pool._max_workers + 1
-    n, dim = rows.shape
-    parts = [
-        lambda a=a, b=b: faiss.fvec_inner_products_ny(
-            faiss.swig_ptr(out[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(rows[a:b]), dim, b - a
-        )
-        for a, b in store.row_chunks(n, dim)
-    ]
+    parts = shares(rows, q, out, threads)
     futures = [pool.submit(part) for part in parts[:-1]]
     parts[-1]()
     for future in futures:
@@ -73,7 +71,7 @@ def forms(threads: int) -> dict:
     return {
         "faiss, one thread": lambda rows, q, out: scan(rows, q, out, 1),
         f"faiss, rows split over {threads} threads": lambda rows, q, out: scan(rows, q, out, threads),
-        "faiss, split, caller scans a share": lambda rows, q, out: caller_shares(rows, q, out, pool),
+        "faiss, split, caller scans a share": lambda rows, q, out: caller_shares(rows, q, out, pool, threads),
         "numpy sgemv": lambda rows, q, out: np.matmul(rows, q, out=out),
     }
 
@@ -99,8 +97,9 @@ def main() -> None:
     tables = [rng.standard_normal(shape, np.float32) for shape in shapes]
     queries = [rng.standard_normal(shape[1], np.float32) for shape in shapes]
     outs = [np.empty(shape[0], np.float32) for shape in shapes]
-    times = {name: [] for name in forms(args.threads)}
-    for name, form in forms(args.threads).items():
+    timed = forms(args.threads)  # once: the old split's form holds a thread pool
+    times = {name: [] for name in timed}
+    for name, form in timed.items():
         for _ in range(args.repeat + 1):  # the first token warms up, not counted
             time.sleep(args.pause)
             start = time.perf_counter()

@@ -122,7 +122,7 @@ class FaissTable(Table):
 
     def all_dists(self, queries, slots):
         if slots is not None:  # a key search: FAISS's kernel over the matching rows, gathered
-            return self.some_rows(queries, slots), np.tile(slots, (len(queries), 1))
+            return self.all_dists_each([queries], [slots])[0]
         if len(queries) == 1:
             return self.every_row(queries), np.arange(self.n)[None]
         threads_for(queries, self.n, self.dim)  # every row for a block of queries (a prompt)
@@ -153,18 +153,10 @@ class FaissTable(Table):
             faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
         return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
 
-    def some_rows(self, queries, slots) -> np.ndarray:
-        """Each query against the rows in slots: a range search with a selector visits every row of the
-        table (a text's keys of every layer and head), this reads only the rows asked for."""
-        q, rows = np.ascontiguousarray(queries, np.float32), np.ascontiguousarray(self._view()[slots])
-        out = np.empty((len(q), len(slots)), np.float32)
-        kernel = faiss.fvec_L2sqr_ny if self.metric == "l2" else faiss.fvec_inner_products_ny
-        for i in range(len(q)):
-            kernel(faiss.swig_ptr(out[i]), faiss.swig_ptr(q[i]), faiss.swig_ptr(rows), self.dim, len(slots))
-        return self._sign(out)
-
     def all_dists_each(self, queries, slots):
-        """A layer's heads: their rows gathered at once, then FAISS's kernel over each head's own (as some_rows)."""
+        """Each query against the rows in its search's slots: the rows gathered (a layer's heads' in one take),
+        then FAISS's kernel over each search's own. A range search with a selector would visit every row of the
+        table (a text's keys of every layer and head)."""
         rows = np.ascontiguousarray(self._view()[np.concatenate(slots)])
         qs = [np.ascontiguousarray(q, np.float32) for q in queries]
         out = np.empty(sum(len(q) * len(s) for q, s in zip(qs, slots)), np.float32)
