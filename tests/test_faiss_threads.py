@@ -61,6 +61,20 @@ def test_a_core_the_process_may_no_longer_use_leaves_the_worker_free(monkeypatch
     monkeypatch.setattr(faiss_store, "_WORKERS", {})
     out = []
     faiss_store.in_threads([lambda: out.append(os.sched_getaffinity(0)), lambda: None])
-    for pool in faiss_store._WORKERS.values():
-        pool.shutdown()
+    for worker in faiss_store._WORKERS.values():
+        worker.stop()
     assert out == [os.sched_getaffinity(0)]  # ran, on the cores this thread has
+
+
+def test_a_share_that_fails_on_a_worker_fails_the_scan_once_every_share_has_run():
+    ran = []
+
+    def fails():
+        ran.append("worker")
+        raise RuntimeError("share 0")
+
+    with pytest.raises(RuntimeError, match="share 0"):
+        faiss_store.in_threads([fails, lambda: ran.append("here")])
+    assert sorted(ran) == ["here", "worker"]
+    faiss_store.in_threads([lambda: ran.append("again"), lambda: None])  # the worker still takes shares
+    assert ran.count("again") == 1

@@ -70,8 +70,10 @@ class Meter:
         are counted there and it is no round trip."""
         start = time.perf_counter()
         into = background or self.current
-        wrapped = [partial(self._counted, kind, fn, into) for kind, fn in calls]
-        results = parallel(wrapped) if self.concurrent else [w() for w in wrapped]
+        if self.concurrent:
+            results = parallel([partial(self._counted, kind, fn, into) for kind, fn in calls])
+        else:
+            results = [self._counted(kind, fn, into) for kind, fn in calls]
         if background is None:
             with self.lock:
                 self.current["rounds"][calls[-1][0]] += 1  # a round is filed under its last (main) kind
@@ -104,8 +106,13 @@ class Metered:
 
     def __getattr__(self, name: str):
         if name in METERED:
-            return lambda *args, **kwargs: self.together(Call(name, args, kwargs))[0]
+            counted = partial(self._one, name)
+            setattr(self, name, counted)  # made once: the engine makes about 60 such calls a token
+            return counted
         return getattr(self.inner, name)
+
+    def _one(self, name: str, *args, **kwargs):
+        return self.together(Call(name, args, kwargs))[0]
 
 
 def summarize(tokens: list[dict]) -> dict:

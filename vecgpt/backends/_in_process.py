@@ -8,6 +8,7 @@ saved as folders when a load ends; text collections (`text-*`) as they are writt
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +34,7 @@ class Table:
     def vectors(self, slots: np.ndarray) -> np.ndarray: ...
     def all_dists(
         self, queries: np.ndarray, slots: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray]: ...  # dists, slots [m, n]
+    ) -> tuple[np.ndarray, np.ndarray | None]: ...  # dists, slots [m, n] (None: every row in slot order, one query)
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
     def all_dists_each(self, queries: list[np.ndarray], slots: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """all_dists of each (queries, slots) pair: a layer's heads, each over its own rows."""
@@ -61,6 +62,7 @@ class Collection:
         self.hold(np.zeros(0, np.int64), {a: np.zeros(0, np.int64) for a in attrs}, np.zeros((0, width), np.float32))
         self.dirty = True
         self.log_end = 0  # a text collection: where its log ends, as far as this process knows
+        self.log = ""  # ... and its path
 
     def hold(self, ids: np.ndarray, attrs: dict[str, np.ndarray], payload: np.ndarray) -> None:
         """The ids, attributes and payload of the table's rows (buffers: rows past table.n are spare)."""
@@ -128,11 +130,10 @@ class Collection:
     def slots(self, where: Where | None) -> np.ndarray | None:
         return None if where is None else np.flatnonzero(where.mask(self._attrs, self.table.n))
 
-    def slots_each(self, wheres: Sequence[Where]) -> list[np.ndarray]:
-        """Each filter's rows, ascending: the conditions all share (a layer's heads: layer, position) are tested on
-        every row once, the rest only on the rows those leave; where the rest is one attribute's value each (a
-        head), the rows are grouped by that attribute once instead of tested once per filter."""
-        conditions = [w.conditions() for w in wheres]
+    def slots_each(self, conditions: Sequence[set]) -> list[np.ndarray]:
+        """Each filter's rows (its Where.conditions()), ascending: the conditions all share (a layer's heads: layer,
+        position) are tested on every row once, the rest only on the rows those leave; where the rest is one
+        attribute's value each (a head), the rows are grouped by that attribute once instead of tested per filter."""
         shared = set.intersection(*conditions)
         rows = np.flatnonzero(matching(shared, self.attrs, self.table.n))
         rest = [c - shared for c in conditions]
@@ -214,7 +215,7 @@ class InProcessStore(FolderStore):
     def _rows_of(self, col: Collection, queries, slots) -> Hits:
         """Every row in slots (None: all)."""
         dists, found = col.table.all_dists(queries, slots)
-        return Hits(col.ids[found], dists)
+        return Hits(col.ids[None] if found is None else col.ids[found], dists)  # None: every row, in slot order
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Filtered all-row searches of one collection (a layer's heads) find their rows together, then each scans
@@ -222,12 +223,13 @@ class InProcessStore(FolderStore):
         alone = any(s.k is not None or s.where is None for s in searches)
         if len(searches) < 2 or len({s.collection for s in searches}) > 1 or alone:
             return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
-        col = self._col(searches[0].collection)
-        queries = [base.check_vectors(s.collection, s.queries, col.table.dim) for s in searches]
-        for s in searches:
-            base.check_where(s.collection, s.where, col.names)
+        name = searches[0].collection
+        col = self._col(name)
+        queries = [base.check_vectors(name, s.queries, col.table.dim) for s in searches]
+        conditions = [s.where.conditions() for s in searches]
+        base.check_attributes(name, {a for c in conditions for _, a, _ in c}, col.names)
         record(1, sum(len(q) for q in queries))  # one request: the engine's one call (scans inside are not sent)
-        found = col.table.all_dists_each(queries, col.slots_each([s.where for s in searches]))
+        found = col.table.all_dists_each(queries, col.slots_each(conditions))
         return [Hits(col.ids[rows], dists) for dists, rows in found]
 
     def fetch(self, name, ids, payload=False):
@@ -290,8 +292,9 @@ class InProcessStore(FolderStore):
 
     def _catch_up(self, name: str, col: Collection) -> None:
         """Rows another process appended to a text's log since this one last read or wrote it (one stat)."""
+        col.log = col.log or str(self._log(name))  # a key search asks 12 times a token: the path made once
         try:
-            size = self._log(name).stat().st_size
+            size = os.stat(col.log).st_size
         except FileNotFoundError:  # closed by another process
             del self._cols[name]
             raise base.no_collection(self, name) from None

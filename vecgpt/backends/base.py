@@ -35,7 +35,7 @@ import pkgutil
 import re
 import types
 import typing
-from collections import Counter, abc
+from collections import abc
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -163,7 +163,7 @@ class Store(Protocol):
     # one runs (see loading.push). Stores without it take no lock.
 
 
-_tally: contextvars.ContextVar[Counter | None] = contextvars.ContextVar("vecgpt_tally", default=None)
+_tally: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("vecgpt_tally", default=None)
 
 
 def record(requests: int = 1, subqueries: int = 0) -> None:
@@ -174,15 +174,17 @@ def record(requests: int = 1, subqueries: int = 0) -> None:
         tally["subqueries"] += subqueries
 
 
-@contextmanager
-def tally():
-    """Collect what `record` reports inside this block (and in `parallel` calls made from it)."""
-    counts: Counter = Counter()
-    token = _tally.set(counts)
-    try:
-        yield counts
-    finally:
-        _tally.reset(token)
+class tally:
+    """`with tally() as counts`: collect what `record` reports inside the block (and in `parallel` calls made from
+    it). A class, not a generator: the engine opens one per store call, about 60 a token."""
+
+    def __enter__(self) -> dict[str, int]:
+        self.counts = {"requests": 0, "subqueries": 0}
+        self.token = _tally.set(self.counts)
+        return self.counts
+
+    def __exit__(self, *exc) -> None:
+        _tally.reset(self.token)
 
 
 def parallel(calls: Sequence, workers: int = 16) -> list:
@@ -321,7 +323,12 @@ def last_writes(
 
 
 def check_where(name: str, where: Where | None, attrs: Sequence[str]) -> None:
-    unknown = set() if where is None else where.attributes() - set(attrs)
+    check_attributes(name, set() if where is None else where.attributes(), attrs)
+
+
+def check_attributes(name: str, filtered: set[str], attrs: Sequence[str]) -> None:
+    """Filters name only attributes the collection has."""
+    unknown = filtered - set(attrs)
     if unknown:
         raise VecgptError(
             f"filter on unknown attribute {sorted(unknown)[0]!r}; collection {name!r} has {sorted(attrs)}"

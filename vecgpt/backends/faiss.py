@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
 from contextlib import suppress
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
-_WORKERS: dict[int, ThreadPoolExecutor] = {}  # in_threads' workers, by number
+_WORKERS: dict[int, Worker] = {}  # in_threads' workers, by number
 os.register_at_fork(after_in_child=_WORKERS.clear)  # a forked child has none of their threads
 
 
@@ -49,10 +50,12 @@ def in_threads(calls) -> None:
     on this thread's core, the two shares taking turns there (docs/speed.md, "Round 6")."""
     if len(calls) <= 1:
         return calls[0]() if calls else None
-    futures = [worker(i).submit(call) for i, call in zip(elsewhere(len(calls) - 1), calls[:-1])]
+    running = [worker(i).start(call) for i, call in zip(elsewhere(len(calls) - 1), calls[:-1])]
     calls[-1]()
-    for future in futures:
-        future.result()
+    for done, failed in running:
+        done.acquire()
+        if failed:
+            raise failed[0]
 
 
 def elsewhere(n: int) -> list[int]:
@@ -61,9 +64,40 @@ def elsewhere(n: int) -> list[int]:
     return sorted(range(n + 1), key=lambda i: bool(CPUS) and CPUS[i % len(CPUS)] == here)[:n]
 
 
-def worker(i: int) -> ThreadPoolExecutor:
+class Worker:
+    """A thread kept on core CPUS[i % len(CPUS)], running the calls it is given in turn. Lighter than a thread pool's
+    futures: a share handed over and waited for took 8 us here against a ThreadPoolExecutor's 25, and a token
+    hands over about 50."""
+
+    def __init__(self, i: int):
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self.run, args=(i,), name=f"vecgpt-faiss-{i}", daemon=True).start()
+
+    def run(self, i: int) -> None:
+        pin(i)
+        while (item := self.calls.get()) is not None:
+            call, done, failed = item
+            try:
+                call()
+            except BaseException as e:  # raised again in the thread that waits for it
+                failed.append(e)
+            finally:
+                done.release()
+
+    def start(self, call) -> tuple[threading.Lock, list]:
+        """Hand the call over: (a lock released when it has run, the error it raised if any)."""
+        done, failed = threading.Lock(), []
+        done.acquire()
+        self.calls.put((call, done, failed))
+        return done, failed
+
+    def stop(self) -> None:
+        self.calls.put(None)
+
+
+def worker(i: int) -> Worker:
     if i not in _WORKERS:
-        _WORKERS[i] = ThreadPoolExecutor(1, thread_name_prefix=f"vecgpt-faiss-{i}", initializer=pin, initargs=(i,))
+        _WORKERS[i] = Worker(i)
     return _WORKERS[i]
 
 
@@ -82,6 +116,17 @@ def _sched_getcpu():
 
 current_cpu = _sched_getcpu()
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # where the OS lets threads be kept
+
+
+def padded(slots: list[np.ndarray], counts: list[int], width: int) -> np.ndarray:
+    """[sum(counts), width] int64: each search's slots on each of its queries' rows, -1 after them."""
+    if len(set(map(len, slots))) == 1 and set(counts) == {1}:  # a decode step's heads: one query, n keys each
+        return np.stack(slots)
+    ids, at = np.full((sum(counts), width), -1, np.int64), 0
+    for m, rows in zip(counts, slots):
+        ids[at : at + m, : len(rows)] = rows
+        at += m
+    return ids
 
 
 def selector(slots: np.ndarray | None):
@@ -124,7 +169,7 @@ class FaissTable(Table):
         if slots is not None:  # a key search: FAISS's kernel over the matching rows, gathered
             return self.all_dists_each([queries], [slots])[0]
         if len(queries) == 1:
-            return self.every_row(queries), np.arange(self.n)[None]
+            return self.every_row(queries), None  # every row, in slot order
         threads_for(queries, self.n, self.dim)  # every row for a block of queries (a prompt)
         _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric])
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
@@ -147,28 +192,29 @@ class FaissTable(Table):
 
         in_threads([scan(a, b) for a, b in row_chunks(self.n, self.dim)])
         if self.metric == "ip":
-            return -dots[None]
+            return np.negative(dots, out=dots)[None]
         if self._norms is None:
             self._norms = np.empty(self.n, np.float32)
             faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
         return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
 
     def all_dists_each(self, queries, slots):
-        """Each query against the rows in its search's slots: the rows gathered (a layer's heads' in one take),
-        then FAISS's kernel over each search's own. A range search with a selector would visit every row of the
-        table (a text's keys of every layer and head)."""
-        rows = np.ascontiguousarray(self._view()[np.concatenate(slots)])
-        qs = [np.ascontiguousarray(q, np.float32) for q in queries]
-        out = np.empty(sum(len(q) * len(s) for q, s in zip(qs, slots)), np.float32)
-        kernel = faiss.fvec_L2sqr_ny if self.metric == "l2" else faiss.fvec_inner_products_ny
-        found, row, at = [], 0, 0
-        for q, s in zip(qs, slots):
-            n = len(s)
-            for i in range(len(q)):
-                kernel(faiss.swig_ptr(out[at + i * n :]), faiss.swig_ptr(q[i]), faiss.swig_ptr(rows[row:]), self.dim, n)
-            found.append((self._sign(out[at : at + len(q) * n].reshape(len(q), n)), s[None].repeat(len(q), 0)))
-            row, at = row + n, at + len(q) * n
-        return found
+        """Each query against the rows in its search's slots: one call of FAISS's by-index kernel for them all (a
+        layer's heads, each over its own rows; a search with fewer rows than the most is padded with -1, which
+        FAISS skips). A range search with a selector would visit every row of the table (a text's keys of every
+        layer and head), and a call per search cost more than the kernel's work here."""
+        counts, widths = [len(q) for q in queries], [len(s) for s in slots]
+        x, ids = np.ascontiguousarray(np.concatenate(queries), np.float32), padded(slots, counts, max(widths))
+        out = np.empty(ids.shape, np.float32)
+        if out.size:
+            threads_for(x, ids.shape[1], self.dim)
+            kernel = faiss.fvec_L2sqr_by_idx if self.metric == "l2" else faiss.fvec_inner_products_by_idx
+            kernel(
+                faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
+            )
+        out = self._sign(out)
+        ends = np.cumsum(counts).tolist()
+        return [(out[b - m : b, :w], ids[b - m : b, :w]) for m, w, b in zip(counts, widths, ends)]
 
     def topk(self, queries, k, slots):
         if k == 0:
