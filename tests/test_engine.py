@@ -96,6 +96,20 @@ def test_token_by_token_equals_block(make_store, tiny_model):
     assert len(single_text.meter.tokens) == 1
 
 
+@pytest.mark.parametrize("layout", ["four", "three", "five"])
+@pytest.mark.parametrize("tile", [1, 3])
+def test_attention_folded_a_few_keys_at_a_time_agrees_with_numpy(make_store, tiny_model, model64, layout, tile):
+    """The default tile (64) holds every key of these short texts in one fold; smaller tiles fold the store's keys
+    and memory's across tiles, a prompt block's own keys masked inside them."""
+    store = make_store("faiss")
+    push(store, tiny_model, "ip", progress=False, layout=layout)
+    ids = tokenizer.encode("To be or not to be, that is the question")
+    greedy = generate(Reference(model64, np.float64), ids, 8, stop=False).tokens
+    text = Engine(store, tile=tile).open()
+    r = tolerance.forced_comparison(text, model64, ids, greedy, "ip", tolerance.unit_roundoff("faiss"))
+    assert not r["violations"], r["violations"][:5]
+
+
 def test_truncate_and_reread_pays_only_new_positions(make_store, tiny_model, model64):
     store = make_store("memory")
     push(store, tiny_model, "l2", progress=False)

@@ -27,7 +27,7 @@ class Config:
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
     prompt_block: bool = True  # read a prompt as one block of queries per search
-    tile: int = 8  # key positions streaming attention folds at a time
+    tile: int = 64  # key positions the engine's streaming attention folds at a time (docs/speed.md)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
     def __post_init__(self):

@@ -100,15 +100,15 @@ def encode_queries(x: np.ndarray, metric: Metric, m2: float | None = None) -> np
 
 def query_scale(queries: np.ndarray, metric: Metric) -> np.ndarray:
     """The s each query was sent with: its bias coordinate. [m]"""
-    return np.asarray(queries, np.float64)[:, -2 if metric == "l2" else -1]
+    return np.asarray(queries[:, -2 if metric == "l2" else -1], np.float64)
 
 
 def decode_dists(dists: np.ndarray, queries: np.ndarray, m2: float, metric: Metric) -> np.ndarray:
     """Matrix outputs y = w.x + b from distances [m, n] to the queries [m, dim] that produced them."""
-    dists, s = np.asarray(dists, np.float64), query_scale(queries, metric)[:, None]
+    s = query_scale(queries, metric)[:, None]
     if metric == "ip":
-        return -dists / s
-    return (m2 + squared_norms(queries)[:, None] - dists) / (2 * s)
+        return np.divide(dists, -s, dtype=np.float64)  # -dists / s, in one pass (float32 dists read as float64)
+    return (m2 + squared_norms(queries)[:, None] - np.asarray(dists, np.float64)) / (2 * s)
 
 
 def key_queries(q: np.ndarray, key_norms2: np.ndarray, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
@@ -126,10 +126,10 @@ def decode_key_dists(
 ) -> np.ndarray:
     """q.k from distances [..., m, n] between sent queries [..., m, hd] (s q, s = scale [..., m]) and keys
     whose |k|^2 is key_norms2 [..., m, n] or [n]."""
-    dists, s = np.asarray(dists, np.float64), np.asarray(scale, np.float64)[..., None]
+    s = np.asarray(scale, np.float64)[..., None]
     if metric == "ip":
-        return -dists / s
-    return (squared_norms(queries)[..., None] + key_norms2 - dists) / (2 * s)
+        return np.divide(dists, -s, dtype=np.float64)  # -dists / s, in one pass
+    return (squared_norms(queries)[..., None] + key_norms2 - np.asarray(dists, np.float64)) / (2 * s)
 
 
 def squared_norms(v: np.ndarray) -> np.ndarray:

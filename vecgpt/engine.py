@@ -46,7 +46,7 @@ class Engine:
     """A store holding a model, ready to open decoding sessions."""
 
     def __init__(
-        self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 8, model: str | None = None
+        self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 64, model: str | None = None
     ):
         """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
@@ -250,17 +250,18 @@ class Session:
     def weighted_values(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, value_width]
         m, n_head, hd = q.shape
         state, tile = RunningSoftmax((n_head, m), self.value_width()), self.engine.tile
-        query_pos = np.arange(start, start + m)[:, None]
-        for pos, dots in columns:  # pos [m, n] key positions, dots q.k [H, m, n]; a tile of keys at a time
-            for t in range(0, pos.shape[1], tile):
-                p = pos[:, t : t + tile]  # [m, tile]
-                values = self.projected[layer, p[0]].transpose(1, 0, 2)  # [H, tile, d]
-                state.update(dots[:, :, t : t + tile] / math.sqrt(hd), values, mask=p <= query_pos)
+        pos = np.concatenate([p for p, _ in columns])  # [n] key positions, ascending: the store's, then memory's
+        scores = np.concatenate([dots for _, dots in columns], axis=-1) / math.sqrt(hd)  # q.k [H, m, n], scaled
+        if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
+            np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
+        for t in range(0, len(pos), tile):  # a tile of keys at a time, through both sources
+            values = self.projected[layer, pos[t : t + tile]].transpose(1, 0, 2).astype(np.float64)  # [H, tile, w]
+            state.update_rows(0, scores[..., t : t + tile], values)
         return state.finish()
 
     def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store and in memory, projected values in memory
         hp, m = self.hp, len(x)
-        q, k, v = (a.reshape(m, hp.n_head, -1) for a in np.split(self.linear(x, f"h.{layer}.attn.c_attn"), 3, axis=1))
+        q, k, v = self.linear(x, f"h.{layer}.attn.c_attn").reshape(m, 3, hp.n_head, -1).transpose(1, 0, 2, 3)
         k32 = k.astype(np.float32)  # keys as the store holds them
         self.keys[layer, start : start + m] = k32
         self.key_norms[layer, :, start : start + m] = squared_norms(k32).T
@@ -273,10 +274,10 @@ class Session:
             self.pending = []
         return self.attention(q, columns, layer, start)
 
-    def memory_scores(self, q, layer, lo, hi):  # q [m, H, hd] -> key positions lo..hi-1 [m, n], q.k [H, m, n]
+    def memory_scores(self, q, layer, lo, hi):  # q [m, H, hd] -> key positions lo..hi-1 [n], q.k [H, m, n]
         keys = np.ascontiguousarray(self.keys[layer, lo:hi].transpose(1, 2, 0), np.float64)  # [H, hd, n]
         dots = np.ascontiguousarray(q.transpose(1, 0, 2)) @ keys  # the same shapes whenever a position is read
-        return np.broadcast_to(np.arange(lo, hi), (len(q), hi - lo)), dots
+        return np.arange(lo, hi), dots
 
     def scores_and_projections(self, q, v, layer, start, end) -> list:
         """One round: the scores of the keys < end as attention's columns, and the new positions' values
@@ -343,19 +344,19 @@ class Session:
         where = [Where(eq={"layer": layer, "head": h}, lt={"position": end}) for h in range(self.hp.n_head)]
         return sent, [Search(self.name, qs, where=w) for qs, w in zip(sent[0], where)]
 
-    def key_columns(self, sent, found, layer, end):  # key search results -> positions [m, n] < end, q.k [H, m, n]
+    def key_columns(self, sent, found, layer, end):  # key search results -> positions [n] < end, q.k [H, m, n]
         if any(hits.ids.shape[1] != end for hits in found):  # rows removed under the text (closed, lost by a store)
             raise VecgptError(
                 f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
                 f"positions found in layer {layer}); start the text again"
             )
         ids, dists = np.stack([hits.ids for hits in found]), np.stack([hits.dists for hits in found])  # [H, m, n]
-        order = np.argsort(ids, axis=-1)  # each head: its keys in position order
-        pos = np.take_along_axis(ids[0], order[0], 1) % self.hp.n_ctx  # [m, n], the same for every head
-        norms = self.key_norms[layer][:, pos]  # [H, m, n]
-        return pos, encoding.decode_key_dists(
-            np.take_along_axis(dists, order, -1), *sent[:1], norms, self.metric, sent[1]
-        )
+        if not (ids[..., 1:] > ids[..., :-1]).all():  # each head: its keys in position order (in-process: already)
+            order = np.argsort(ids, axis=-1)
+            ids, dists = np.take_along_axis(ids, order, -1), np.take_along_axis(dists, order, -1)
+        pos = ids[0, 0] % self.hp.n_ctx  # [n], the same for every head and query
+        norms = self.key_norms[layer][:, None, pos]  # [H, 1, n]
+        return pos, encoding.decode_key_dists(dists, *sent[:1], norms, self.metric, sent[1])
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], pv [m, H, d])] -> one upsert's arguments
         ids, vectors, values, attrs = [], [], [], {"layer": [], "head": [], "position": []}
