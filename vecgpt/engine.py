@@ -17,6 +17,7 @@ Writing a model into a store is vecgpt.loading; counting requests is vecgpt.mete
 
 from __future__ import annotations
 
+import functools
 import math
 import uuid
 from contextlib import nullcontext, suppress
@@ -99,11 +100,18 @@ def searched_end(start: int) -> int:
 
 
 def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] -> in row order
-    if (ids == np.arange(ids.shape[1])).all():  # found in row order already (an in-process scan)
+    if (ids == row_order(ids.shape[1])).all():  # found in row order already (an in-process scan)
         return np.asarray(values, np.float64)
     y = np.empty(values.shape)
     np.put_along_axis(y, ids, values, axis=1)
     return y
+
+
+@functools.cache
+def row_order(n: int) -> np.ndarray:  # 0..n-1, made once per width (a token compares about 50)
+    order = np.arange(n)
+    order.flags.writeable = False
+    return order
 
 
 def only_model(store: Store) -> str:
