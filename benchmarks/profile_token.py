@@ -4,6 +4,7 @@ the rest (engine numpy and Python), and cProfile's top functions.
     python benchmarks/profile_token.py --config configs/faiss.toml [-n 8] [--threads 2] [--top 25]
         [--store connections=1]   (a [store] setting of the config overridden; a TOML value)
         [--layout four|three|five]   (the model's layout; default the config's)
+        [--parts]   (also the seconds a token spends in named engine and store functions, PARTS)
 
 Same model and prompt as benchmarks/per_token.py (random weights at GPT-2 small shape); the store is
 placed beside the config's (suffix `bench`, as per_token.py does), loaded if it lacks the model.
@@ -49,6 +50,7 @@ def parse_args(argv=None):
     parser.add_argument("--place", default="bench", help="suffix of the store's place beside the config's")
     parser.add_argument("--store", action="append", default=[], metavar="KEY=VALUE", help="a [store] setting")
     parser.add_argument("--layout", choices=LAYOUTS, default=None, help="the model's layout (default: the config's)")
+    parser.add_argument("--parts", action="store_true", help="also time named engine and store functions (PARTS)")
     return parser.parse_args(argv)
 
 
@@ -93,6 +95,10 @@ def main():
     profiled_s = timed_tokens(text, ids, args.n, profiler)
     text.close()
     report(args, config.layout, numpy_s, plain_s, store_s, by_matrix, profiled_s, profiler, requests)
+    if args.parts:
+        text = engine.open()
+        report_parts(parts(text, ids, args.n))
+        text.close()
     store.close()
 
 
@@ -118,6 +124,59 @@ def timed(store):
 
         setattr(store, method, wrapped)
     return store
+
+
+# Functions whose wall time a token --parts reports, each whole (what it calls included: a layer's search_many
+# inside scores_and_projections, say): the pieces the engine and the in-process stores spend a token on,
+# without cProfile's cost on every call (docs/speed.md, "Round 7").
+PARTS = [
+    ("vecgpt.engine", "Session", ["linear", "scatter", "search_of", "weighted_values", "key_searches"]),
+    ("vecgpt.engine", "Session", ["key_columns", "memory_scores", "key_rows", "gpt2"]),
+    ("vecgpt.engine", None, ["layer_norm", "gelu"]),
+    ("vecgpt.backends._in_process", "InProcessStore", ["upsert", "_col"]),  # searches: the meter's line above
+    ("vecgpt.backends._in_process", "Collection", ["slots_each"]),
+    ("vecgpt.backends.faiss", "FaissTable", ["all_dists_each", "every_row"]),
+    ("vecgpt.backends.faiss", None, ["in_threads"]),
+]
+
+
+def parts(text, ids, n: int) -> dict:
+    """Seconds a generated token spends in each of PARTS (a pause before each token, as in interleaved)."""
+    import importlib
+
+    seconds, originals = Counter(), []
+    cands = text.read(ids)
+    for module, cls, names in PARTS:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        for name in names:
+            inner = getattr(owner, name)
+
+            def wrapped(*args, inner=inner, label=f"{cls or module}.{name}", **kw):
+                t = time.perf_counter()
+                try:
+                    return inner(*args, **kw)
+                finally:
+                    seconds[label] += time.perf_counter() - t
+
+            originals.append((owner, name, inner))
+            setattr(owner, name, wrapped)
+    try:
+        for _ in range(n):
+            time.sleep(SETTLE_S)
+            t = time.perf_counter()
+            cands = text.read([int(cands.ids[0])])
+            seconds["a whole token"] += time.perf_counter() - t
+    finally:
+        for owner, name, inner in originals:
+            setattr(owner, name, inner)
+    return {label: s / n for label, s in seconds.most_common()}
+
+
+def report_parts(per_token: dict) -> None:
+    print("  parts, ms/token (each function whole, with what it calls):")
+    for label, s in per_token.items():
+        print(f"    {s * 1e3:7.2f}  {label}")
 
 
 def matrix(collection: str) -> str:
