@@ -190,3 +190,19 @@ def test_every_store_refuses_bad_calls_in_the_same_words(make_store, backend):
         store.fetch("c", np.array([5, 4]))
     with pytest.raises(VecgptError, match="has no collection 'absent'"):
         store.count("absent")
+
+
+def test_one_query_over_every_row_names_the_rows_after_they_change(make_store, backend):
+    """An in-process store answers ids 0..n-1 with a shared array it keeps (base.row_order) until its rows change."""
+    store = make_store(backend)
+    x = rng.standard_normal((50, 8)).astype(np.float32)
+    store.create("r", 8, "l2")
+    store.upsert("r", np.arange(50), x)
+    for added in ([], [100]):  # then a row whose id breaks 0..n-1
+        if added:
+            store.upsert("r", np.array(added), x[:1])
+        hits = store.search("r", x[3:4])
+        order = np.argsort(hits.ids[0])
+        assert hits.ids[0][order].tolist() == list(range(50)) + added
+        truth = true_dists(x[3:4], np.vstack([x, x[:1]])[: 50 + len(added)], "l2")[0]
+        assert np.abs(hits.dists[0][order] - truth).max() <= 1e-3

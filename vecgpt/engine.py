@@ -17,7 +17,6 @@ Writing a model into a store is vecgpt.loading; counting requests is vecgpt.mete
 
 from __future__ import annotations
 
-import functools
 import math
 import uuid
 from contextlib import nullcontext, suppress
@@ -26,7 +25,7 @@ import numpy as np
 
 from vecgpt import encoding
 from vecgpt.attention import RunningSoftmax
-from vecgpt.backends.base import Search, Store, Where
+from vecgpt.backends.base import Search, Store, Where, row_order
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
 from vecgpt.meter import SESSION_PREFIX, Metered, later
@@ -100,18 +99,12 @@ def searched_end(start: int) -> int:
 
 
 def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] -> in row order
-    if (ids == row_order(ids.shape[1])).all():  # found in row order already (an in-process scan)
+    order = row_order(ids.shape[1])
+    if ids.base is order or (ids == order).all():  # found in row order already (an in-process scan says so)
         return np.asarray(values, np.float64)
     y = np.empty(values.shape)
     np.put_along_axis(y, ids, values, axis=1)
     return y
-
-
-@functools.cache
-def row_order(n: int) -> np.ndarray:  # 0..n-1, made once per width (a token compares about 50)
-    order = np.arange(n)
-    order.flags.writeable = False
-    return order
 
 
 def only_model(store: Store) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from vecgpt.backends import _text_log as text_log
 from vecgpt.backends import base
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, matching, record
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, matching, record, row_order
 from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
@@ -68,10 +68,18 @@ class Collection:
         """The ids, attributes and payload of the table's rows (buffers: rows past table.n are spare)."""
         self._ids, self._attrs, self._payload = ids, attrs, payload
         self.slot_of: dict[int, int] = dict(zip(self.ids.tolist(), range(self.table.n)))
+        self._in_order: bool | None = None  # whether ids are 0..n-1 (a model's matrix), found when first asked
 
     @property
     def ids(self) -> np.ndarray:  # [n] slot -> id
         return self._ids[: self.table.n]
+
+    def ids_in_slot_order(self) -> np.ndarray:
+        """Every row's id in slot order: base.row_order(n) itself when they are 0..n-1, which the engine knows
+        for row order without comparing."""
+        if self._in_order is None:
+            self._in_order = bool(np.array_equal(self.ids, row_order(self.table.n)))
+        return row_order(self.table.n) if self._in_order else self.ids
 
     @property
     def attrs(self) -> dict[str, np.ndarray]:
@@ -110,7 +118,7 @@ class Collection:
             self._attrs[a][slots[old]] = column[old]
         self._payload = grow(self._payload, n, payload[new])
         self._payload[slots[old]] = payload[old]
-        self.dirty = True
+        self.dirty, self._in_order = True, None
 
     def rows(self) -> text_log.Rows:
         return text_log.Rows(self.ids, self.table.vectors(np.arange(self.table.n)), self.attrs, self.payload)
@@ -215,7 +223,7 @@ class InProcessStore(FolderStore):
     def _rows_of(self, col: Collection, queries, slots) -> Hits:
         """Every row in slots (None: all)."""
         dists, found = col.table.all_dists(queries, slots)
-        return Hits(col.ids[None] if found is None else col.ids[found], dists)  # None: every row, in slot order
+        return Hits(col.ids_in_slot_order()[None] if found is None else col.ids[found], dists)  # None: every row
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Filtered all-row searches of one collection (a layer's heads) find their rows together, then each scans
