@@ -166,7 +166,7 @@ class FaissTable(Table):
         return -d if self.metric == "ip" else d
 
     def all_dists(self, queries, slots):
-        if slots is not None:  # a key search: FAISS's kernel over the matching rows, gathered
+        if slots is not None:  # a key search: FAISS's by-index kernel over the matching rows
             return self.all_dists_each([queries], [slots])[0]
         if len(queries) == 1:
             return self.every_row(queries), None  # every row, in slot order
