@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
 import io
 import pstats
 import sys
@@ -130,8 +131,11 @@ def timed(store):
 # inside scores_and_projections, say): the pieces the engine and the in-process stores spend a token on,
 # without cProfile's cost on every call (docs/speed.md, "Round 7").
 PARTS = [
-    ("vecgpt.engine", "Session", ["linear", "scatter", "search_of", "weighted_values", "key_searches"]),
-    ("vecgpt.engine", "Session", ["key_columns", "memory_scores", "key_rows", "gpt2"]),
+    (
+        "vecgpt.engine",
+        "Session",
+        "linear scatter search_of weighted_values key_searches key_columns memory_scores key_rows gpt2".split(),
+    ),
     ("vecgpt.engine", None, ["layer_norm", "gelu"]),
     ("vecgpt.backends._in_process", "InProcessStore", ["upsert", "_col"]),  # searches: the meter's line above
     ("vecgpt.backends._in_process", "Collection", ["slots_each"]),
@@ -142,8 +146,6 @@ PARTS = [
 
 def parts(text, ids, n: int) -> dict:
     """Seconds a generated token spends in each of PARTS (a pause before each token, as in interleaved)."""
-    import importlib
-
     seconds, originals = Counter(), []
     cands = text.read(ids)
     for module, cls, names in PARTS:

@@ -118,11 +118,12 @@ current_cpu = _sched_getcpu()
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # where the OS lets threads be kept
 
 
-def padded(slots: list[np.ndarray], counts: list[int], width: int) -> np.ndarray:
-    """[sum(counts), width] int64: each search's slots on each of its queries' rows, -1 after them."""
-    if len(set(map(len, slots))) == 1 and set(counts) == {1}:  # a decode step's heads: one query, n keys each
+def padded(slots: list[np.ndarray], counts: list[int], widths: list[int]) -> np.ndarray:
+    """[sum(counts), max(widths)] int64: each search's slots (widths[i] of them) on each of its queries' rows, -1
+    after them."""
+    if len(set(widths)) == 1 and set(counts) == {1}:  # a decode step's heads: one query, n keys each
         return np.stack(slots)
-    ids, at = np.full((sum(counts), width), -1, np.int64), 0
+    ids, at = np.full((sum(counts), max(widths)), -1, np.int64), 0
     for m, rows in zip(counts, slots):
         ids[at : at + m, : len(rows)] = rows
         at += m
@@ -204,7 +205,7 @@ class FaissTable(Table):
         FAISS skips). A range search with a selector would visit every row of the table (a text's keys of every
         layer and head), and a call per search cost more than the kernel's work here."""
         counts, widths = [len(q) for q in queries], [len(s) for s in slots]
-        x, ids = np.ascontiguousarray(np.concatenate(queries), np.float32), padded(slots, counts, max(widths))
+        x, ids = np.ascontiguousarray(np.concatenate(queries), np.float32), padded(slots, counts, widths)
         out = np.empty(ids.shape, np.float32)
         if out.size:
             threads_for(x, ids.shape[1], self.dim)
