@@ -124,6 +124,31 @@ def test_search_many_matches_single_searches(make_store, backend, n, shared, top
             assert many.ids.tolist() == one.ids.tolist()
 
 
+def test_search_many_sees_rows_added_and_changed(make_store, backend):
+    """A layer's head searches again after rows are added (a text's next token) and after rows move to another layer
+    (an in-process store remembers which rows a layer has between searches)."""
+    store = make_store(backend)
+    _, attrs = filled(store)
+    truth = {"id": np.arange(300) * 7 + 5, **attrs}  # every row as the store should hold it
+    added = {
+        "id": np.arange(300, 312) * 7 + 5,
+        "layer": np.ones(12),
+        "head": np.arange(12) % 4,
+        "position": np.full(12, 25),
+    }
+    moved = {"id": truth["id"][truth["layer"] == 1][:5], **{a: np.zeros(5) for a in attrs}}
+    q = rng.standard_normal((1, 24)).astype(np.float32)
+    wheres = [Where(eq={"layer": 1, "head": h}, lt={"position": 30}) for h in range(4)]
+    for change in (None, added, moved):
+        if change:
+            vectors = rng.standard_normal((len(change["id"]), 24)).astype(np.float32)
+            store.upsert("c", change["id"], vectors, {a: change[a].astype(np.int64) for a in attrs})
+            kept = ~np.isin(truth["id"], change["id"])
+            truth = {a: np.concatenate([truth[a][kept], change[a]]) for a in truth}
+        for where, hits in zip(wheres, store.search_many([Search("c", q, where=w) for w in wheres])):
+            assert sorted(hits.ids[0].tolist()) == sorted(truth["id"][where.mask(truth, len(truth["id"]))].tolist())
+
+
 def test_upsert_overwrites_by_id_and_fetch_round_trips(make_store, backend):
     store = make_store(backend)
     x, _ = filled(store)

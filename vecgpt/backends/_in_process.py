@@ -69,6 +69,7 @@ class Collection:
         self._ids, self._attrs, self._payload = ids, attrs, payload
         self.slot_of: dict[int, int] = dict(zip(self.ids.tolist(), range(self.table.n)))
         self._in_order: bool | None = None  # whether ids are 0..n-1 (a model's matrix), found when first asked
+        self._equal: dict[tuple, tuple[int, np.ndarray, np.ndarray]] = {}  # rows_by's memo, while rows only append
 
     @property
     def ids(self) -> np.ndarray:  # [n] slot -> id
@@ -119,6 +120,8 @@ class Collection:
         self._payload = grow(self._payload, n, payload[new])
         self._payload[slots[old]] = payload[old]
         self.dirty, self._in_order = True, None
+        if old.any():  # a row's attributes may have changed: rows_by starts again
+            self._equal = {}
 
     def rows(self) -> text_log.Rows:
         return text_log.Rows(self.ids, self.table.vectors(np.arange(self.table.n)), self.attrs, self.payload)
@@ -139,20 +142,46 @@ class Collection:
         return None if where is None else np.flatnonzero(where.mask(self._attrs, self.table.n))
 
     def slots_each(self, conditions: Sequence[set]) -> list[np.ndarray]:
-        """Each filter's rows (its Where.conditions()), ascending: the conditions all share (a layer's heads: layer,
-        position) are tested on every row once, the rest only on the rows those leave; where the rest is one
-        attribute's value each (a head), the rows are grouped by that attribute once instead of tested per filter."""
+        """Each filter's rows (its Where.conditions()), ascending. The equalities all share (a layer's heads: layer)
+        select rows remembered between calls (rows_by); the other shared conditions (a position range) are tested on
+        those rows once. Where the rest is one attribute's value each (a head), the rows come grouped by it."""
         shared = set.intersection(*conditions)
-        rows = np.flatnonzero(matching(shared, self.attrs, self.table.n))
-        rest = [c - shared for c in conditions]
-        if by := one_attribute(rest):
-            column = self._attrs[by][rows]
-            order = np.argsort(column, kind="stable")  # stable: each group's rows stay ascending
-            ranked, values = column[order], [value for ((_, _, value),) in rest]
-            starts, ends = np.searchsorted(ranked, values, "left"), np.searchsorted(ranked, values, "right")
-            return [rows[order[a:b]] for a, b in zip(starts.tolist(), ends.tolist())]
+        equal, rest = frozenset(c for c in shared if c[0] is np.equal), [c - shared for c in conditions]
+        by = one_attribute(rest)
+        rows, values = self.rows_by(equal, by)
+        if others := shared - equal:
+            keep = matching(others, {name: self._attrs[name][rows] for _, name, _ in others}, len(rows))
+            rows, values = rows[keep], values[keep]
+        if by:
+            wanted = [value for ((_, _, value),) in rest]
+            starts, ends = np.searchsorted(values, wanted, "left"), np.searchsorted(values, wanted, "right")
+            return [rows[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
         columns = {name: self._attrs[name][rows] for c in rest for _, name, _ in c}  # only what is still tested
         return [rows[matching(c, columns, len(rows))] for c in rest]
+
+    def rows_by(self, equalities: frozenset, by: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """The rows whose attributes equal these values, ordered by attribute `by`, then by slot, and their values of
+        `by` (None: by slot, the rows twice). Remembered; as rows are appended, only the new ones are tested and merged
+        in. A text's key search asks for its layer's rows by head 12 times a token: testing every row each time was a
+        pass over all of a text's keys (144 more a token), and sorting the layer's by head another."""
+        key, n = (equalities, by), self.table.n
+        if len(self._equal) >= MEMO and key not in self._equal:
+            self._equal = {}
+        seen, rows, values = self._equal.get(key, (0, NONE, NONE))
+        if seen < n:
+            tested = {a: self._attrs[a][seen:n] for _, a, _ in equalities}
+            new = seen + np.flatnonzero(matching(equalities, tested, n - seen))
+            rows = np.concatenate([rows, new])
+            values = np.concatenate([values, self._attrs[by][new]]) if by else rows
+            if by:  # the rows held are ordered already: a stable sort merges the new ones in
+                order = np.argsort(values, kind="stable")
+                rows, values = rows[order], values[order]
+            self._equal[key] = (n, rows, values)
+        return rows, values
+
+
+MEMO = 256  # rows_by's answers remembered per collection (a text's key searches use one per layer)
+NONE = np.zeros(0, np.int64)
 
 
 def one_attribute(rest: list[set]) -> str | None:

@@ -6,6 +6,7 @@ Environment: XDG_CACHE_HOME (the default folder). See docs/faiss.md.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import queue
 import threading
@@ -122,7 +123,7 @@ def padded(slots: list[np.ndarray], counts: list[int], widths: list[int]) -> np.
     """[sum(counts), max(widths)] int64: each search's slots (widths[i] of them) on each of its queries' rows, -1
     after them."""
     if len(set(widths)) == 1 and set(counts) == {1}:  # a decode step's heads: one query, n keys each
-        return np.stack(slots)
+        return np.concatenate(slots).reshape(len(slots), widths[0])  # np.stack's checks cost three times as much
     ids, at = np.full((sum(counts), max(widths)), -1, np.int64), 0
     for m, rows in zip(counts, slots):
         ids[at : at + m, : len(rows)] = rows
@@ -214,7 +215,9 @@ class FaissTable(Table):
                 faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
             )
         out = self._sign(out)
-        ends = np.cumsum(counts).tolist()
+        if set(counts) == {1} and len(set(widths)) == 1:  # a decode step's heads: row i is search i's
+            return list(zip(out[:, None], ids[:, None]))
+        ends = itertools.accumulate(counts)
         return [(out[b - m : b, :w], ids[b - m : b, :w]) for m, w, b in zip(counts, widths, ends)]
 
     def topk(self, queries, k, slots):
