@@ -6,7 +6,7 @@ A text collection as the engine writes it at GPT-2 small shape (12 layers x 12 h
 of each length, then --tokens decode steps, each writing its 144 rows and then filtering every layer's heads
 (layer == l, head == h, position < end) as the key search does. Two ways, in turn on the same rows:
 `Collection.slots_each` (the store's: a layer's rows remembered between calls, only new rows tested) and one
-pass over every row per head (`Collection.slots`, what a filter costs without it). Each is timed warm and after
+pass over every row per head (`Where.mask`, what a filter costs without it). Each is timed warm and after
 64 MB are read (a token's scans leave the caches cold). Medians, microseconds a layer. Writes JSON.
 """
 
@@ -53,7 +53,10 @@ def at_length(length: int, tokens: int, rng) -> dict:
     col = Collection(NumpyTable(HD, "ip"), ["layer", "head", "position"], HD)
     col.upsert(key_rows(np.arange(length), rng))
     flush, times = np.ones(16 << 20, np.float32), {}
-    ways = {"remembered": col.slots_each, "every row": lambda conds: [col.slots(w) for w in conds.wheres]}
+    ways = {
+        "remembered": col.slots_each,
+        "every row": lambda conds: [np.flatnonzero(w.mask(col.attrs, col.table.n)) for w in conds.wheres],
+    }
     for step in range(tokens):
         end = length + step - 3  # the key search's end: the WINDOW latest are scored from memory
         col.upsert(key_rows(np.array([length + step]), rng))

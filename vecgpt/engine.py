@@ -25,7 +25,7 @@ import numpy as np
 
 from vecgpt import encoding
 from vecgpt.attention import RunningSoftmax
-from vecgpt.backends.base import Search, Store, Where, row_order
+from vecgpt.backends.base import Search, Store, Where, row_order, stacked
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
 from vecgpt.meter import SESSION_PREFIX, Metered, later
@@ -105,10 +105,6 @@ def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] ->
     y = np.empty(values.shape)
     np.put_along_axis(y, ids, values, axis=1)
     return y
-
-
-def stacked(arrays: list) -> np.ndarray:  # np.stack of arrays of one shape, without its checks (a third the time)
-    return np.concatenate(arrays).reshape(len(arrays), *arrays[0].shape)
 
 
 def only_model(store: Store) -> str:

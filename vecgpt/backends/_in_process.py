@@ -139,7 +139,7 @@ class Collection:
         return twin
 
     def slots(self, where: Where | None) -> np.ndarray | None:
-        return None if where is None else np.flatnonzero(where.mask(self._attrs, self.table.n))
+        return None if where is None else self.slots_each([where.conditions()])[0]
 
     def slots_each(self, conditions: Sequence[set]) -> list[np.ndarray]:
         """Each filter's rows (its Where.conditions()), ascending. The equalities all share (a layer's heads: layer)

@@ -17,6 +17,7 @@ import faiss
 import numpy as np
 
 from vecgpt.backends._in_process import InProcessStore, Table
+from vecgpt.backends.base import stacked
 
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
 
@@ -122,8 +123,6 @@ CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 
 def padded(slots: list[np.ndarray], counts: list[int], widths: list[int]) -> np.ndarray:
     """[sum(counts), max(widths)] int64: each search's slots (widths[i] of them) on each of its queries' rows, -1
     after them."""
-    if len(set(widths)) == 1 and set(counts) == {1}:  # a decode step's heads: one query, n keys each
-        return np.concatenate(slots).reshape(len(slots), widths[0])  # np.stack's checks cost three times as much
     ids, at = np.full((sum(counts), max(widths)), -1, np.int64), 0
     for m, rows in zip(counts, slots):
         ids[at : at + m, : len(rows)] = rows
@@ -206,7 +205,9 @@ class FaissTable(Table):
         FAISS skips). A range search with a selector would visit every row of the table (a text's keys of every
         layer and head), and a call per search cost more than the kernel's work here."""
         counts, widths = [len(q) for q in queries], [len(s) for s in slots]
-        x, ids = np.ascontiguousarray(np.concatenate(queries), np.float32), padded(slots, counts, widths)
+        one_each = set(counts) == {1} and len(set(widths)) == 1  # a decode step's heads: one query, n keys each
+        x = np.ascontiguousarray(np.concatenate(queries), np.float32)
+        ids = stacked(slots) if one_each else padded(slots, counts, widths)
         out = np.empty(ids.shape, np.float32)
         if out.size:
             threads_for(x, ids.shape[1], self.dim)
@@ -215,7 +216,7 @@ class FaissTable(Table):
                 faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
             )
         out = self._sign(out)
-        if set(counts) == {1} and len(set(widths)) == 1:  # a decode step's heads: row i is search i's
+        if one_each:  # row i is search i's
             return list(zip(out[:, None], ids[:, None]))
         ends = itertools.accumulate(counts)
         return [(out[b - m : b, :w], ids[b - m : b, :w]) for m, w, b in zip(counts, widths, ends)]
