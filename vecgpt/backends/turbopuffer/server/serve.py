@@ -33,10 +33,18 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+# Seconds an idle connection stays open. The official client keeps idle connections for 60 s, so the service keeps
+# them at least that long. With uvicorn's default of 5 s, a request sent on a connection just as the server closed it
+# fails as a connection error: the likely cause of one failure in a busy test run (the tests send without retries).
+KEEP_ALIVE_S = 75
+
+
 def uvicorn_server(server: Server):
     import uvicorn
 
-    config = uvicorn.Config(app(server), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(
+        app(server), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+    )
     return uvicorn.Server(config)
 
 
