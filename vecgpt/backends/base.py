@@ -33,11 +33,12 @@ import json
 import os
 import pkgutil
 import re
+import threading
 import types
 import typing
 from collections import abc
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -202,12 +203,44 @@ class tally:
 
 
 def parallel(calls: Sequence, workers: int = 16) -> list:
-    """Run zero-argument callables concurrently, keeping the caller's tally; results in order."""
+    """Run zero-argument callables concurrently, at most `workers` at a time, keeping the caller's tally; results in
+    order. Every call has run when it returns or raises (the first failure, in order)."""
     if len(calls) <= 1:
         return [call() for call in calls]
-    with ThreadPoolExecutor(min(workers, len(calls))) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, call) for call in calls]
-        return [f.result() for f in futures]
+    pool, futures, running = _pool(), [], set()
+    for call in calls:
+        if len(running) >= workers:
+            running = wait(running, return_when=FIRST_COMPLETED).not_done
+        futures.append(pool.submit(contextvars.copy_context().run, call))
+        running.add(futures[-1])
+    wait(running)
+    return [f.result() for f in futures]
+
+
+# Threads kept for `parallel` (a round's requests each took a thread start, ~0.1 ms, and a join): one pool for each
+# depth of parallel() calls inside parallel() calls, so a pool's calls never wait for a thread of their own pool.
+POOL_THREADS = 256
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock, _depth = threading.Lock(), threading.local()
+
+
+def _forget_pools() -> None:  # a forked child has none of the threads, and maybe a lock held by one
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools)
+
+
+def _pool() -> ThreadPoolExecutor:
+    depth = getattr(_depth, "n", 0)
+    with _pools_lock:
+        if depth not in _pools:
+            _pools[depth] = ThreadPoolExecutor(
+                POOL_THREADS, f"vecgpt-parallel-{depth}", initializer=setattr, initargs=(_depth, "n", depth + 1)
+            )
+        return _pools[depth]
 
 
 RETRY_DELAY_S, MAX_RETRY_DELAY_S = 0.25, 8.0  # the turbopuffer client's backoff, used by pgvector too
