@@ -355,3 +355,35 @@ def test_branch_and_copy_are_independent_and_pay_the_commit(client, server):
     assert {i: r["p"] for i, r in _held(client.namespace("cow-branch")).items()} == {0: [9.5], 2: [2.5]}
     assert {i: r.get("p") for i, r in _held(client.namespace("cow-copy")).items()} == {0: [0.5], 1: [1.5], 2: [2.5]}
     assert {i: r.get("p") for i, r in _held(src).items()} == {0: [0.5], 1: [1.5], 2: [7.5], 5: None}
+
+
+def test_float32_scans_follow_every_write_and_add_one_dimension_at_a_time(monkeypatch):
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
+    running = Running(float32=True)
+    try:
+        ns = turbopuffer.Turbopuffer(api_key="local", base_url=running.url, max_retries=0).namespace("f32")
+        rng = np.random.default_rng(4)
+        x = (rng.standard_normal((30, 7)) * np.logspace(-3, 3, 7)).astype(np.float32)
+        q = rng.standard_normal(7).astype(np.float32)
+
+        def distances():  # every row (kept by dimension once), then a part of them (taken from the rows)
+            every = ns.query(rank_by=("vector", "kNN", q.tolist()), top_k=50, filters=["id", "Gte", 0]).rows
+            part = ns.query(rank_by=("vector", "kNN", q.tolist()), top_k=50, filters=["id", "Lt", 10]).rows
+            got = {r.id: r["$dist"] for r in every}
+            assert {r.id: r["$dist"] for r in part} == {i: d for i, d in got.items() if i < 10}
+            return got
+
+        def sequential(rows):  # float32, dimension after dimension
+            acc = np.zeros(len(rows), np.float32)
+            for j in range(rows.shape[1]):
+                acc += (rows[:, j] - q[j]) * (rows[:, j] - q[j])
+            return acc
+
+        ns.write(upsert_columns={"id": list(range(30)), "vector": x.tolist()}, distance_metric="euclidean_squared")
+        assert distances() == dict(enumerate(sequential(x).tolist()))
+        x[3] = x[4] * 2
+        ns.write(upsert_rows=[{"id": 3, "vector": x[3].tolist()}])
+        ns.write(deletes=[7])
+        assert distances() == {i: d for i, d in enumerate(sequential(x).tolist()) if i != 7}
+    finally:
+        running.stop()

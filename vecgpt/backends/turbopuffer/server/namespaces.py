@@ -48,6 +48,7 @@ class Namespace:
         self.unindexed, self.indexed_at = 0, 0.0  # rows written since the index last caught up, and when it will
         self.lock = threading.RLock()
         self._columns: dict = {}
+        self._by_dim = None
 
     @property
     def n(self) -> int:
@@ -212,7 +213,7 @@ class Namespace:
 
     def _touch(self) -> None:
         self.version += 1
-        self._columns = {}
+        self._columns, self._by_dim = {}, None
         self.updated_at = now()
 
     def note_write(self, rows: int, lag_s: float) -> None:
@@ -250,6 +251,13 @@ class Namespace:
             values[:] = raw
         self._columns[name] = (values, present)
         return values, present
+
+    def vectors_by_dim(self) -> np.ndarray:
+        """Every row's vector in float32, one dimension a row [dim, n], as a --float32 scan reads them; kept until
+        the next write (a query holds the lock, so it reads one version)."""
+        if self._by_dim is None:
+            self._by_dim = np.ascontiguousarray(self.vectors[: self.n].T, np.float32)
+        return self._by_dim
 
     def mask(self, f) -> np.ndarray:
         return filters.mask(self, f)

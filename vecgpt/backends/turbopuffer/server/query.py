@@ -126,13 +126,15 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
         raise ApiError(400, "the query vector must be an array of floats") from None
     if qv.shape != (ns.dim,):
         raise ApiError(400, f"query vector has {qv.size} dimensions; the namespace holds [{ns.dim}]f32")
-    if len(chosen) == n:  # every row: no copy
-        data, nrm = vectors, norms
+    if float32:
+        by_dim = ns.vectors_by_dim() if len(chosen) == n else np.ascontiguousarray(vectors[chosen].T, np.float32)
+        d = _distances32(ns.metric, by_dim, qv)
+    elif len(chosen) == n:  # every row: no copy
+        d = _distances(ns.metric, vectors, norms, qv)
     elif len(chosen) and chosen[-1] - chosen[0] == len(chosen) - 1:  # a contiguous run: a view
-        data, nrm = vectors[chosen[0] : chosen[-1] + 1], norms[chosen[0] : chosen[-1] + 1]
+        d = _distances(ns.metric, vectors[chosen[0] : chosen[-1] + 1], norms[chosen[0] : chosen[-1] + 1], qv)
     else:
-        data, nrm = vectors[chosen], norms[chosen]
-    d = (_distances32 if float32 else _distances)(ns.metric, data, nrm, qv)
+        d = _distances(ns.metric, vectors[chosen], norms[chosen], qv)
     want = min(limit + offset, len(d))
     if want < len(d):
         part = np.argpartition(d, want - 1)[:want] if want else np.zeros(0, np.int64)
@@ -153,11 +155,11 @@ def _distances(metric, data, nrm, qv) -> np.ndarray:
     return d.astype(np.float32)
 
 
-def _distances32(metric, data, nrm, qv) -> np.ndarray:
-    """The distance accumulated in float32, one dimension after another (plain sequential order, the
-    worst of the plausible orders): `tpuf-local --float32`. Each step is one correctly rounded float32
-    operation, so the result is the same on every CPU."""
-    cols, q = np.ascontiguousarray(data.T, np.float32), qv.astype(np.float32)  # [dim, rows]
+def _distances32(metric, cols, qv) -> np.ndarray:
+    """The distance of float32 rows given by dimension [dim, rows], accumulated in float32 one dimension after
+    another (plain sequential order, the worst of the plausible orders): `tpuf-local --float32`. Each step is
+    one correctly rounded float32 operation, so the result is the same on every CPU."""
+    q = qv.astype(np.float32)
     acc = np.zeros(cols.shape[1], np.float32)
     if metric == "cosine_distance":
         dd, qq = np.zeros_like(acc), np.float32(0)
