@@ -24,6 +24,10 @@ k-th (the most a pair of errors of at most tol can move it past a member of the 
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from vecgpt import encoding
@@ -31,9 +35,10 @@ from vecgpt.encoding import U32, U64
 from vecgpt.engine import searched_end
 from vecgpt.reference import Reference, query_rows, value_output
 from vecgpt.sampling import Candidates
-from vecgpt.weights import Model
+from vecgpt.weights import Model, flatten
 
 PATTERNS, SAFETY = 4, 2.0
+MEMO_ENTRIES = 32  # the numpy sides remembered (`remembered`); a GPT-2 small row of logits is 0.4 MB a step
 
 
 def unit_roundoff(backend: str) -> float:
@@ -113,6 +118,13 @@ def teacher_forced(reader, prompt: list[int], tokens: list[int], k: int) -> list
 
 def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=None) -> np.ndarray:
     """float64 numpy's full logits [steps, vocab] at the same steps as teacher_forced."""
+    if perturb is None:
+        key = ("forced", ints(prompt), ints(tokens))
+        return remembered(model64, key, lambda: _forced_logits(model64, prompt, tokens, None))
+    return _forced_logits(model64, prompt, tokens, perturb)
+
+
+def _forced_logits(model64, prompt, tokens, perturb) -> np.ndarray:
     ref = Reference(model64, np.float64)
     ref.perturb = perturb
     rows = [ref.logits(prompt)[-1]] + [ref.logits([t])[-1] for t in tokens[:-1]]
@@ -131,7 +143,12 @@ def logit_tolerance(
 ) -> np.ndarray:
     """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
     (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way;
-    layout: the model's, vecgpt.config.LAYOUTS)."""
+    layout: the model's, vecgpt.config.LAYOUTS; exact: forced_logits of the same arguments, if the caller has it)."""
+    key = ("tolerance", ints(prompt), ints(tokens), metric, float(u), float(stored), layout)
+    return remembered(model64, key, lambda: _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout))
+
+
+def _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout) -> np.ndarray:
     exact = forced_logits(model64, prompt, tokens) if exact is None else exact
     moved = [
         np.abs(
@@ -167,6 +184,11 @@ def block_tolerance(
 ) -> tuple[np.ndarray, np.ndarray]:
     """float64 numpy's logits [positions, vocab] for one block of ids, and the tolerance per position
     (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way)."""
+    key = ("block", ints(ids), metric, float(u), float(stored), layout)
+    return remembered(model64, key, lambda: _block_tolerance(model64, ids, metric, u, stored, layout))
+
+
+def _block_tolerance(model64, ids, metric, u, stored, layout) -> tuple[np.ndarray, np.ndarray]:
     exact = Reference(model64, np.float64).logits(ids)
     moved = []
     for seed in range(PATTERNS):
@@ -174,6 +196,41 @@ def block_tolerance(
         ref.perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored, layout)
         moved.append(np.abs(ref.logits(ids) - exact).max(1))
     return exact, SAFETY * np.max(moved, axis=0)
+
+
+_memo: OrderedDict = OrderedDict()
+_memo_lock = threading.Lock()
+
+
+def remembered(model: Model, key: tuple, compute):
+    """compute(), remembered by the model's weights (their bytes, not their name) and key: a comparison's numpy
+    side is the same for every store compared with it (the tests, the agreement experiment), and takes seconds.
+    Arrays come back read-only, as they are shared."""
+    key = (weights_digest(model), *key)
+    with _memo_lock:
+        if key in _memo:
+            _memo.move_to_end(key)
+            return _memo[key]
+    value = compute()
+    for a in value if isinstance(value, tuple) else (value,):
+        a.flags.writeable = False
+    with _memo_lock:
+        _memo[key] = value
+        while len(_memo) > MEMO_ENTRIES:
+            _memo.popitem(last=False)
+    return value
+
+
+def weights_digest(model: Model) -> str:
+    digest = hashlib.sha256()
+    for name, value in sorted(flatten(model.params).items()):
+        digest.update(f"{name} {value.dtype.str} {value.shape}".encode())
+        digest.update(np.ascontiguousarray(value).data)
+    return digest.hexdigest()
+
+
+def ints(ids) -> tuple[int, ...]:
+    return tuple(int(i) for i in ids)
 
 
 def disagreements(c: Candidates, ref: np.ndarray, k: int, tol: float) -> list[str]:
