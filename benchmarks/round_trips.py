@@ -209,11 +209,13 @@ def measure_text(store, model, args, layout: str = "four") -> dict:
     assert len(ids) == 10, len(ids)
     text = Engine(store, model=store_fingerprint(model, "l2", layout)).open()
     cands, prompt_s, prompt_used = token_usage(store, lambda: text.read(ids))
-    decode = []
+    decode, cpu = [], []
     for _ in range(args.n):
         text.meter.start_token()
+        before = time.process_time()  # this process's CPU, every thread: the client's, as the server runs apart
         cands, s, used = token_usage(store, lambda c=cands: text.read([int(c.ids[0])]))
         decode.append((s, used))
+        cpu.append(time.process_time() - before)
     # A step's writes land beside the next step's searches and are billed in its window; the last step's land
     # here, after its read: counted in its tally, so the mean bills every step's writes once.
     _, _, landed = token_usage(store, text.drain)
@@ -233,7 +235,7 @@ def measure_text(store, model, args, layout: str = "four") -> dict:
             "round_trips_by_kind": first["round_trips_by_kind"],
             "dollars": tpb.dollars(prompt_used),
         },
-        "per_token": per_token(toks, decode),
+        "per_token": {**per_token(toks, decode), "client_cpu_seconds": float(np.median(cpu))},
         "stored_model": stored_model(model, args.replicas, layout),
         "text_bytes_per_position": held[text.name]["bytes"] / text.position,
         "text_memory_bytes_per_position": text.keys[:, :1].nbytes
@@ -287,7 +289,7 @@ def report(r, out):
     print(
         f"  per generated token: {t['round_trips']:.0f} round trips, {t['seconds']:.2f} s "
         f"(floor {r['floor_seconds_per_token']:.2f} s at {r['latency_ms']:.0f} ms each), {t['requests']:.0f} requests "
-        f"({t['subqueries']:.0f} subqueries), ${t['dollars']:.6f}"
+        f"({t['subqueries']:.0f} subqueries), ${t['dollars']:.6f}; the client's CPU {t['client_cpu_seconds']:.2f} s"
     )
     print(f"    requests by kind: {t['by_kind']}")
     print(f"    seconds by kind: {t['seconds_by_kind']}")

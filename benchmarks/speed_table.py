@@ -97,6 +97,7 @@ def turbopuffer_row(model, args) -> dict:
         "config": "configs/turbopuffer.toml",
         "prompt_s": r["prompt"]["seconds"],
         "per_token_s": t["seconds"],
+        "client_cpu_per_token_s": t["client_cpu_seconds"],  # the server runs in a process of its own
         "load_s": r["load"]["seconds"],
         "requests_per_token": t["requests"],
         "round_trips_per_token": t["round_trips"],
