@@ -222,6 +222,8 @@ def remembered(model: Model, key: tuple, compute):
 
 
 def weights_digest(model: Model) -> str:
+    """The weights' own bytes, dtype and shape (not `fingerprint`, which names a store's model by its float32 values:
+    two float64 models that round alike would share it)."""
     digest = hashlib.sha256()
     for name, value in sorted(flatten(model.params).items()):
         digest.update(f"{name} {value.dtype.str} {value.shape}".encode())
