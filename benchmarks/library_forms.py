@@ -6,7 +6,8 @@ pgvector: a local PostgreSQL from pgserver in a temporary folder (vecgpt's setti
 table per matrix, `embedding` SET STORAGE PLAIN (rows inline, docs/pgvector.md); documents wider than a page holds
 (mlp.c_proj's 3,074 floats) as two PLAIN rows of 1,537 (row 2j + p: part p of document j, as vecgpt's wide.py),
 each row's distance to its half of the query returned (a document's is sqrt(d0^2 + d1^2): not formed here).
-LanceDB: a table per matrix in a temporary folder, written in batches of loading.BATCH rows as vecgpt loads.
+LanceDB: a table per matrix in a temporary folder, written in batches of loading.BATCH rows as vecgpt loads, in
+Lance's v1 files (vecgpt's default) and in its v2 files.
 """
 
 from __future__ import annotations
@@ -154,23 +155,32 @@ def lancedb_forms(tables, threads):
     import pyarrow as pa
 
     folder = tempfile.mkdtemp(prefix="vecgpt-floors-lance-")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # 500 MB at GPT-2 small
-    db = lancedb.connect(folder)
-    handles = []
-    for i, (rows, _) in enumerate(tables):
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.ravel()), rows.shape[1])
-        whole = pa.table({"id": np.arange(len(rows)), "vector": vectors})
-        # in batches of loading.BATCH rows, as vecgpt writes: wte written whole scanned 2.7x slower (docs/speed.md)
-        handles.append(db.create_table(f"t{i}", pa.Table.from_batches(whole.to_batches(max_chunksize=loading.BATCH))))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # 500 MB at GPT-2 small, a file format
+    handles = {}
+    for file_format in ("legacy", "stable"):  # vecgpt's default, Lance's (docs/lancedb.md)
+        options = {"new_table_data_storage_version": file_format}
+        db = lancedb.connect(f"{folder}/{file_format}", storage_options=options)
+        handles[file_format] = []
+        for i, (rows, _) in enumerate(tables):
+            vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows.ravel()), rows.shape[1])
+            whole = pa.table({"id": np.arange(len(rows)), "vector": vectors})
+            # in batches of loading.BATCH rows, as vecgpt writes: wte written whole scanned 2.7x slower
+            batches = pa.Table.from_batches(whole.to_batches(max_chunksize=loading.BATCH))
+            handles[file_format].append(db.create_table(f"t{i}", batches))
 
-    def form(batch: int):
+    def form(batch: int, file_format: str):
         def run(i, q):
-            query = handles[i].search(np.vstack([q] * batch) if batch > 1 else q).distance_type("dot")
+            table = handles[file_format][i]
+            query = table.search(np.vstack([q] * batch) if batch > 1 else q).distance_type("dot")
             return query.limit(tables[i][1] or len(tables[i][0])).select(["id", "_distance"]).to_arrow()
 
         return run
 
-    return {"search(q).limit(rows).to_arrow()": form(1), "search([q, q]) (2-query batch, both kept)": form(2)}
+    return {
+        "search(q).limit(rows).to_arrow(), v1 files": form(1, "legacy"),
+        "search([q, q]) (2-query batch, both kept), v1 files": form(2, "legacy"),
+        "search(q).limit(rows).to_arrow(), v2 files": form(1, "stable"),
+    }
 
 
 FORMS = {"numpy": numpy_forms, "faiss": faiss_forms, "pgvector": pgvector_forms, "lancedb": lancedb_forms}

@@ -22,8 +22,10 @@ def connect(
     concurrent: bool = True,
     index_attrs: Sequence[str] = ("layer", "head"),
     index_rows: int = 2048,
+    file_format: str = "legacy",
 ) -> LanceStore:
     """path: the store's folder; compact_every: writes to a table between compactions (0: never,
     except at the end of a load); concurrent: let the engine send a round's requests from threads;
-    index_attrs: attributes given a bitmap index when a table of index_rows rows or more is compacted."""
-    return LanceStore(path, compact_every, concurrent, index_attrs, index_rows)
+    index_attrs: attributes given a bitmap index when a table of index_rows rows or more is compacted;
+    file_format: Lance's file format for new tables ("legacy", "stable", "2.1")."""
+    return LanceStore(path, compact_every, concurrent, index_attrs, index_rows, file_format)
