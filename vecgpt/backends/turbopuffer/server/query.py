@@ -129,12 +129,8 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
     if float32:
         by_dim = ns.vectors_by_dim() if len(chosen) == n else np.ascontiguousarray(vectors[chosen].T, np.float32)
         d = _distances32(ns.metric, by_dim, qv)
-    elif len(chosen) == n:  # every row: no copy
-        d = _distances(ns.metric, vectors, norms, qv)
-    elif len(chosen) and chosen[-1] - chosen[0] == len(chosen) - 1:  # a contiguous run: a view
-        d = _distances(ns.metric, vectors[chosen[0] : chosen[-1] + 1], norms[chosen[0] : chosen[-1] + 1], qv)
     else:
-        d = _distances(ns.metric, vectors[chosen], norms[chosen], qv)
+        d = _distances(ns.metric, *_chosen_rows(vectors, norms, chosen, n), qv)
     want = min(limit + offset, len(d))
     if want < len(d):
         part = np.argpartition(d, want - 1)[:want] if want else np.zeros(0, np.int64)
@@ -142,6 +138,15 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
         part = np.arange(len(d))
     order = part[np.argsort(d[part], kind="stable")][offset:]
     return chosen[order], d[order]
+
+
+def _chosen_rows(vectors, norms, chosen, n):
+    """The chosen rows' vectors and norms: views where they are every row or one run of rows."""
+    if len(chosen) == n:
+        return vectors, norms
+    if len(chosen) and chosen[-1] - chosen[0] == len(chosen) - 1:
+        return vectors[chosen[0] : chosen[-1] + 1], norms[chosen[0] : chosen[-1] + 1]
+    return vectors[chosen], norms[chosen]
 
 
 def _distances(metric, data, nrm, qv) -> np.ndarray:
