@@ -1,8 +1,12 @@
-"""The FAISS store's split scans: one share in the calling thread, each other on a worker kept on another core."""
+"""The FAISS store's threads: a big one-query scan's shares (one in the calling thread, each other on a worker kept on
+another core), and a forked child's searches."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -78,3 +82,35 @@ def test_a_share_that_fails_on_a_worker_fails_the_scan_once_every_share_has_run(
     assert sorted(ran) == ["here", "worker"]
     faiss_store.in_threads([lambda: ran.append("again"), lambda: None])  # the worker still takes shares
     assert ran.count("again") == 1
+
+
+FORKED = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from vecgpt.backends import faiss as faiss_store
+
+    store = faiss_store.connect(path=sys.argv[1], threads=2)
+    rng = np.random.default_rng(0)
+    store.create("m", 512, "l2")
+    store.upsert("m", np.arange(4096), rng.standard_normal((4096, 512)).astype(np.float32))
+    block = rng.standard_normal((64, 512)).astype(np.float32)  # 2^27 multiply-adds: OpenMP's threads
+    before = store.search("m", block)
+    pid = os.fork()
+    if pid == 0:
+        again = store.search("m", block)  # OpenMP's threads again
+        one = store.search("m", block[:1])  # a one-query scan: split, and |x|^2 made here
+        same = np.array_equal(again.ids, before.ids) and np.array_equal(one.ids, before.ids[:1])
+        os._exit(0 if same and faiss_store.THREADS[0] == 1 else 3)
+    _, status = os.waitpid(pid, 0)
+    sys.exit(os.waitstatus_to_exitcode(status))
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this OS")
+def test_a_forked_child_searches_after_the_parent_ran_openmps_threads(tmp_path):
+    # GNU OpenMP's threads do not survive a fork: without the store's fork handler the child waits forever.
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    done = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path)], env=env, timeout=60, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]

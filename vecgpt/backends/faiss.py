@@ -35,7 +35,16 @@ PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads 
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
 _WORKERS: dict[int, Worker] = {}  # in_threads' workers, by number
-os.register_at_fork(after_in_child=_WORKERS.clear)  # a forked child has none of their threads
+
+
+def _forked() -> None:
+    """In a forked child: no worker threads, and FAISS on one thread. GNU OpenMP's threads do not survive a fork,
+    and once the parent has run a parallel region, the child's next one with more than one thread waits forever."""
+    _WORKERS.clear()
+    THREADS[0] = 1
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
@@ -196,6 +205,7 @@ class FaissTable(Table):
             return np.negative(dots, out=dots)[None]
         if self._norms is None:
             self._norms = np.empty(self.n, np.float32)
+            faiss.omp_set_num_threads(THREADS[0])
             faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
         return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
 
