@@ -1,6 +1,7 @@
 """What the LanceDB backend adds to the conformance suite: distance conversion and precision,
 idempotent loads, bounded table versions under many small writes, exact prefiltered search even
-where a vector index exists, and compaction racing searches from other threads."""
+where a vector index exists, a model's tables searched through an index of one partition, exactly, and
+compaction racing searches from other threads."""
 
 import threading
 
@@ -13,6 +14,7 @@ from lancedb.index import IvfFlat  # noqa: E402
 
 from vecgpt import weights  # noqa: E402
 from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.backends.lancedb.table import FLAT_INDEX  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import (
     collection,  # noqa: E402
@@ -225,3 +227,52 @@ def test_each_file_format_is_written_and_searched_alike(make_store, tmp_path):
     np.testing.assert_allclose(found["legacy"][1], found["stable"][1], rtol=0, atol=1e-4)
     with pytest.raises(VecgptError, match="file_format 'v3' is not one of Lance's"):
         make_store("lancedb", path=str(tmp_path / "bad"), file_format="v3")
+
+
+def flat_indexed(store, name) -> bool:
+    return any(index.name == FLAT_INDEX for index in store._table(name).handle.list_indices())
+
+
+def test_a_models_tables_are_searched_exactly_through_an_index_of_one_partition(make_store):
+    """flush() (a load's end) gives every table but a text's an IVF_FLAT index of one partition, which unfiltered
+    searches read: every row is scored. Rows written later are found too, and a compaction rebuilds the index
+    (Lance 0.40's optimize, merging rows into it, lost most of them)."""
+    store = make_store("lancedb", compact_every=2)
+    x = rng.standard_normal((18000, 8)).astype(np.float32)
+    store.create("m", 8, "l2", attrs=("row",))
+    for start in range(0, 2000, 400):  # compacted after every two writes, as a load is, and not indexed yet
+        store.upsert("m", np.arange(start, start + 400), x[start : start + 400], {"row": np.arange(start, start + 400)})
+    assert not flat_indexed(store, "m")
+    keys(store, "text-k", n=240, dim=8)
+    store.flush()
+    assert flat_indexed(store, "m") and store._table("m").flat and not flat_indexed(store, "text-k")
+
+    def check(n):
+        q = rng.standard_normal((1, 8)).astype(np.float32)
+        truth = ((q.astype(np.float64) - x[:n].astype(np.float64)) ** 2).sum(-1)
+        tol = 8 * EPS32 * ((q.astype(np.float64) ** 2).sum() + (x[:n].astype(np.float64) ** 2).sum(-1))
+        every = store.search("m", q)
+        assert sorted(every.ids[0].tolist()) == list(range(n))
+        assert np.all(np.abs(every.dists[0] - truth[every.ids[0]]) <= tol[every.ids[0]])
+        top = store.search("m", q, k=5)
+        order = np.argsort(truth)
+        if truth[order[5]] - truth[order[4]] > 2 * tol.max():  # the fifth and sixth rows are told apart
+            assert sorted(top.ids[0].tolist()) == sorted(order[:5].tolist())
+
+    check(2000)
+    x[:100] = rng.standard_normal((100, 8)).astype(np.float32)  # rows overwritten, then rows added
+    store.upsert("m", np.arange(100), x[:100], {"row": np.arange(100)})
+    check(2000)
+    # the second write, so a compaction: merged into the index by Lance, most of 16,000 new rows were lost
+    store.upsert("m", np.arange(2000, 18000), x[2000:], {"row": np.arange(2000, 18000)})
+    assert flat_indexed(store, "m") and store._table("m").writes == 0
+    check(18000)
+
+
+def test_flat_index_false_leaves_tables_unindexed(make_store):
+    store = make_store("lancedb", flat_index=False)
+    store.create("m", 8, "ip")
+    store.upsert("m", np.arange(50), rng.standard_normal((50, 8)).astype(np.float32))
+    store.flush()
+    assert not flat_indexed(store, "m") and not store._table("m").flat
+    assert store.search("m", np.ones((1, 8), np.float32)).ids.shape == (1, 50)

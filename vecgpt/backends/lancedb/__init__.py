@@ -1,4 +1,5 @@
-"""LanceDB, embedded: one Lance table per collection in a folder, searched by exact flat scans.
+"""LanceDB, embedded: one Lance table per collection in a folder, searched by exact flat scans (a model's tables
+through an index of one partition, which every search reads whole).
 
 Environment: XDG_CACHE_HOME (the default folder, $XDG_CACHE_HOME/vecgpt/lancedb or
 ~/.cache/vecgpt/lancedb). See docs/lancedb.md.
@@ -23,9 +24,11 @@ def connect(
     index_attrs: Sequence[str] = ("layer", "head"),
     index_rows: int = 2048,
     file_format: str = "legacy",
+    flat_index: bool = True,
 ) -> LanceStore:
     """path: the store's folder; compact_every: writes to a table between compactions (0: never,
     except at the end of a load); concurrent: let the engine send a round's requests from threads;
     index_attrs: attributes given a bitmap index when a table of index_rows rows or more is compacted;
-    file_format: Lance's file format for new tables ("legacy", "stable", "2.1")."""
-    return LanceStore(path, compact_every, concurrent, index_attrs, index_rows, file_format)
+    file_format: Lance's file format for new tables ("legacy", "stable", "2.1"); flat_index: give every table but
+    a text's an IVF_FLAT index of one partition when a load ends, and search it."""
+    return LanceStore(path, compact_every, concurrent, index_attrs, index_rows, file_format, flat_index)

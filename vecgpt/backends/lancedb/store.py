@@ -13,12 +13,22 @@ import lancedb
 import numpy as np
 import pyarrow as pa
 from lancedb.background_loop import LOOP
-from lancedb.index import Bitmap
+from lancedb.index import Bitmap, IvfFlat
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
 from vecgpt.backends.base import FolderStore, Hits, Metric, Search, record
-from vecgpt.backends.lancedb.table import RESERVED, Table, fixed, floats, lance_errors, schema, sql
+from vecgpt.backends.lancedb.table import (
+    DISTANCE,
+    FLAT_INDEX,
+    RESERVED,
+    Table,
+    fixed,
+    floats,
+    lance_errors,
+    schema,
+    sql,
+)
 from vecgpt.errors import VecgptError
 
 FEW = 1024  # ids a fetch names in its filter; more are read as a range
@@ -37,6 +47,7 @@ class LanceStore(FolderStore):
         index_attrs: Sequence[str] = ("layer", "head"),
         index_rows: int = 2048,
         file_format: str = "legacy",
+        flat_index: bool = True,
     ):
         if file_format not in FILE_FORMATS:
             raise VecgptError(f"file_format {file_format!r} is not one of Lance's: {', '.join(FILE_FORMATS)}")
@@ -49,6 +60,7 @@ class LanceStore(FolderStore):
         self.compact_every = compact_every
         self.concurrent = concurrent  # the engine may send a round's requests from several threads
         self.index_attrs, self.index_rows = tuple(index_attrs), index_rows
+        self.flat_index = flat_index  # a model's tables get an IVF_FLAT index of one partition when compacted
         self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()  # guards _tables
 
@@ -112,7 +124,7 @@ class LanceStore(FolderStore):
             table.writes += 1
             table.changed()
             if self.compact_every and table.writes >= self.compact_every:
-                self._compact(table)
+                self._compact(table, index=table.flat)  # a load's first rows are not indexed: flush() does that
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         return self._searches([Search(name, queries, k, where)])[0]
@@ -252,11 +264,20 @@ class LanceStore(FolderStore):
             with table.lock.write():
                 self._compact(table)
 
-    def _compact(self, table: Table) -> None:  # the caller holds table.lock.write()
+    def _compact(self, table: Table, index: bool = True) -> None:  # the caller holds table.lock.write()
         with warnings.catch_warnings():  # "a concurrent reader would fail": none can, we hold the write lock
             warnings.simplefilter("ignore")
+            if table.flat:  # rebuilt below: Lance 0.40's optimize, merging new rows into it, lost most rows' vectors
+                table.handle.drop_index(FLAT_INDEX)
+                table.flat = False
             table.handle.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
             table.changed()
+            if index and self.flat_index and table.row_count() and not table.handle.name.startswith("text-"):
+                # One partition holds every row, so a search of it is a flat scan, of vectors LanceDB keeps in memory
+                # (twice as fast here, docs/speed.md); a text's keys, written every token, are scanned as they lie.
+                config = IvfFlat(distance_type=DISTANCE[table.metric], num_partitions=1)
+                table.handle.create_index("vector", config=config, name=FLAT_INDEX)
+                table.flat = True
             if table.row_count() >= self.index_rows:  # bitmaps, so a filter reads only the rows it keeps
                 for attr in [a for a in self.index_attrs if a in table.attrs and a not in table.indexed]:
                     table.handle.create_index(attr, config=Bitmap())

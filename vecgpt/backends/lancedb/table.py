@@ -16,6 +16,7 @@ from vecgpt.backends.base import Metric, Where
 
 DISTANCE = {"l2": "l2", "ip": "dot"}  # LanceDB's names
 RESERVED = {"id", "vector", "payload"}  # the columns a table may have beside its attributes
+FLAT_INDEX = "vecgpt_flat"  # the name of a table's IVF_FLAT index of one partition (LanceStore._compact)
 
 
 class RWLock:
@@ -67,7 +68,9 @@ class Table:
         self.ids: set[int] | None = None  # the ids held, read on the first upsert
         self.rows: int | None = None  # row count, kept up to date by this process's writes
         self.writes = 0  # writes since the last compaction
-        self.indexed = {c for index in handle.list_indices() for c in index.columns}
+        indices = handle.list_indices()
+        self.indexed = {c for index in indices for c in index.columns}
+        self.flat = any(index.name == FLAT_INDEX for index in indices)  # only one partition: searched, it is exact
         self.rowids: tuple[np.uint64, np.ndarray] | None = None  # first _rowid, ids by _rowid; None after a write
 
     def changed(self) -> None:
@@ -89,13 +92,17 @@ class Table:
     async def nearest(self, vectors: np.ndarray, columns: list[str], limit: int, where: str | None = None):
         """An exact search (a flat scan by the table's metric, whatever index the table has), run on LanceDB's
         event loop: pa.Table of _rowid, _distance, `columns` and (two or more vectors) query_index."""
-        # Two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it scans;
-        # one vector takes a TopK that copies the vector of every row it keeps (docs/speed.md), so a lone query
-        # for every row is sent twice (the same distances: one kernel) and its copy dropped.
-        twice = len(vectors) == 1 and limit >= self.rows  # counted by the caller: no sync call on the loop
+        # An unfiltered search of a table with the store's index reads it: one partition, so every row is scored,
+        # from vectors LanceDB keeps in memory, in half the time of a scan of the table's files (docs/speed.md).
+        # Otherwise two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it
+        # scans; one vector takes a TopK that copies the vector of every row it keeps, so a lone query for every
+        # row is sent twice (the same distances: one kernel) and its copy dropped.
+        indexed = self.flat and where is None
+        twice = not indexed and len(vectors) == 1 and limit >= self.rows  # counted by the caller: no sync call here
         query = self.query() if where is None else self.query().where(where)
         query = query.nearest_to(np.vstack([vectors, vectors]) if twice else vectors)  # rows: one query each
-        query = query.column("vector").distance_type(DISTANCE[self.metric]).bypass_vector_index()
+        query = query.column("vector").distance_type(DISTANCE[self.metric])
+        query = query.nprobes(1) if indexed else query.bypass_vector_index()
         result = await collect(query.select(columns).with_row_id().limit(limit))
         return result.filter(pc.equal(result["query_index"], 0)).drop_columns("query_index") if twice else result
 
