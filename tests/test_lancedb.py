@@ -13,7 +13,7 @@ pytest.importorskip("lancedb")
 from lancedb.index import IvfFlat  # noqa: E402
 
 from vecgpt import weights  # noqa: E402
-from vecgpt.backends.base import Where  # noqa: E402
+from vecgpt.backends.base import Search, Where  # noqa: E402
 from vecgpt.backends.lancedb.table import FLAT_INDEX  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import (
@@ -276,3 +276,28 @@ def test_flat_index_false_leaves_tables_unindexed(make_store):
     store.flush()
     assert not flat_indexed(store, "m") and not store._table("m").flat
     assert store.search("m", np.ones((1, 8), np.float32)).ids.shape == (1, 50)
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        [{"eq": {"layer": 1, "head": h}, "lt": {"position": 30}} for h in range(4)],  # a layer's heads: head IN (...)
+        [{"eq": {"layer": 1}}, {"eq": {"layer": 1}, "ge": {"position": 20}}],  # one keeps every row of the shared
+        [{"eq": {"layer": 0, "head": 1}}, {"eq": {"layer": 2}, "lt": {"position": 10}}, {"ge": {"position": 45}}],
+    ],
+)
+def test_filtered_searches_sent_together_find_what_each_finds_alone(make_store, filters):
+    store = make_store("lancedb")
+    keys(store, "text-k", n=600, dim=16)
+    searches = [
+        Search("text-k", rng.standard_normal((m, 16)).astype(np.float32), where=Where(**f))
+        for m, f in zip([1, 2, 1, 3], filters)
+    ]
+    together = store.search_many(searches)
+    for s, hits in zip(searches, together):
+        alone = store.search(s.collection, s.queries, where=s.where)
+        assert hits.ids.shape == alone.ids.shape and hits.ids.shape[1] > 0
+        for row in range(len(s.queries)):
+            mine, theirs = np.argsort(hits.ids[row]), np.argsort(alone.ids[row])
+            assert np.array_equal(hits.ids[row][mine], alone.ids[row][theirs])
+            assert np.allclose(hits.dists[row][mine], alone.dists[row][theirs], rtol=1e-6, atol=1e-5)

@@ -28,6 +28,7 @@ from vecgpt.backends.lancedb.table import (
     lance_errors,
     schema,
     sql,
+    union,
 )
 from vecgpt.errors import VecgptError
 
@@ -160,28 +161,32 @@ class LanceStore(FolderStore):
 
     @lance_errors
     def _search_union(self, searches: Sequence[Search]) -> list[Hits]:
-        """Filtered all-row searches of one table (a layer's heads) as one query: every query
-        vector against the union of the filters, then each search keeps its own matches."""
+        """Filtered all-row searches of one table (a layer's heads) as one query: every query vector against the
+        rows any filter keeps (the conditions all filters share once, docs/lancedb.md), then each search keeps its
+        own matches."""
         table = self._table(searches[0].collection)
         queries = [base.check_vectors(s.collection, s.queries, table.dim) for s in searches]
         for s in searches:
             base.check_where(s.collection, s.where, table.attrs)
-        union = " OR ".join(f"({sql(s.where)})" for s in searches)
-        columns = sorted(set().union(*(s.where.attributes() for s in searches)))
+        shared = frozenset.intersection(*(frozenset(s.where.conditions()) for s in searches))
+        own = [s.where.conditions() - shared for s in searches]
+        columns = sorted({name for conditions in own for _, name, _ in conditions})
         stacked = np.vstack(queries)
         record(1, len(stacked))
         with table.lock.read():
-            result = LOOP.run(table.nearest(stacked, ["id", "_distance", *columns], max(table.row_count(), 1), union))
+            limit = max(table.row_count(), 1)
+            result = LOOP.run(table.nearest(stacked, ["id", "_distance", *columns], limit, union(shared, own)))
         order = np.argsort(result["query_index"].to_numpy(), kind="stable")
         which = result["query_index"].to_numpy()[order]
         ids, dists = result["id"].to_numpy()[order], table.distances(result)[order]
         attrs = {c: result[c].to_numpy()[order] for c in columns}
-        out, first = [], 0
-        for s, q in zip(searches, queries):
-            keep = s.where.mask(attrs, len(ids)) & (which >= first) & (which < first + len(q))
+        ends = np.searchsorted(which, np.cumsum([len(q) for q in queries]))  # rows of search i: which < ends[i]
+        out, start = [], 0
+        for q, conditions, end in zip(queries, own, ends.tolist()):
+            keep = base.matching(conditions, {c: attrs[c][start:end] for c in columns}, end - start)
             n = int(keep.sum()) // max(len(q), 1)
-            out.append(Hits(ids[keep].reshape(len(q), n), dists[keep].reshape(len(q), n)))
-            first += len(q)
+            out.append(Hits(ids[start:end][keep].reshape(len(q), n), dists[start:end][keep].reshape(len(q), n)))
+            start = end
         return out
 
     @lance_errors

@@ -202,9 +202,27 @@ def lance_errors(method):
 def sql(where: Where | None) -> str | None:
     if where is None:
         return None
-    terms = (
-        [f"{a} = {int(v)}" for a, v in where.eq.items()]
-        + [f"{a} < {int(v)}" for a, v in where.lt.items()]
-        + [f"{a} >= {int(v)}" for a, v in where.ge.items()]
-    )
-    return " AND ".join(terms) or None
+    return " AND ".join(terms(where.conditions())) or None
+
+
+def union(shared: frozenset, own: list[set]) -> str | None:
+    """SQL for the rows that any of the filters shared & own[i] keeps (Where.conditions): the shared conditions
+    once, then the filters' own, as one IN where each is one equality on the same attribute (a layer's heads:
+    cheaper for LanceDB than twelve ORs of whole filters)."""
+    parts = terms(shared)
+    if own and all(own):  # a filter with no condition of its own keeps every row the shared conditions keep
+        names = {name for conditions in own for _, name, _ in conditions}
+        if len(names) == 1 and all(len(c) == 1 and next(iter(c))[0] is np.equal for c in own):
+            values = sorted({int(value) for conditions in own for *_, value in conditions})
+            parts.append(f"{names.pop()} IN ({', '.join(map(str, values))})")
+        else:
+            parts.append("(" + " OR ".join(f"({' AND '.join(terms(c))})" for c in own) + ")")
+    return " AND ".join(parts) or None
+
+
+OPS = {np.equal: "=", np.less: "<", np.greater_equal: ">="}
+
+
+def terms(conditions) -> list[str]:
+    """Where.conditions as SQL terms, in a fixed order."""
+    return sorted(f"{name} {OPS[op]} {int(value)}" for op, name, value in conditions)
