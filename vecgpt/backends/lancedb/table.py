@@ -90,8 +90,9 @@ class Table:
         return self.rows
 
     async def nearest(self, vectors: np.ndarray, columns: list[str], limit: int, where: str | None = None):
-        """An exact search (a flat scan by the table's metric, whatever index the table has), run on LanceDB's
-        event loop: pa.Table of _rowid, _distance, `columns` and (two or more vectors) query_index."""
+        """An exact search by the table's metric (a flat scan, or the store's index of one partition, which scores
+        every row; never another index), run on LanceDB's event loop: pa.Table of _rowid, _distance, `columns`
+        and (two or more vectors) query_index."""
         # An unfiltered search of a table with the store's index reads it: one partition, so every row is scored,
         # from vectors LanceDB keeps in memory, in half the time of a scan of the table's files (docs/speed.md).
         # Otherwise two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it
