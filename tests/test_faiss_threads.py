@@ -10,6 +10,7 @@ import textwrap
 import threading
 
 import numpy as np
+import procs
 import pytest
 
 faiss_store = pytest.importorskip("vecgpt.backends.faiss")
@@ -111,6 +112,7 @@ FORKED = textwrap.dedent(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this OS")
 def test_a_forked_child_searches_after_the_parent_ran_openmps_threads(tmp_path):
     # GNU OpenMP's threads do not survive a fork: without the store's fork handler the child waits forever.
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    done = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path)], env=env, timeout=60, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED, str(tmp_path)], env=procs.env(), timeout=60, capture_output=True
+    )
     assert done.returncode == 0, done.stderr.decode()[-2000:]

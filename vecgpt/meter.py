@@ -13,10 +13,10 @@ from collections import Counter
 from functools import partial
 from typing import NamedTuple
 
-from vecgpt.backends.base import parallel, tally
+from vecgpt.backends.base import TEXT_PREFIX, parallel, tally
 
 KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search", "record", "restore", "clone")
-SESSION_PREFIX = "text-"  # a decoding session's keys: text-<id>, tagged layer/head/position
+SESSION_PREFIX = TEXT_PREFIX  # a decoding session's keys: text-<id>, tagged layer/head/position
 METERED = ("create", "upsert", "search", "search_many", "fetch", "clone", "read_text", "write_text")
 ON_TEXTS = {"create": "open", "upsert": "key_write", "fetch": "restore", "clone": "clone"}  # else key_search
 

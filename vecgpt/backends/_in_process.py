@@ -17,7 +17,7 @@ import numpy as np
 
 from vecgpt.backends import _text_log as text_log
 from vecgpt.backends import base
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, matching, record, row_order
+from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, is_text, matching, record, row_order
 from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
@@ -393,8 +393,3 @@ class InProcessStore(FolderStore):
         col.upsert(text_log.joined(name, chunks, meta["attrs"]))
         col.dirty, col.log_end = False, end
         return col
-
-
-def is_text(name: str) -> bool:
-    """A text's collection: kept on disk as it is written (the others are saved when a load ends)."""
-    return name.startswith("text-")

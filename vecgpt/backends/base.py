@@ -84,6 +84,14 @@ def matching(conditions, columns: Mapping[str, np.ndarray], n: int) -> np.ndarra
     return keep
 
 
+TEXT_PREFIX = "text-"  # a text's collections: text-<id> (its keys, tagged layer/head/position) and text-<id>.<suffix>
+
+
+def is_text(name: str) -> bool:
+    """A text's collection (written every token, kept as it is written), not a model's (written once, at a load)."""
+    return name.startswith(TEXT_PREFIX)
+
+
 @functools.cache
 def row_order(n: int) -> np.ndarray:
     """0..n-1, one read-only array per n. A store that finds every row of a search in row order may answer with

@@ -192,7 +192,7 @@ class LanceStore(FolderStore):
     @lance_errors
     def fetch(self, name, ids, payload=False):
         table = self._table(name)
-        if name.startswith("text-"):  # a text resumed here may have been written by another process since
+        if base.is_text(name):  # a text resumed here may have been written by another process since
             table.latest()
         ids = np.asarray(ids, np.int64)
         record()
@@ -277,7 +277,7 @@ class LanceStore(FolderStore):
                 table.flat = False
             table.handle.optimize(cleanup_older_than=timedelta(0), delete_unverified=True)
             table.changed()
-            if index and self.flat_index and table.row_count() and not table.handle.name.startswith("text-"):
+            if index and self.flat_index and table.row_count() and not base.is_text(table.handle.name):
                 # One partition holds every row, so a search of it is a flat scan, of vectors LanceDB keeps in memory
                 # (twice as fast here, docs/speed.md); a text's keys, written every token, are scanned as they lie.
                 config = IvfFlat(distance_type=DISTANCE[table.metric], num_partitions=1)

@@ -180,7 +180,7 @@ class PgStore(Manifests, Texts, Session):
             return
         check_shape(dim, payload, attrs)
         meta = Meta(table_name(name), dim, metric, attrs, payload, 1 if payload else parts_for(dim))
-        if name.startswith("text-"):  # made whole or not at all; its rows each commit on their own
+        if base.is_text(name):  # made whole or not at all; its rows each commit on their own
             with self.conn.transaction():
                 self._make(name, meta, index=True)
             return
@@ -395,7 +395,7 @@ class PgStore(Manifests, Texts, Session):
     def _ranges(self, meta: Meta, s: Search) -> list:
         """The page ranges a search is split into: [None] (whole) unless a large weight table."""
         n = len(self._helpers) + 1
-        whole = s.collection.startswith("text-") or (s.k is not None and meta.parts > 1)  # keys; wide top-k
+        whole = base.is_text(s.collection) or (s.k is not None and meta.parts > 1)  # keys; wide top-k
         return [None] if n == 1 or whole or meta.pages < self.split_pages else block_ranges(meta.pages, n)
 
     def _send(self, pieces: list, subqueries: int) -> dict:

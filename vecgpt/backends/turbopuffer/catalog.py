@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from vecgpt.backends.base import Metric, check_metric, check_same, existing, parallel, record
+from vecgpt.backends.base import Metric, check_metric, check_same, existing, is_text, parallel, record
 from vecgpt.backends.turbopuffer.cost import PRICES, clone_cost
 from vecgpt.backends.turbopuffer.plumbing import Plumbing
 from vecgpt.errors import VecgptError
@@ -72,7 +72,7 @@ class Catalog(Plumbing):
     def create(self, name: str, dim: int, metric: Metric, attrs: Sequence[str] = (), payload: int = 0) -> None:
         check_metric("turbopuffer", metric, self.metrics)  # it has no inner product
         check_collection(name)
-        partition = self.key_partition if name.startswith("text-") and self.key_partition in attrs else None
+        partition = self.key_partition if is_text(name) and self.key_partition in attrs else None
         spec = {
             "dim": int(dim),
             "metric": metric,
@@ -85,7 +85,7 @@ class Catalog(Plumbing):
             check_namespace(ns)
         if partition:
             spec["parts"] = []
-        held = self._specs.get(name) or (None if name.startswith("text-") else self._spec(name, required=False))
+        held = self._specs.get(name) or (None if is_text(name) else self._spec(name, required=False))
         if held is not None:
             check_same(name, (held["dim"], held["metric"]), dim, metric)
             if held.get("payload", 0) != payload:

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from vecgpt.backends.base import Metric, check_payload, check_rows, last_writes, parallel, record
+from vecgpt.backends.base import TEXT_PREFIX, Metric, check_payload, check_rows, is_text, last_writes, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
 from vecgpt.backends.turbopuffer.cost import b64_length
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
@@ -212,8 +212,8 @@ class TurbopufferStore(Catalog, Searching, Records):
         names them (a crashed run leaves them behind; sizes and last write from the namespaces the catalog
         names, no listing) and its record `<id>` if it was kept (version, when written); a text's age is its
         newest write of either."""
-        specs = {n: s for n, s in self._catalog().items() if n.startswith("text-")}
-        records = {"text-" + r["id"]: r for r in self._record_rows(["version", "written_at"])}
+        specs = {n: s for n, s in self._catalog().items() if is_text(n)}
+        records = {TEXT_PREFIX + r["id"]: r for r in self._record_rows(["version", "written_at"])}
         texts = {n.split(".")[0] for n in specs} | set(records)
         out = []
         for text in sorted(texts):
@@ -242,7 +242,7 @@ class TurbopufferStore(Catalog, Searching, Records):
         """`vecgpt tpuf-gc --remove`: a text's record (if the version is still the one listed: TextConflict
         if another process wrote it meanwhile), then its collections (an entry of `leftover_texts`)."""
         if entry["record"] is not None:
-            self.write_text(entry["text"][len("text-") :], None, expect=entry["record"])
+            self.write_text(entry["text"][len(TEXT_PREFIX) :], None, expect=entry["record"])
         for name in entry["collections"]:
             self.drop(name)
 
