@@ -1,5 +1,6 @@
-"""The scans of one decode step at GPT-2 small shape: FAISS's kernel on one thread, FAISS's kernel with the
-rows split over the threads (what vecgpt's FAISS store does for a big one-query scan), and numpy's sgemv.
+"""The scans of one decode step at GPT-2 small shape: FAISS's kernel on one thread, FAISS's kernels with the rows
+split over OpenMP's threads and over the store's workers (what vecgpt's FAISS store does for a big one-query scan,
+the one or the other: faiss.Pace), and numpy's sgemv.
 
     python benchmarks/faiss_scans.py [--threads 2] [--repeat 10] [--pause 0] [--gap-us 0]
                                      [--out benchmarks/results/faiss_scans.json]
@@ -57,6 +58,14 @@ def scan(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int) -> None
     store.in_threads(shares(rows, q, out, threads))
 
 
+def on_openmp(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int, held: dict) -> None:
+    """The store's split while OpenMP's threads keep pace (Pace): FAISS's by-index kernel over `threads` lines."""
+    key = (id(rows), threads)
+    if key not in held:
+        held[key] = store.lines(len(rows), threads)
+    out[:] = store.on_openmp(q[None], rows, held[key])
+
+
 def caller_shares(rows: np.ndarray, q: np.ndarray, out: np.ndarray, pool: ThreadPoolExecutor, threads: int) -> None:
     """The split before b58d6fc: unpinned workers scan all shares but the last, which the calling thread scans."""
     parts = shares(rows, q, out, threads)
@@ -67,9 +76,10 @@ def caller_shares(rows: np.ndarray, q: np.ndarray, out: np.ndarray, pool: Thread
 
 
 def forms(threads: int) -> dict:
-    pool = ThreadPoolExecutor(max(1, threads - 1))
+    pool, held = ThreadPoolExecutor(max(1, threads - 1)), {}
     return {
         "faiss, one thread": lambda rows, q, out: scan(rows, q, out, 1),
+        f"faiss, rows on {threads} OpenMP threads": lambda rows, q, out: on_openmp(rows, q, out, threads, held),
         f"faiss, rows split over {threads} threads": lambda rows, q, out: scan(rows, q, out, threads),
         "faiss, split, caller scans a share": lambda rows, q, out: caller_shares(rows, q, out, pool, threads),
         "numpy sgemv": lambda rows, q, out: np.matmul(rows, q, out=out),

@@ -47,16 +47,45 @@ def test_workers_on_this_threads_core_come_last(monkeypatch, cpus):
             assert elsewhere == min(n, sum(1 for i in range(n + 1) if cpus[i % len(cpus)] != here))
 
 
-def test_a_split_scan_equals_one_scan(monkeypatch):
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_a_split_scan_equals_one_scan_on_openmps_threads_and_on_the_workers(monkeypatch, metric):
     rng = np.random.default_rng(3)
-    table = faiss_store.FaissTable(300, "l2")
+    table = faiss_store.FaissTable(300, metric)
     table.append(rng.standard_normal((4001, 300)).astype(np.float32))
     q = rng.standard_normal((1, 300)).astype(np.float32)
     monkeypatch.setattr(faiss_store, "THREADS", [3])
+    monkeypatch.setattr(faiss_store, "PACE", faiss_store.Pace())
     assert len(faiss_store.row_chunks(table.n, table.dim)) == 3
-    split = table.every_row(q)
+    on_openmp = table.every_row(q)
+    faiss_store.PACE.waiting = 1
+    on_workers = table.every_row(q)
+    assert faiss_store.PACE.waiting == 0
     monkeypatch.setattr(faiss_store, "THREADS", [1])
-    assert np.array_equal(split, table.every_row(q))  # each row's distance is the same sum, whoever scans it
+    one = table.every_row(q)
+    assert on_openmp.shape == one.shape == (1, 4001)
+    assert np.array_equal(on_openmp, one) and np.array_equal(on_workers, one)  # each row's sum, whoever scans it
+
+
+def test_scans_go_to_the_workers_after_two_slow_ones_close_together_and_back_later():
+    pace, shape = faiss_store.Pace(), (2304, 770)
+    pace.took(shape, 1.0)
+    pace.took((768, 3074), 5.0)  # another shape's own fastest
+    for _ in range(pace.WITHIN + 1):
+        pace.took(shape, 1.0)
+    pace.took(shape, 4.0)  # slow, alone: the cores are still taken to be free
+    assert pace.openmp()
+    for _ in range(pace.WITHIN):
+        pace.took(shape, 1.0)
+    pace.took(shape, 3.5)  # slow again, but not within WITHIN scans of the last
+    assert pace.openmp()
+    pace.took(shape, 2.9)  # under SLOW times the fastest
+    pace.took(shape, 3.1)  # two slow within WITHIN: another process has a core
+    assert [pace.openmp() for _ in range(pace.BACK_OFF)] == [False] * pace.BACK_OFF
+    assert pace.openmp()
+    pace.took(shape, 0.5)  # a faster scan is the new fastest
+    pace.took(shape, 1.6)
+    pace.took(shape, 1.6)
+    assert not pace.openmp()
 
 
 def test_a_core_the_process_may_no_longer_use_leaves_the_worker_free(monkeypatch):

@@ -10,6 +10,7 @@ import itertools
 import os
 import queue
 import threading
+import time
 from contextlib import suppress
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def _forked() -> None:
     and once the parent has run a parallel region, the child's next one with more than one thread waits forever."""
     _WORKERS.clear()
     THREADS[0] = 1
+    PACE.__init__()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -53,6 +55,43 @@ def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
         return [(0, n)]
     edges = [n * i // THREADS[0] for i in range(THREADS[0] + 1)]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+class Pace:
+    """Who splits a big one-query scan: OpenMP's threads while they keep pace, the workers (in_threads) for a while
+    after they did not. OpenMP's threads spin between scans, so a scan starts on both cores at once (a token's scans
+    took 17 ms against the workers' 23 here, numpy's sgemv 16), but with another busy process on the cores a thread
+    spinning at the end of a scan holds a core the other needs, and tokens took two to five times as long
+    (docs/speed.md, "Round 12"). Two scans within WITHIN that each took SLOW times their shape's fastest are taken
+    for that; one alone is not (a quiet machine had 3 in 3,133, another process on the cores 880)."""
+
+    SLOW = 3.0
+    WITHIN = 32
+    BACK_OFF = 512  # scans (about ten tokens at GPT-2 small) on the workers before OpenMP's threads are tried again
+
+    def __init__(self):
+        self.fastest: dict[tuple[int, int], float] = {}
+        self.waiting = 0  # scans left on the workers
+        self.scans, self.last_slow = 0, -self.WITHIN - 1
+
+    def openmp(self) -> bool:
+        if self.waiting:
+            self.waiting -= 1
+            return False
+        return True
+
+    def took(self, shape: tuple[int, int], seconds: float) -> None:
+        self.scans += 1
+        fastest = self.fastest.setdefault(shape, seconds)
+        if seconds <= self.SLOW * fastest:
+            self.fastest[shape] = min(fastest, seconds)
+            return
+        if self.scans - self.last_slow <= self.WITHIN:
+            self.waiting = self.BACK_OFF
+        self.last_slow = self.scans
+
+
+PACE = Pace()
 
 
 def in_threads(calls) -> None:
@@ -129,6 +168,26 @@ current_cpu = _sched_getcpu()
 CPUS = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # where the OS lets threads be kept
 
 
+def lines(n: int, threads: int) -> np.ndarray:
+    """Row numbers 0..n-1 as `threads` lines of equal length, the last padded with -1 (which FAISS skips)."""
+    out = np.full(threads * -(-n // threads), -1, np.int64)
+    out[:n] = np.arange(n)
+    return out.reshape(threads, -1)
+
+
+def on_openmp(q: np.ndarray, rows: np.ndarray, lines: np.ndarray) -> np.ndarray:
+    """q [1, dim] . each of rows [n, dim] (float32, C order) as FAISS's by-index kernel over the lines of row
+    numbers, the query on each: OpenMP runs the lines on its threads, each row's sum the same as
+    fvec_inner_products_ny's (a test checks)."""
+    out = np.empty(lines.shape, np.float32)
+    x = np.repeat(q, len(lines), axis=0)
+    faiss.omp_set_num_threads(len(lines))
+    faiss.fvec_inner_products_by_idx(
+        faiss.swig_ptr(out), faiss.swig_ptr(x), faiss.swig_ptr(rows), faiss.swig_ptr(lines), rows.shape[1], *lines.shape
+    )
+    return out.ravel()[: len(rows)]
+
+
 def padded(slots: list[np.ndarray], counts: list[int], widths: list[int]) -> np.ndarray:
     """[sum(counts), max(widths)] int64: each search's slots (widths[i] of them) on each of its queries' rows, -1
     after them."""
@@ -154,6 +213,7 @@ class FaissTable(Table):
         self.n = self.index.ntotal
         self._norms: np.ndarray | None = None  # |x|^2 of every row in float32, made when first needed
         self._rows: np.ndarray | None = None  # _view's array, until an add moves the storage
+        self._lines: np.ndarray | None = None  # row numbers as OpenMP's threads split them (_on_openmp)
 
     def _view(self) -> np.ndarray:
         # IndexFlat has no update; writing through a view of its storage overwrites a row in place.
@@ -163,7 +223,7 @@ class FaissTable(Table):
 
     def append(self, vectors):
         self.index.add(np.ascontiguousarray(vectors))
-        self.n, self._norms, self._rows = self.index.ntotal, None, None
+        self.n, self._norms, self._rows, self._lines = self.index.ntotal, None, None, None
 
     def overwrite(self, slots, vectors):
         self._view()[slots] = vectors
@@ -193,14 +253,13 @@ class FaissTable(Table):
         q = np.ascontiguousarray(queries, np.float32)
         if self.n == 0:
             return np.zeros((1, 0), np.float32)
-        dots, xb = np.empty(self.n, np.float32), self._view()
-
-        def scan(a, b):
-            return lambda: faiss.fvec_inner_products_ny(
-                faiss.swig_ptr(dots[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(xb[a:b]), self.dim, b - a
-            )
-
-        in_threads([scan(a, b) for a, b in row_chunks(self.n, self.dim)])
+        chunks = row_chunks(self.n, self.dim)
+        if len(chunks) > 1 and PACE.openmp():
+            start = time.perf_counter()
+            dots = self._on_openmp(q, len(chunks))
+            PACE.took((self.n, self.dim), time.perf_counter() - start)
+        else:
+            dots = self._on_workers(q, chunks)
         if self.metric == "ip":
             return np.negative(dots, out=dots)[None]
         if self._norms is None:
@@ -208,6 +267,22 @@ class FaissTable(Table):
             faiss.omp_set_num_threads(THREADS[0])
             faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
         return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
+
+    def _on_workers(self, q: np.ndarray, chunks: list[tuple[int, int]]) -> np.ndarray:
+        dots, xb = np.empty(self.n, np.float32), self._view()
+
+        def scan(a, b):
+            return lambda: faiss.fvec_inner_products_ny(
+                faiss.swig_ptr(dots[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(xb[a:b]), self.dim, b - a
+            )
+
+        in_threads([scan(a, b) for a, b in chunks])
+        return dots
+
+    def _on_openmp(self, q: np.ndarray, threads: int) -> np.ndarray:
+        if self._lines is None or len(self._lines) != threads:
+            self._lines = lines(self.n, threads)
+        return on_openmp(q, self._view(), self._lines)
 
     def all_dists_each(self, queries, slots):
         """Each query against the rows in its search's slots: one call of FAISS's by-index kernel for them all (a
