@@ -175,14 +175,18 @@ def lines(n: int, threads: int) -> np.ndarray:
     return out.reshape(threads, -1)
 
 
-def on_openmp(q: np.ndarray, rows: np.ndarray, lines: np.ndarray) -> np.ndarray:
-    """q [1, dim] . each of rows [n, dim] (float32, C order) as FAISS's by-index kernel over the lines of row
-    numbers, the query on each: OpenMP runs the lines on its threads, each row's sum the same as
-    fvec_inner_products_ny's (a test checks)."""
+ONE_QUERY = {"ip": faiss.fvec_inner_products_ny, "l2": faiss.fvec_L2sqr_ny}  # FAISS's kernels, by metric
+BY_INDEX = {"ip": faiss.fvec_inner_products_by_idx, "l2": faiss.fvec_L2sqr_by_idx}
+
+
+def on_openmp(q: np.ndarray, rows: np.ndarray, lines: np.ndarray, metric: str = "ip") -> np.ndarray:
+    """q [1, dim] . each of rows [n, dim] (float32, C order; l2: |q - x|^2) as FAISS's by-index kernel over the
+    lines of row numbers, the query on each: OpenMP runs the lines on its threads, each row's sum the same as the
+    one-query kernel's (a test checks)."""
     out = np.empty(lines.shape, np.float32)
     x = np.repeat(q, len(lines), axis=0)
     faiss.omp_set_num_threads(len(lines))
-    faiss.fvec_inner_products_by_idx(
+    BY_INDEX[metric](
         faiss.swig_ptr(out), faiss.swig_ptr(x), faiss.swig_ptr(rows), faiss.swig_ptr(lines), rows.shape[1], *lines.shape
     )
     return out.ravel()[: len(rows)]
@@ -211,9 +215,8 @@ class FaissTable(Table):
         super().__init__(dim, metric)
         self.index = index or (faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim))
         self.n = self.index.ntotal
-        self._norms: np.ndarray | None = None  # |x|^2 of every row in float32, made when first needed
         self._rows: np.ndarray | None = None  # _view's array, until an add moves the storage
-        self._lines: np.ndarray | None = None  # row numbers as OpenMP's threads split them (_on_openmp)
+        self._lines: np.ndarray | None = None  # row numbers as OpenMP's threads split them (on_openmp)
 
     def _view(self) -> np.ndarray:
         # IndexFlat has no update; writing through a view of its storage overwrites a row in place.
@@ -223,11 +226,10 @@ class FaissTable(Table):
 
     def append(self, vectors):
         self.index.add(np.ascontiguousarray(vectors))
-        self.n, self._norms, self._rows, self._lines = self.index.ntotal, None, None, None
+        self.n, self._rows, self._lines = self.index.ntotal, None, None
 
     def overwrite(self, slots, vectors):
         self._view()[slots] = vectors
-        self._norms = None
 
     def vectors(self, slots):
         return self._view()[slots].copy()
@@ -245,44 +247,32 @@ class FaissTable(Table):
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
 
     def every_row(self, queries) -> np.ndarray:
-        """One query against every row: FAISS's inner-product kernel over the stored rows, for l2 in the
-        expanded form |q|^2 + |x|^2 - 2 q.x (FAISS's own BLAS form) with each |x|^2 kept. A decode
-        step's matrix search: about a fifth faster than a range search, which also collects its
-        results one by one, and a big one is split by rows over the threads, as BLAS splits numpy's
-        (FAISS splits by query: one query would get one core; docs/speed.md)."""
+        """One query against every row: FAISS's one-query kernel (inner products, or squared L2 distances) over the
+        stored rows. A decode step's matrix search: about a fifth faster than a range search, which also collects
+        its results one by one, and a big one is split by rows over the threads, as BLAS splits numpy's (FAISS
+        splits by query: one query would get one core; docs/speed.md)."""
         q = np.ascontiguousarray(queries, np.float32)
         if self.n == 0:
             return np.zeros((1, 0), np.float32)
         chunks = row_chunks(self.n, self.dim)
         if len(chunks) > 1 and PACE.openmp():
             start = time.perf_counter()
-            dots = self._on_openmp(q, len(chunks))
+            if self._lines is None or len(self._lines) != len(chunks):
+                self._lines = lines(self.n, len(chunks))
+            d = on_openmp(q, self._view(), self._lines, self.metric)
             PACE.took((self.n, self.dim), time.perf_counter() - start)
         else:
-            dots = self._on_workers(q, chunks)
-        if self.metric == "ip":
-            return np.negative(dots, out=dots)[None]
-        if self._norms is None:
-            self._norms = np.empty(self.n, np.float32)
-            faiss.omp_set_num_threads(THREADS[0])
-            faiss.fvec_norms_L2sqr(faiss.swig_ptr(self._norms), self.index.get_xb(), self.dim, self.n)
-        return np.maximum(self._norms + np.float32(q[0] @ q[0]) - 2 * dots, 0)[None]
+            d = self._on_workers(q, chunks)
+        return (np.negative(d, out=d) if self.metric == "ip" else d)[None]
 
     def _on_workers(self, q: np.ndarray, chunks: list[tuple[int, int]]) -> np.ndarray:
-        dots, xb = np.empty(self.n, np.float32), self._view()
+        d, xb, kernel = np.empty(self.n, np.float32), self._view(), ONE_QUERY[self.metric]
 
         def scan(a, b):
-            return lambda: faiss.fvec_inner_products_ny(
-                faiss.swig_ptr(dots[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(xb[a:b]), self.dim, b - a
-            )
+            return lambda: kernel(faiss.swig_ptr(d[a:b]), faiss.swig_ptr(q), faiss.swig_ptr(xb[a:b]), self.dim, b - a)
 
         in_threads([scan(a, b) for a, b in chunks])
-        return dots
-
-    def _on_openmp(self, q: np.ndarray, threads: int) -> np.ndarray:
-        if self._lines is None or len(self._lines) != threads:
-            self._lines = lines(self.n, threads)
-        return on_openmp(q, self._view(), self._lines)
+        return d
 
     def all_dists_each(self, queries, slots):
         """Each query against the rows in its search's slots: one call of FAISS's by-index kernel for them all (a
@@ -296,8 +286,7 @@ class FaissTable(Table):
         out = np.empty(ids.shape, np.float32)
         if out.size:
             threads_for(x, ids.shape[1], self.dim)
-            kernel = faiss.fvec_L2sqr_by_idx if self.metric == "l2" else faiss.fvec_inner_products_by_idx
-            kernel(
+            BY_INDEX[self.metric](
                 faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
             )
         out = self._sign(out)
