@@ -286,9 +286,12 @@ def test_flat_index_false_leaves_tables_unindexed(make_store):
         [{"eq": {"layer": 0, "head": 1}}, {"eq": {"layer": 2}, "lt": {"position": 10}}, {"ge": {"position": 45}}],
     ],
 )
-def test_filtered_searches_sent_together_find_what_each_finds_alone(make_store, filters):
-    store = make_store("lancedb")
+@pytest.mark.parametrize("indexed", [False, True])  # bitmaps on layer and head: the range is then tested here
+def test_filtered_searches_sent_together_find_what_each_finds_alone(make_store, filters, indexed):
+    store = make_store("lancedb", index_rows=64 if indexed else 2048)
     keys(store, "text-k", n=600, dim=16)
+    store.compact("text-k")
+    assert store._table("text-k").indexed == ({"layer", "head"} if indexed else set())
     searches = [
         Search("text-k", rng.standard_normal((m, 16)).astype(np.float32), where=Where(**f))
         for m, f in zip([1, 2, 1, 3], filters)
