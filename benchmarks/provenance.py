@@ -21,6 +21,35 @@ def pin_threads(argv: list[str], default: int = 2) -> int:
     return threads
 
 
+def busy_share(seconds: float = 0.5) -> float | None:
+    """The share of the machine's CPU time in use over the next `seconds`, every process's (/proc/stat: None where
+    there is no such file)."""
+
+    def sample():
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(values), values[3] + values[4]  # all, idle + iowait
+
+    try:
+        total, idle = sample()
+        time.sleep(seconds)
+        total2, idle2 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (idle2 - idle) / max(total2 - total, 1)
+
+
+def settle(limit: float = 20.0, busy: float = 0.1) -> float:
+    """Wait, up to `limit` seconds, for the machine to be quiet (under `busy` of its CPU in use for half a second):
+    work left from a row before (a database's checkpoint, a server's shutdown) is not charged to the next. Returns
+    the seconds waited."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit:
+        share = busy_share()
+        if share is None or share < busy:
+            break
+    return time.perf_counter() - start
+
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -10,6 +10,8 @@ time is a real load and a user's default stores are not touched. After a ten-tok
 tokens are timed per store (median), and numpy's n tokens just before each store's: a row's ratio is against
 that, numpy's row the median of its timings. --repeat k runs the whole set k times and gives each figure as
 the median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
+Before each row it waits, up to 20 s, for the machine to be quiet (under a tenth of its CPU in use for half a
+second): what a row before left running (PostgreSQL's checkpoint, a server's shutdown) is not charged to the next.
 turbopuffer runs through the official client against the local server with a fixed simulated latency
 per request. --layout loads the model in each layout given into the embedded stores, a row each (default: each
 config's layout; turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
@@ -27,7 +29,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from provenance import machine, pin_threads, shape  # noqa: E402
+from provenance import machine, pin_threads, settle, shape  # noqa: E402
 
 pin_threads(sys.argv)
 
@@ -123,6 +125,9 @@ def measure_once(model, ids, args) -> list[dict]:
     try:
         for name in args.stores:
             for layout in [None] if name == "turbopuffer" else args.layout:
+                waited = settle()
+                if waited > 2:
+                    progress(f"waited {waited:.1f} s for the machine to be quiet")
                 numpy_s.append(per_token.reference_row(model, ids, args.n)["per_token_s"])
                 rows.append(
                     turbopuffer_row(model, args)
@@ -130,6 +135,7 @@ def measure_once(model, ids, args) -> list[dict]:
                     else embedded_row(name, model, ids, args, root, layout)
                 )
                 rows[-1].update(numpy_per_token_s=numpy_s[-1], ratio=rows[-1]["per_token_s"] / numpy_s[-1])
+                rows[-1]["settled_s"] = waited
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows[0].update(per_token_s=float(np.median([rows[0]["per_token_s"], *numpy_s])), numpy_runs=numpy_s)
