@@ -63,7 +63,7 @@ def on_openmp(rows: np.ndarray, q: np.ndarray, out: np.ndarray, threads: int, he
     key = (id(rows), threads)
     if key not in held:
         held[key] = store.lines(len(rows), threads)
-    out[:] = store.on_openmp(q[None], rows, held[key])
+    out[:] = store.on_openmp(q[None], rows, held[key], "ip")
 
 
 def caller_shares(rows: np.ndarray, q: np.ndarray, out: np.ndarray, pool: ThreadPoolExecutor, threads: int) -> None:

@@ -43,7 +43,6 @@ def _forked() -> None:
     and once the parent has run a parallel region, the child's next one with more than one thread waits forever."""
     _WORKERS.clear()
     THREADS[0] = 1
-    PACE.__init__()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -179,15 +178,20 @@ ONE_QUERY = {"ip": faiss.fvec_inner_products_ny, "l2": faiss.fvec_L2sqr_ny}  # F
 BY_INDEX = {"ip": faiss.fvec_inner_products_by_idx, "l2": faiss.fvec_L2sqr_by_idx}
 
 
-def on_openmp(q: np.ndarray, rows: np.ndarray, lines: np.ndarray, metric: str = "ip") -> np.ndarray:
+def on_openmp(q: np.ndarray, rows: np.ndarray, numbers: np.ndarray, metric: str) -> np.ndarray:
     """q [1, dim] . each of rows [n, dim] (float32, C order; l2: |q - x|^2) as FAISS's by-index kernel over the
-    lines of row numbers, the query on each: OpenMP runs the lines on its threads, each row's sum the same as the
-    one-query kernel's (a test checks)."""
-    out = np.empty(lines.shape, np.float32)
-    x = np.repeat(q, len(lines), axis=0)
-    faiss.omp_set_num_threads(len(lines))
+    lines of row numbers (lines()), the query on each: OpenMP runs the lines on its threads, each row's sum the same
+    as the one-query kernel's (a test checks)."""
+    out = np.empty(numbers.shape, np.float32)
+    x = np.repeat(q, len(numbers), axis=0)
+    faiss.omp_set_num_threads(len(numbers))
     BY_INDEX[metric](
-        faiss.swig_ptr(out), faiss.swig_ptr(x), faiss.swig_ptr(rows), faiss.swig_ptr(lines), rows.shape[1], *lines.shape
+        faiss.swig_ptr(out),
+        faiss.swig_ptr(x),
+        faiss.swig_ptr(rows),
+        faiss.swig_ptr(numbers),
+        rows.shape[1],
+        *numbers.shape,
     )
     return out.ravel()[: len(rows)]
 
