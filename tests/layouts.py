@@ -51,8 +51,9 @@ def rounds_on_turbopuffer(make_store, model, layout: str, prompt: int, decode: i
     assert summary["per_token"][0]["round_trips"] == prompt
     assert [t["round_trips"] for t in summary["per_token"][1:]] == [decode] * 7
     last = summary["per_token"][-1]
-    kinds = {"lookup": 1, "key_search": hp.n_layer, "matrix": matrix * hp.n_layer, "token_search": 1}
+    kinds = {"key_search": hp.n_layer, "matrix": matrix * hp.n_layer, "token_search": 1}  # the next rows come with it
     assert last["round_trips_by_kind"] == kinds and last["by_kind"]["key_search"] == hp.n_layer * hp.n_head
+    assert last["by_kind"]["lookup"] == 1  # the next position's row, in the token search's round
     return summary
 
 

@@ -129,9 +129,12 @@ def test_round_trips_per_token(make_store, tiny_model):
     generate(text, tokenizer.encode("To be or not to be, that is"), 3, stop=False)
     summary = text.meter.summary()
     L = tiny_model.hparams.n_layer
-    # decode: a lookup, per layer c_attn, the key search with the values' projections by head, c_fc, c_proj;
-    # the token search (the keys written with it: the memory store has no writer thread)
-    assert [t["round_trips"] for t in summary["per_token"][1:]] == [1 + 4 * L + 1] * 2
+    # decode: per layer c_attn, the key search with the values' projections by head, c_fc, c_proj; the token search
+    # (the keys written with it: the memory store has no writer thread), which brings the next token's rows along
+    assert [t["round_trips"] for t in summary["per_token"][1:]] == [4 * L + 1] * 2
+    assert all(
+        "lookup" not in t["round_trips_by_kind"] and t["by_kind"]["lookup"] == 1 for t in summary["per_token"][1:]
+    )
     # the prompt block: open, lookup, per layer c_attn, projections (its own keys scored in memory), c_fc,
     # c_proj; the token search, with the block's key writes
     assert summary["per_token"][0]["round_trips"] == 1 + 1 + 4 * L + 1
@@ -141,6 +144,34 @@ def test_round_trips_per_token(make_store, tiny_model):
     assert summary["per_token"][1]["by_kind"]["key_search"] == L
     assert summary["per_token"][1]["subqueries_by_kind"]["key_search"] == L * tiny_model.hparams.n_head
     assert summary["per_token"][1]["by_kind"]["key_write"] == 1  # every layer's keys of a step in one write
+
+
+@pytest.mark.parametrize("backend", ["memory", "lancedb"])
+def test_rows_read_ahead_give_what_a_fetch_gives_bit_for_bit(make_store, tiny_model, backend):
+    """The next token's rows, come with the token search, against the same text read with them fetched: the same
+    logits to the last bit; a token that was no candidate, or a text stepped back, fetches its rows."""
+    store = make_store(backend)
+    push(store, tiny_model, "l2", progress=False)
+    engine = Engine(store, top_k=5)
+    ahead, fetched = engine.open(), engine.open()
+    prompt = tokenizer.encode("To be or not to be")
+    first = ahead.read(prompt)
+    fetched.read(prompt)
+    for token in [int(first.ids[1]), None]:  # a candidate, then a token that is none
+        token = next(i for i in range(100) if i not in first.ids) if token is None else token
+        fetched.ahead = None
+        assert ahead.ahead is not None and ahead.ahead.position == len(ahead.tokens)
+        was = ahead.meter.summary()["round_trips_by_kind"].get("lookup", 0)
+        got, want = ahead.read([token]), fetched.read([token])
+        assert got.ids.tolist() == want.ids.tolist() and np.array_equal(got.logits, want.logits)
+        looked_up = ahead.meter.summary()["round_trips_by_kind"].get("lookup", 0) - was
+        assert looked_up == (0 if token in first.ids else 1)
+        first = got
+    ahead.truncate(len(prompt))  # stepped back: the rows read ahead are for a later position
+    fetched.truncate(len(prompt))
+    fetched.ahead = None
+    got, want = ahead.read([first.ids[0]]), fetched.read([first.ids[0]])
+    assert np.array_equal(got.logits, want.logits)
 
 
 def test_a_text_is_a_context_manager_that_closes(make_store, tiny_model):

@@ -388,9 +388,18 @@ def test_a_scan_split_over_connections_gives_what_one_scan_gives(make_store, con
             q = rng.standard_normal((m, x.shape[1])).astype(np.float32)
             want, got = (s.search(name, q, k=k, where=where) for s in (one, split))
             if k is None:  # every row, in any order
-                want, got = (Hits(*(np.take_along_axis(a, np.argsort(h.ids, 1), 1) for a in h)) for h in (want, got))
+                want, got = (
+                    Hits(*(np.take_along_axis(a, np.argsort(h.ids, 1), 1) for a in h[:2])) for h in (want, got)
+                )
             np.testing.assert_array_equal(got.ids, want.ids)
             np.testing.assert_array_equal(got.dists, want.dists)
+            if k is not None:  # the pieces' rows with their vectors (a wide collection's: none, the engine fetches)
+                (rows,) = split.search_many([Search(name, q, k=k, where=where, vectors=True)])
+                assert rows.ids.tolist() == got.ids.tolist()
+                if meta.parts == 1:
+                    np.testing.assert_array_equal(rows.vectors, split.fetch(name, rows.ids.ravel()).reshape(m, k, -1))
+                else:
+                    assert rows.vectors is None
     many = split.search_many([Search("wide", tables["wide"][:2]), Search("w", tables["w"][:1], k=3)])
     assert many[0].ids.shape == (2, 40) and list(many[1].ids[0]) == [0, *many[1].ids[0][1:]]
 
@@ -435,13 +444,20 @@ def test_pieces_merge_exactly():
 
     assert block_ranges(10, 3) == [(0, 3), (3, 7), (7, None)] and block_ranges(1, 2) == [(0, 0), (0, None)]
     assert assign([5, 1, 4, 2], 2) == [0, 0, 1, 1]  # costliest first, each to the least loaded: 5+1 | 4+2
-    a, b = (np.array([7, 2, 9]), np.array([0.5, 1.0, 2.0])), (np.array([1, 4]), np.array([0.5, 1.0]))
-    ids, dists = merge([a, b], k=3)  # ties by id
-    assert list(ids) == [1, 7, 2] and list(dists) == [0.5, 0.5, 1.0]
-    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([3]), np.array([0.5]))], None, parts=2)
+    a, b = (np.array([7, 2, 9]), np.array([0.5, 1.0, 2.0]), None), (np.array([1, 4]), np.array([0.5, 1.0]), None)
+    ids, dists, vectors = merge([a, b], k=3)  # ties by id
+    assert list(ids) == [1, 7, 2] and list(dists) == [0.5, 0.5, 1.0] and vectors is None
+    rows = [(i, d, np.asarray(i, np.float32)[:, None] * [1, -1]) for i, d, _ in (a, b)]  # each row's vector: (id, -id)
+    empty = (np.zeros(0, np.int64), np.zeros(0), None)  # a piece that matched no row
+    ids, _, vectors = merge([rows[0], empty, rows[1]], k=3)
+    assert vectors.tolist() == [[1, -1], [7, -7], [2, -2]]  # the vectors follow their rows
+    two = (np.array([3, 0]), np.array([0.25, 1.0]), None), (np.array([3]), np.array([0.5]), None)
+    ids, dists, _ = merge(list(two), None, parts=2)
     assert list(ids) == [0, 3] and list(dists) == [1.0, 0.75]  # a wide document's parts in two pieces
-    ids, dists = merge([(np.array([3, 0, 0, 3]), np.array([0.25, 1.0, 2.0, 0.5]))], None, parts=2)
+    ids, dists, _ = merge([(np.array([3, 0, 0, 3]), np.array([0.25, 1.0, 2.0, 0.5]), None)], None, parts=2)
     assert list(ids) == [0, 3] and list(dists) == [3.0, 0.75]  # ... or both in one
-    ids, dists = merge([(np.array([3, 0]), np.array([0.25, 1.0])), (np.array([5]), np.array([0.5]))], None)
+    narrow = (np.array([3, 0]), np.array([0.25, 1.0]), None), (np.array([5]), np.array([0.5]), None)
+    ids, dists, _ = merge(list(narrow), None)
     assert list(ids) == [3, 0, 5] and list(dists) == [0.25, 1.0, 0.5]  # narrow rows: concatenated as they are
-    assert [len(r) for r in merge([], k=None)] == [0, 0]
+    ids, dists, vectors = merge([], k=None)
+    assert len(ids) == len(dists) == 0 and vectors is None

@@ -124,6 +124,28 @@ def test_search_many_matches_single_searches(make_store, backend, n, shared, top
             assert many.ids.tolist() == one.ids.tolist()
 
 
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("n", [300, 3000])
+def test_a_search_asked_for_vectors_gives_each_rows_stored_vector(make_store, backend, metric, n):
+    """Search(vectors=True): the same rows and distances as without, each row with its stored vector, bit for bit
+    (the token search's, so the next token's embedding needs no fetch); searches beside it are unchanged."""
+    store = make_store(backend)
+    if metric not in store.metrics:
+        pytest.skip(f"{backend} does not rank by {metric}")
+    x, _ = filled(store, n=n, metric=metric)
+    q = rng.standard_normal((2, 24)).astype(np.float32)
+    shapes = [dict(k=7), dict(k=5, where=Where(eq={"layer": 2})), dict(), dict(where=Where(eq={"layer": 1, "head": 3}))]
+    shapes += [dict(k=3, where=Where(eq={"layer": 9}))]  # no row matches
+    searches = [Search("c", q, vectors=True, **shape) for shape in shapes]
+    plain = store.search_many([Search("c", q, **shape) for shape in shapes])
+    for asked, without, s in zip(store.search_many(searches + [Search("c", q, k=4)]), plain + [None], searches):
+        assert asked.ids.tolist() == without.ids.tolist() if s.k else sorted(asked.ids[0]) == sorted(without.ids[0])
+        assert asked.vectors.dtype == np.float32 and asked.vectors.shape == (*asked.ids.shape, 24)
+        if asked.ids.size:
+            np.testing.assert_array_equal(asked.vectors, x[(asked.ids - 5) // 7])
+    assert store.search_many(searches[:1] + [Search("c", q, k=4)])[1].vectors is None  # only where asked
+
+
 def test_search_many_sees_rows_added_and_changed(make_store, backend):
     """A layer's head searches again after rows are added (a text's next token) and after rows move to another layer
     (an in-process store remembers which rows a layer has between searches)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import uuid
 from contextlib import nullcontext, suppress
+from typing import NamedTuple
 
 import numpy as np
 
@@ -107,6 +108,15 @@ def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] ->
     return y
 
 
+class Ahead(NamedTuple):
+    """Rows of the model read ahead for the next position: each candidate token's wte row, that position's wpe
+    row. Rows of the model, not of a text: right for any text that reads one of these tokens there."""
+
+    position: int
+    tokens: dict[int, np.ndarray]  # token id -> its document as stored, [dim]
+    wpe: np.ndarray  # [1, d]
+
+
 def only_model(store: Store) -> str:
     check_layout(store)
     keys = sorted(store.manifests())
@@ -136,6 +146,7 @@ class Session:
         self.positions_read = 0  # positions put through the forward pass by this process
         self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
         self.pending: list[tuple] = []  # the rows of the positions being read, queued as one write when read
+        self.ahead: Ahead | None = None  # the next position's rows, come with the token search
         self.writer = Writer(self.store, background=getattr(engine.store, "concurrent", False))
         self._written = 0  # positions < _written have landed in the store, every layer ...
         self._key_writes: list[tuple[int, int, int]] = []  # ... and these (ticket, start, end) writes, once acked
@@ -315,10 +326,7 @@ class Session:
         start, d = self.position, self.hp.n_embd
         self.pending = []  # what a read cut short (Ctrl-C) left
         self.await_written(searched_end(start))
-        wte, wpe = self.send(
-            later.fetch(self.engine.name("wte"), np.asarray(ids)),
-            later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))),
-        )
+        wte, wpe = self.embeddings(ids, start)
         x = wte[:, :d].astype(np.float64) + wpe.astype(np.float64)  # [m, d]
         xs = [x]
         for layer in range(self.hp.n_layer):
@@ -333,9 +341,24 @@ class Session:
         self.pending = []
         return layer_norm(x, **self.ln_f, eps=self.hp.eps)
 
+    def embeddings(self, ids, start):  # tokens at start.. -> their wte and wpe rows, as stored
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and len(ids) == 1 and ahead.position == start and ids[0] in ahead.tokens:
+            return ahead.tokens[ids[0]][None], ahead.wpe
+        return self.send(
+            later.fetch(self.engine.name("wte"), np.asarray(ids)),
+            later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))),
+        )
+
     def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
         q = encoding.encode_queries(h, self.metric, self.engine.m2["wte"])
-        (hits,) = self.send(later.search(self.engine.name("wte"), q, k=k))
+        # The candidates' rows come with them (a token document's first d columns are its embedding), and the next
+        # position's row beside them: the next token's read needs no round of its own for them.
+        nxt = self.position
+        wpe = [later.fetch(self.engine.name("wpe"), np.arange(nxt, nxt + 1))] if nxt < self.hp.n_ctx else []
+        *row, (hits,) = self.send(*wpe, later.search_many([Search(self.engine.name("wte"), q, k=k, vectors=True)]))
+        if row and hits.vectors is not None:  # a store that cannot give them: the next read fetches them
+            self.ahead = Ahead(nxt, dict(zip(hits.ids[0].tolist(), hits.vectors[0])), row[0])
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
 
     # ------------------------------------------------------------ the keys in the store

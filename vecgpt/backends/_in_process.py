@@ -236,30 +236,33 @@ class InProcessStore(FolderStore):
         self._cols[name] = col
 
     def search(self, name, queries, k=None, where=None) -> Hits:
-        col = self._col(name)
-        queries = base.check_vectors(name, queries, col.table.dim)
-        base.check_where(name, where, col.names)
-        record(1, len(queries))
-        slots = col.slots(where)
-        if k is None:
-            return self._rows_of(col, queries, slots)
-        k = min(k, col.table.n if slots is None else len(slots))
-        if k == 0:
-            return Hits(np.zeros((len(queries), 0), np.int64), np.zeros((len(queries), 0)))
-        dists, found = col.table.topk(queries, k, slots)
-        return Hits(col.ids[found], dists)
+        return self._search(Search(name, queries, k, where))
 
-    def _rows_of(self, col: Collection, queries, slots) -> Hits:
-        """Every row in slots (None: all)."""
-        dists, found = col.table.all_dists(queries, slots)
-        return Hits(col.ids_in_slot_order()[None] if found is None else col.ids[found], dists)  # None: every row
+    def _search(self, s: Search) -> Hits:
+        col = self._col(s.collection)
+        queries = base.check_vectors(s.collection, s.queries, col.table.dim)
+        base.check_where(s.collection, s.where, col.names)
+        record(1, len(queries))
+        slots = col.slots(s.where)
+        k = None if s.k is None else min(s.k, col.table.n if slots is None else len(slots))
+        if k is None:
+            dists, found = col.table.all_dists(queries, slots)  # found None: every row, in slot order
+        elif k == 0:
+            dists, found = np.zeros((len(queries), 0)), np.zeros((len(queries), 0), np.int64)
+        else:
+            dists, found = col.table.topk(queries, k, slots)
+        hits = Hits(col.ids_in_slot_order()[None] if found is None else col.ids[found], dists)
+        if s.vectors:
+            rows = np.arange(col.table.n)[None] if found is None else found
+            hits = hits._replace(vectors=col.table.vectors(rows.ravel()).reshape(*rows.shape, col.table.dim))
+        return hits
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Filtered all-row searches of one collection (a layer's heads) find their rows together, then each scans
         only its own (FAISS: its kernel over them, gathered); others go one by one."""
-        alone = any(s.k is not None or s.where is None for s in searches)
+        alone = any(s.k is not None or s.where is None or s.vectors for s in searches)
         if len(searches) < 2 or len({s.collection for s in searches}) > 1 or alone:
-            return [self.search(s.collection, s.queries, s.k, s.where) for s in searches]
+            return [self._search(s) for s in searches]
         name = searches[0].collection
         col = self._col(name)
         queries = [base.check_vectors(name, s.queries, col.table.dim) for s in searches]

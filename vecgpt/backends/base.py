@@ -109,6 +109,7 @@ def stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
 class Hits(NamedTuple):
     ids: np.ndarray  # [m, n] int64
     dists: np.ndarray  # [m, n] in the store's precision (float64 where it gives it)
+    vectors: np.ndarray | None = None  # [m, n, dim] float32, the rows as stored, where the Search asked for them
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ class Search:
     queries: np.ndarray  # [m, dim] float32
     k: int | None = None  # None: every matching row, in any order; else the k nearest, nearest first
     where: Where | None = None
+    # also the rows' stored vectors (Hits.vectors), as fetch gives them: the token search's, so the next token's
+    # embedding needs no round of its own. A store that cannot answers None, and the engine fetches them.
+    vectors: bool = False
 
 
 @runtime_checkable
@@ -142,7 +146,8 @@ class Store(Protocol):
         """Exact search: every matching row (k None, any order) or the k nearest, nearest first."""
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        """Several independent searches, sent together where the store can."""
+        """Several independent searches, sent together where the store can; a Search with `vectors` also gets
+        its rows' vectors (Hits.vectors), in the same request."""
 
     def fetch(self, name: str, ids: np.ndarray, payload: bool = False):
         """The stored vectors [len(ids), dim] for these ids, in that order; with payload, (vectors, payload)."""

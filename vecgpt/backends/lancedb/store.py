@@ -134,7 +134,7 @@ class LanceStore(FolderStore):
         if (
             len(searches) > 1
             and len({s.collection for s in searches}) == 1
-            and all(s.k is None and s.where is not None for s in searches)
+            and all(s.k is None and s.where is not None and not s.vectors for s in searches)
         ):
             return self._search_union(searches)
         return self._searches(searches)
@@ -152,11 +152,13 @@ class LanceStore(FolderStore):
             for table in {id(t): t for t in tables}.values():
                 held.enter_context(table.lock.read())
             limits = [t.row_count() if s.k is None else min(s.k, t.row_count()) for s, t in zip(searches, tables)]
-            sent = [(t, q, n, s.where) for s, t, q, n in zip(searches, tables, queries, limits) if n and len(q)]
+            sent = [
+                (t, q, n, s.where, s.vectors) for s, t, q, n in zip(searches, tables, queries, limits) if n and len(q)
+            ]
             found = iter(LOOP.run(gather(*(nearest(*args) for args in sent))))
         return [
-            hits(next(found), t, len(q)) if n and len(q) else nothing(len(q))
-            for t, q, n in zip(tables, queries, limits)
+            hits(next(found), t, len(q)) if n and len(q) else nothing(len(q), t.dim if s.vectors else None)
+            for s, t, q, n in zip(searches, tables, queries, limits)
         ]
 
     @lance_errors
@@ -318,10 +320,12 @@ class LanceStore(FolderStore):
         return base.existing(self._open(name), self, name)
 
 
-async def nearest(table: Table, queries: np.ndarray, limit: int, where) -> pa.Table:
-    """One search's rows; the ids are read with them until a search of every row has shown the table's _rowids."""
+async def nearest(table: Table, queries: np.ndarray, limit: int, where, vectors: bool) -> pa.Table:
+    """One search's rows (with vectors, their stored vectors too); the ids are read with them until a search of
+    every row has shown the table's _rowids."""
     known = table.rowids is not None
-    result = await table.nearest(queries, ["_distance"] if known else ["id", "_distance"], limit, sql(where))
+    columns = (["_distance"] if known else ["id", "_distance"]) + (["vector"] if vectors else [])
+    result = await table.nearest(queries, columns, limit, sql(where))
     if not known:
         table.knows_rowids(result, every_row=where is None and limit == table.rows)
     return result
@@ -337,8 +341,13 @@ def hits(result: pa.Table, table: Table, m: int) -> Hits:
     order = np.argsort(result["query_index"].to_numpy(), kind="stable") if grouped else slice(None)
     ids, dists = table.ids_of(result)[order], table.distances(result)[order]
     n = len(ids) // m
-    return Hits(ids.reshape(m, n), dists.reshape(m, n))
+    found = Hits(ids.reshape(m, n), dists.reshape(m, n))
+    if "vector" in result.column_names:
+        found = found._replace(vectors=floats(result["vector"], table.dim)[order].reshape(m, n, table.dim))
+    return found
 
 
-def nothing(m: int) -> Hits:
-    return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
+def nothing(m: int, dim: int | None = None) -> Hits:
+    """No rows for m queries (dim: with vectors of that width)."""
+    vectors = None if dim is None else np.zeros((m, 0, dim), np.float32)
+    return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)), vectors)

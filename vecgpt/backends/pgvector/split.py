@@ -38,18 +38,20 @@ def assign(costs: list[float], n: int) -> list[int]:
     return out
 
 
-def merge(found: list[tuple[np.ndarray, np.ndarray]], k: int | None, parts: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """One query's (ids, dists) from its pieces'. A wide collection's (parts > 1) scan of every row gives each
-    part row's distance under its document's id: those are added up, in the order the rows came."""
+def merge(found: list[tuple], k: int | None, parts: int = 1) -> tuple:
+    """One query's (ids, dists, vectors or None) from its pieces'. A wide collection's (parts > 1) scan of every
+    row gives each part row's distance under its document's id: those are added up, in the order the rows came."""
     if len(found) == 1 and (parts == 1 or k is not None):
         return found[0]
     if not found:
-        return np.zeros(0, np.int64), np.zeros(0)
+        return np.zeros(0, np.int64), np.zeros(0), None
     ids, dists = np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found])
+    rows = [f[2] for f in found if len(f[0])]  # a piece without rows has no vectors either
+    vectors = np.concatenate(rows) if rows and all(r is not None for r in rows) else None
     if k is not None:
         best = np.lexsort((ids, dists))[:k]
-        return ids[best], dists[best]
+        return ids[best], dists[best], None if vectors is None else vectors[best]
     if parts == 1:
-        return ids, dists
+        return ids, dists, vectors
     unique, at = np.unique(ids, return_inverse=True)
-    return unique, np.bincount(at, weights=dists, minlength=len(unique))
+    return unique, np.bincount(at, weights=dists, minlength=len(unique)), None

@@ -13,18 +13,21 @@ from vecgpt.backends.base import Metric
 DISTANCE = {"l2": "vector_l2_squared_distance({}, {})", "ip": "({} <#> {})"}
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00" * 8
 COPY_TRAILER = b"\xff\xff"
-# A search gives rows (search number, query number, ids[], dists[]); one query vector is a parameter,
-# several are unnested; every row is one array_agg, the k nearest an ORDER BY ... LIMIT per query.
+# A search gives rows (search number, query number, ids[], dists[], vectors[][] or NULL); one query vector is a
+# parameter, several are unnested; every row is one array_agg, the k nearest an ORDER BY ... LIMIT per query.
+# {vec} and {e}: the rows' vectors, where the search asks for them (Search.vectors), as real[] rows of one array.
 SEARCH = {
-    (True, False): "SELECT {s}::int, 1::bigint, array_agg(t.id), array_agg({dist}) FROM {table} t{cond}",
-    (False, False): "SELECT {s}::int, q.i, array_agg(t.id), array_agg({dist}) FROM {table} t "
+    (True, False): "SELECT {s}::int, 1::bigint, array_agg(t.id), array_agg({dist}){vec} FROM {table} t{cond}",
+    (False, False): "SELECT {s}::int, q.i, array_agg(t.id), array_agg({dist}){vec} FROM {table} t "
     "CROSS JOIN unnest(%b::vector[]) WITH ORDINALITY q(v, i){cond} GROUP BY q.i",
-    (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
-    "FROM (SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x",
-    (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
+    (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id)"
+    "{vec} FROM (SELECT t.id, {dist} AS d{e} FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x",
+    (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id){vec} "
     "FROM unnest(%b::vector[]) WITH ORDINALITY q(v, i) CROSS JOIN LATERAL "
-    "(SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x GROUP BY q.i",
+    "(SELECT t.id, {dist} AS d{e} FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x GROUP BY q.i",
 }
+NO_VECTORS = ", NULL::real[]"  # a UNION ALL's statements all have the fifth column
+VECTORS = {False: ", array_agg(t.embedding::real[])", True: ", array_agg(x.e ORDER BY x.d, x.id)"}  # by k given
 
 
 class Meta:
@@ -54,14 +57,18 @@ def search_sql(
     filters: Sequence[tuple[str, str]],
     parts: int = 1,
     blocks: tuple[int, int | None] | None = None,
+    vectors: bool = False,
 ) -> sql.Composed:
     """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters,
-    (blocks) only the rows in pages [lo, hi); the query vector(s) first: one per part (single), or one
-    array per part."""
+    (blocks) only the rows in pages [lo, hi), (vectors) the rows' vectors too, but never a wide collection's
+    (parts > 1: its fifth column is NULL); the query vector(s) first: one per part (single), or one array per
+    part."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
     conditions += block_conditions(blocks)
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
-    fmt = dict(s=sql.Literal(s_index), table=table, cond=cond)
+    fmt = dict(s=sql.Literal(s_index), table=table, cond=cond, vec=sql.SQL(NO_VECTORS), e=sql.SQL(""))
+    if vectors and parts == 1:
+        fmt |= dict(vec=sql.SQL(VECTORS[k is not None]), e=sql.SQL(", t.embedding::real[] AS e"))
     if k is not None:
         fmt["k"] = sql.Literal(int(k))
     if parts > 1:
@@ -88,12 +95,12 @@ def block_conditions(blocks: tuple[int, int | None] | None) -> list[sql.Composed
 # without it the planner sorted the rows, vectors and all, and spilled them to disk (9 MB a search).
 ROWS = "(SELECT t.id / {p} AS id, {dist} AS d FROM {table} t{cond} OFFSET 0) y"
 WIDE = {
-    (True, False): "SELECT {s}::int, 1::bigint, array_agg(t.id / {p}), array_agg({dist}) FROM {table} t{cond}",
-    (False, False): "SELECT {s}::int, q.i, array_agg(t.id / {p}), array_agg({dist}) FROM {table} t "
+    (True, False): "SELECT {s}::int, 1::bigint, array_agg(t.id / {p}), array_agg({dist}){vec} FROM {table} t{cond}",
+    (False, False): "SELECT {s}::int, q.i, array_agg(t.id / {p}), array_agg({dist}){vec} FROM {table} t "
     "CROSS JOIN {unnest}{cond} GROUP BY q.i",
-    (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
-    "FROM (SELECT y.id, sum(y.d) AS d FROM " + ROWS + " GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x",
-    (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id) "
+    (True, True): "SELECT {s}::int, 1::bigint, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id)"
+    "{vec} FROM (SELECT y.id, sum(y.d) AS d FROM " + ROWS + " GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x",
+    (False, True): "SELECT {s}::int, q.i, array_agg(x.id ORDER BY x.d, x.id), array_agg(x.d ORDER BY x.d, x.id){vec} "
     "FROM {unnest} CROSS JOIN LATERAL (SELECT y.id, sum(y.d) AS d FROM " + ROWS + " "
     "GROUP BY 1 ORDER BY 2, 1 LIMIT {k}) x GROUP BY q.i",
 }

@@ -41,27 +41,30 @@ def column_list(meta: Meta) -> sql.Composed:
     return sql.SQL(", ").join(columns)
 
 
-def arrays(found: tuple | None) -> tuple[np.ndarray, np.ndarray]:
-    """A query's (ids, dists), empty where it matched no row (array_agg over no rows is NULL)."""
+def arrays(found: tuple | None) -> tuple:
+    """A query's (ids, dists, vectors or None), empty where it matched no row (array_agg over no rows is NULL)."""
     if found is None or found[0] is None:
-        return np.zeros(0, np.int64), np.zeros(0)
+        return np.zeros(0, np.int64), np.zeros(0), None
     return found
 
 
-def hits(name: str, m: int, found: list[tuple[np.ndarray, np.ndarray]]) -> Hits:
-    """m queries' (ids, dists) as Hits; every query sees the same rows."""
+def hits(name: str, m: int, found: list[tuple], dim: int | None = None) -> Hits:
+    """m queries' (ids, dists, vectors) as Hits (dim: with the rows' vectors, that wide); every query sees the
+    same rows."""
     n = len(found[0][0]) if found else 0
-    if any(len(ids) != n for ids, _ in found):
+    if any(len(f[0]) != n for f in found):
         raise VecgptError(f"search in {name!r}: queries got different numbers of rows")
     if n == 0:
-        return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)))
-    if m == 1:
-        return Hits(found[0][0][None], found[0][1][None])
-    return Hits(np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found]))
+        return Hits(
+            np.zeros((m, 0), np.int64), np.zeros((m, 0)), None if dim is None else np.zeros((m, 0, dim), np.float32)
+        )
+    ids, dists = np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found])
+    return Hits(ids, dists, None if dim is None else np.stack([f[2] for f in found]))
 
 
 def fetch_rows(conn: psycopg.Connection, query: str, params: list) -> list:
-    """A search statement's rows (search, query number, ids[], dists[]), the arrays read into numpy."""
+    """A search statement's rows (search, query number, ids[], dists[], vectors or NULL), the arrays read into
+    numpy."""
     return numpy_arrays(conn.cursor(binary=True)).execute(query, params).fetchall()
 
 
@@ -378,7 +381,9 @@ class PgStore(Manifests, Texts, Session):
                 continue
             ranges = self._ranges(meta, s)
             for blocks in ranges:
-                text, args = self._search_sql(len(pieces), meta, queries, s.k, s.where, s.collection, blocks)
+                text, args = self._search_sql(
+                    len(pieces), meta, queries, s.k, s.where, s.collection, blocks, s.vectors and meta.parts == 1
+                )
                 pieces.append((s_index, text, args, len(queries) * max(meta.pages, 1) / len(ranges)))
         found = self._send(pieces, sum(len(q) for q in prepared)) if pieces else {}
         mine = [[] for _ in searches]  # each search's pieces
@@ -389,7 +394,7 @@ class PgStore(Manifests, Texts, Session):
             per_query = [
                 merge([arrays(found.get((p, i))) for p in at], s.k, meta.parts) for i in range(1, len(queries) + 1)
             ]
-            out.append(hits(s.collection, len(queries), per_query))
+            out.append(hits(s.collection, len(queries), per_query, meta.dim if s.vectors and meta.parts == 1 else None))
         return out
 
     def _ranges(self, meta: Meta, s: Search) -> list:
@@ -410,11 +415,11 @@ class PgStore(Manifests, Texts, Session):
             query = " UNION ALL ".join(f"({t})" for t in texts) if len(texts) > 1 else texts[0]
             jobs.append((conn, fetch_rows, (query, [a for p, at in zip(pieces, on) if at == c for a in p[2]])))
         record(len(jobs), subqueries)
-        return {(p, i): (ids, dists) for rows in self._run_all(jobs) for p, i, ids, dists in rows}
+        return {(p, i): (ids, dists, vectors) for rows in self._run_all(jobs) for p, i, ids, dists, vectors in rows}
 
-    def _search_sql(self, s_index, meta, queries, k, where, name, blocks=None):
-        """One SELECT giving (search, query number, ids[], dists[]) rows for one search (blocks: the rows in
-        that page range): its text, params."""
+    def _search_sql(self, s_index, meta, queries, k, where, name, blocks=None, vectors=False):
+        """One SELECT giving (search, query number, ids[], dists[], vectors[][] or NULL) rows for one search
+        (blocks: the rows in that page range; vectors: the rows' vectors too): its text, params."""
         filters = []
         if where is not None:
             base.check_where(name, where, meta.attrs)
@@ -424,11 +429,19 @@ class PgStore(Manifests, Texts, Session):
                 for attr, value in sorted(values.items())
             ]
         single = len(queries) == 1
-        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks)
+        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks, vectors)
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
             text = self._sql[key] = search_sql(
-                s_index, self._table(meta), meta.metric, single, k, [f[:2] for f in filters], meta.parts, blocks
+                s_index,
+                self._table(meta),
+                meta.metric,
+                single,
+                k,
+                [f[:2] for f in filters],
+                meta.parts,
+                blocks,
+                vectors,
             ).as_string(self.conn)
         args = [f[2] for f in filters]
         if meta.parts > 1:  # a vector (single) or an array of vectors per part

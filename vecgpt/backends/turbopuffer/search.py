@@ -19,11 +19,12 @@ from vecgpt.errors import VecgptError
 class Task:
     """One kNN subquery: query vector `qi` of search `si`, on these replica namespaces, with this filter."""
 
-    __slots__ = ("si", "qi", "replicas", "filter", "limit", "ids", "dists")
+    __slots__ = ("si", "qi", "replicas", "filter", "limit", "want", "ids", "dists", "vectors")
 
-    def __init__(self, si, qi, replicas, filt, limit):
+    def __init__(self, si, qi, replicas, filt, limit, want=None):
         self.si, self.qi, self.replicas, self.filter, self.limit = si, qi, replicas, filt, limit
-        self.ids = self.dists = None
+        self.want = want  # the rows' vectors too, this wide (None: not)
+        self.ids = self.dists = self.vectors = None
 
 
 class Searching:
@@ -34,15 +35,18 @@ class Searching:
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Every query vector of every search is one subquery; all of them go out at once."""
-        tasks, shapes = [], []
+        tasks, shapes, specs = [], [], []
         for si, s in enumerate(searches):
             spec = self._spec(s.collection)
+            specs.append(spec)
             q = check_vectors(s.collection, s.queries, spec["dim"])
             check_where(s.collection, s.where, spec["attrs"])
             limit = self.max_top_k if s.k is None or s.k > self.max_top_k else s.k
             shapes.append((q, s.k))
             for replicas, filt in self._targets(s.collection, spec, s.where):
-                tasks += [Task(si, qi, replicas, filt, limit) for qi in range(len(q))]
+                tasks += [
+                    Task(si, qi, replicas, filt, limit, spec["dim"] if s.vectors else None) for qi in range(len(q))
+                ]
         queries = [q for q, _ in shapes]
         self._run(tasks, queries)
         cut = [t for t in tasks if len(t.ids) >= t.limit and (shapes[t.si][1] is None or shapes[t.si][1] > t.limit)]
@@ -53,7 +57,10 @@ class Searching:
             self._run(more, queries)
             tasks += more
             cut = [t for t in more if len(t.ids) >= t.limit]
-        return [self._assemble(si, q, k, [t for t in tasks if t.si == si]) for si, (q, k) in enumerate(shapes)]
+        return [
+            self._assemble(si, q, k, [t for t in tasks if t.si == si], spec["dim"] if s.vectors else None)
+            for si, ((q, k), s, spec) in enumerate(zip(shapes, searches, specs))
+        ]
 
     def _targets(self, name: str, spec: dict, where: Where | None) -> list[tuple[list[str], list]]:
         part = spec["partition"]
@@ -79,20 +86,26 @@ class Searching:
         need = KNN_SLOTS * len(chunk)
         subs = [
             {"rank_by": ["vector", "kNN", queries[t.si][t.qi].tolist()], "top_k": t.limit, "filters": t.filter}
+            | ({"include_attributes": ["vector"]} if t.want is not None else {})
             for t in chunk
         ]
+        encoding = {"vector_encoding": "base64"} if any(t.want is not None for t in chunk) else {}
         ns = self.gate.acquire(replicas, need)
         try:
             if len(subs) == 1:
-                results = [self._query(ns, subs[0], "search")]
+                results = [self._query(ns, {**subs[0], **encoding}, "search")]
             else:
-                results = self._query(ns, {"queries": subs}, "search", subqueries=len(subs))["results"]
+                results = self._query(ns, {"queries": subs, **encoding}, "search", subqueries=len(subs))["results"]
         finally:
             self.gate.release(ns, need)
         for t, res in zip(chunk, results):
             rows = res.get("rows", [])
             t.ids = np.fromiter((r["id"] for r in rows), np.int64, len(rows))
             t.dists = np.fromiter((r["$dist"] for r in rows), np.float64, len(rows))
+            if t.want is not None:
+                t.vectors = np.zeros((len(rows), t.want), np.float32)
+                for row, r in enumerate(rows):
+                    t.vectors[row] = vector(r["vector"])
 
     def _split(self, t: Task) -> list[Task]:
         """Pieces of a subquery that may have been cut at the row limit: id ranges, each asked again."""
@@ -105,7 +118,7 @@ class Searching:
         edges = np.unique(np.linspace(lo, hi, pieces + 1).astype(np.int64))
         base = strip_range(t.filter)
         return [
-            Task(t.si, t.qi, t.replicas, with_range(base, a, b), t.limit)
+            Task(t.si, t.qi, t.replicas, with_range(base, a, b), t.limit, t.want)
             for a, b in zip(edges[:-1].tolist(), edges[1:].tolist())
             if b > a
         ]
@@ -119,22 +132,33 @@ class Searching:
             span = self._spans[ns] = (0, int(rows[0]["id"]) + 1 if rows else 1)
         return span
 
-    def _assemble(self, si: int, q: np.ndarray, k: int | None, tasks: list[Task]) -> Hits:
+    def _assemble(self, si: int, q: np.ndarray, k: int | None, tasks: list[Task], dim: int | None) -> Hits:
+        """One search's Hits from its subqueries' rows (dim: with the rows' vectors, that wide)."""
         m = len(q)
         per = [[t for t in tasks if t.qi == i] for i in range(m)]
         ids = [np.concatenate([t.ids for t in ts]) if ts else np.zeros(0, np.int64) for ts in per]
         dists = [np.concatenate([t.dists for t in ts]) if ts else np.zeros(0) for ts in per]
+        rows = (
+            [np.vstack([t.vectors for t in ts]) if ts else np.zeros((0, dim), np.float32) for ts in per]
+            if dim
+            else None
+        )
         if k is not None:
             for i in range(m):
                 order = np.lexsort((ids[i], dists[i]))[:k]
                 ids[i], dists[i] = ids[i][order], dists[i][order]
+                if rows is not None:
+                    rows[i] = rows[i][order]
         n = {len(x) for x in ids}
         if len(n) > 1:
             raise VecgptError(
                 "turbopuffer returned different row counts for the query vectors of one search "
                 "(the collection changed during it?)"
             )
-        return Hits(np.stack(ids) if m else np.zeros((0, 0), np.int64), np.stack(dists) if m else np.zeros((0, 0)))
+        found = Hits(np.stack(ids) if m else np.zeros((0, 0), np.int64), np.stack(dists) if m else np.zeros((0, 0)))
+        if rows is not None:
+            found = found._replace(vectors=np.stack(rows) if m else np.zeros((0, 0, dim), np.float32))
+        return found
 
     def fetch(self, name, ids, payload=False):
         """Rows by id: every part is asked for every id (a row's part is not known from its id), in chunks of
@@ -186,13 +210,15 @@ class Searching:
             self.gate.release(ns, len(subs))
         for res in results:
             for r in res.get("rows", []):
-                v = r["vector"]
-                r["vector"] = (
-                    np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) else np.asarray(v, np.float32)
-                )
+                r["vector"] = vector(r["vector"])
                 if int(r["id"]) in found:
                     raise VecgptError(
                         f"id {r['id']} of collection {name!r} is held in two of its parts (its partition "
                         f"attribute changed in another process); drop the collection and write it again"
                     )
                 found[int(r["id"])] = r
+
+
+def vector(v) -> np.ndarray:
+    """A row's vector as turbopuffer sends it: base64 of little-endian float32, or a list of numbers."""
+    return np.frombuffer(base64.b64decode(v), "<f4") if isinstance(v, str) else np.asarray(v, np.float32)
