@@ -154,6 +154,54 @@ def test_compaction_does_not_break_searches_from_other_threads(make_store):
     assert store.count("text-k") == 600
 
 
+def test_searches_run_on_each_threads_own_loop_and_from_inside_a_loop_and_a_forked_child(make_store):
+    """A search runs on an event loop of the calling thread's own (closed when the thread ends), on LanceDB's loop
+    from a thread already running one, and in a forked child, which leaves its parent's loop working."""
+    import asyncio
+    import gc
+    import multiprocessing
+
+    from vecgpt.backends.lancedb import table as lance_table
+
+    store = make_store("lancedb")
+    x, _ = keys(store, n=120)
+    q = x[:2]
+    want = store.search("text-k", q, k=5)
+    got, loops = [], []
+
+    def in_a_thread():
+        got.append(store.search("text-k", q, k=5))
+        loops.append(lance_table._loops.own.loop)
+
+    async def inside_a_loop():
+        return store.search("text-k", q, k=5)
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    del thread
+    gc.collect()
+    assert loops[0].is_closed() and loops[0] is not lance_table._loops.own.loop
+    got.append(asyncio.run(inside_a_loop()))
+
+    def fork_between_searches():  # in a thread, so a hang fails the test instead of stopping it
+        got.append(store.search("text-k", q, k=5))  # this thread's own loop, which the child inherits
+        child = multiprocessing.get_context("fork").Process(target=store.search, args=("text-k", q), kwargs={"k": 5})
+        child.start()
+        child.join(60)
+        got.append(child.exitcode)
+        # had the child closed its copy of the loop, it would have taken the wake-up from their shared epoll
+        got.append(store.search("text-k", q, k=5))
+
+    forking = threading.Thread(target=fork_between_searches, daemon=True)
+    forking.start()
+    forking.join(120)
+    assert not forking.is_alive(), "a search after a forked child's hung"
+    assert got.pop(-2) == 0  # the child's search
+    for hits in got:
+        assert hits.ids.tolist() == want.ids.tolist() and np.array_equal(hits.dists, want.dists)
+
+
 def test_empty_and_missing(make_store):
     store = make_store("lancedb")
     store.create("e", 4, "ip", attrs=("layer",))

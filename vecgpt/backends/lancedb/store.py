@@ -12,7 +12,6 @@ from datetime import timedelta
 import lancedb
 import numpy as np
 import pyarrow as pa
-from lancedb.background_loop import LOOP
 from lancedb.index import Bitmap, IvfFlat
 
 from vecgpt.backends import base
@@ -26,6 +25,7 @@ from vecgpt.backends.lancedb.table import (
     fixed,
     floats,
     lance_errors,
+    on_this_thread,
     schema,
     sql,
     union,
@@ -155,7 +155,7 @@ class LanceStore(FolderStore):
             sent = [
                 (t, q, n, s.where, s.vectors) for s, t, q, n in zip(searches, tables, queries, limits) if n and len(q)
             ]
-            found = iter(LOOP.run(gather(*(nearest(*args) for args in sent))))
+            found = iter(on_this_thread(gather(*(nearest(*args) for args in sent))))
         return [
             hits(next(found), t, len(q)) if n and len(q) else nothing(len(q), t.dim if s.vectors else None)
             for s, t, q, n in zip(searches, tables, queries, limits)
@@ -181,7 +181,7 @@ class LanceStore(FolderStore):
         record(1, len(stacked))
         with table.lock.read():
             limit = max(table.row_count(), 1)
-            result = LOOP.run(table.nearest(stacked, ["id", "_distance", *columns], limit, union(sent, own)))
+            result = on_this_thread(table.nearest(stacked, ["id", "_distance", *columns], limit, union(sent, own)))
         order = np.argsort(result["query_index"].to_numpy(), kind="stable")
         which = result["query_index"].to_numpy()[order]
         ids, dists = result["id"].to_numpy()[order], table.distances(result)[order]
