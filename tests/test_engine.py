@@ -174,6 +174,20 @@ def test_rows_read_ahead_give_what_a_fetch_gives_bit_for_bit(make_store, tiny_mo
     assert np.array_equal(got.logits, want.logits)
 
 
+def test_a_long_candidate_list_brings_no_rows_along(make_store, tiny_model):
+    """More candidates than AHEAD_MOST: their vectors would outweigh a round, so the next read fetches its rows."""
+    from vecgpt.engine import AHEAD_MOST
+
+    store = make_store("memory")
+    push(store, tiny_model, "l2", progress=False)
+    text = Engine(store, top_k=AHEAD_MOST + 1).open()
+    cands = text.read(tokenizer.encode("To be"))
+    assert len(cands.ids) == AHEAD_MOST + 1 and text.ahead is None
+    text.meter.start_token()
+    text.read([int(cands.ids[0])])
+    assert text.meter.summary()["per_token"][-1]["round_trips_by_kind"]["lookup"] == 1
+
+
 def test_a_text_is_a_context_manager_that_closes(make_store, tiny_model):
     store = make_store("memory")
     push(store, tiny_model, "l2", progress=False)

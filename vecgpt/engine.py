@@ -41,6 +41,7 @@ from vecgpt.writer import Writer
 # never on when a write landed: a store's decoded distance and numpy's dot product differ in the last bits,
 # and a text resumed in another process must compute what the first one did, bit for bit.
 WINDOW = 4
+AHEAD_MOST = 64  # candidates whose rows the token search brings along (Session.gpt2); more: the next read fetches
 
 
 class Engine:
@@ -353,10 +354,12 @@ class Session:
     def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
         q = encoding.encode_queries(h, self.metric, self.engine.m2["wte"])
         # The candidates' rows come with them (a token document's first d columns are its embedding), and the next
-        # position's row beside them: the next token's read needs no round of its own for them.
-        nxt = self.position
-        wpe = [later.fetch(self.engine.name("wpe"), np.arange(nxt, nxt + 1))] if nxt < self.hp.n_ctx else []
-        *row, (hits,) = self.send(*wpe, later.search_many([Search(self.engine.name("wte"), q, k=k, vectors=True)]))
+        # position's row beside them: the next token's read needs no round of its own for them. Not for a long
+        # list of candidates, whose vectors would weigh more than a round (a token's top 1,000: 3 MB).
+        nxt, ahead = self.position, k <= AHEAD_MOST
+        wpe = [later.fetch(self.engine.name("wpe"), np.arange(nxt, nxt + 1))] if ahead and nxt < self.hp.n_ctx else []
+        search = Search(self.engine.name("wte"), q, k=k, vectors=bool(wpe))
+        *row, (hits,) = self.send(*wpe, later.search_many([search]))
         if row and hits.vectors is not None:  # a store that cannot give them: the next read fetches them
             self.ahead = Ahead(nxt, dict(zip(hits.ids[0].tolist(), hits.vectors[0])), row[0])
         return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
