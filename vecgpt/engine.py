@@ -6,7 +6,9 @@ its attention keys live in the store (collection text-<id>, tagged layer/head/po
 Attention's output projection is applied per head to each position's value when it is computed
 (collections h.<i>.attn.c_proj.<h>, in the same round as the key search), so a layer is four dependent
 rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
-in memory and as the key rows' payload. Writes go out in order beside the searches (vecgpt.writer).
+in memory and as the key rows' payload. Writes go out in order beside the searches (vecgpt.writer). The token
+search brings the next token's rows along (its candidates' documents, the next position's wpe row), so a
+generated token's first round is c_attn.
 Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64. A model loaded with
 `--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it);
 `--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
