@@ -375,14 +375,16 @@ class PgStore(Manifests, Texts, Session):
         for s in searches:
             metas.append(self._col(s.collection))
             prepared.append(base.check_vectors(s.collection, s.queries, metas[-1].dim))
+        # each search's vector dimension where it asks for its rows' vectors and gets them (never a wide collection's)
+        dims = [m.dim if s.vectors and m.parts == 1 else None for s, m in zip(searches, metas)]
         pieces = []  # (search number, statement, parameters, cost)
-        for s_index, (s, meta, queries) in enumerate(zip(searches, metas, prepared)):
+        for s_index, (s, meta, queries, dim) in enumerate(zip(searches, metas, prepared, dims)):
             if len(queries) == 0 or s.k == 0:
                 continue
             ranges = self._ranges(meta, s)
             for blocks in ranges:
                 text, args = self._search_sql(
-                    len(pieces), meta, queries, s.k, s.where, s.collection, blocks, s.vectors and meta.parts == 1
+                    len(pieces), meta, queries, s.k, s.where, s.collection, blocks, dim is not None
                 )
                 pieces.append((s_index, text, args, len(queries) * max(meta.pages, 1) / len(ranges)))
         found = self._send(pieces, sum(len(q) for q in prepared)) if pieces else {}
@@ -390,11 +392,11 @@ class PgStore(Manifests, Texts, Session):
         for p, piece in enumerate(pieces):
             mine[piece[0]].append(p)
         out = []
-        for s, meta, queries, at in zip(searches, metas, prepared, mine):
+        for s, meta, queries, at, dim in zip(searches, metas, prepared, mine, dims):
             per_query = [
                 merge([arrays(found.get((p, i))) for p in at], s.k, meta.parts) for i in range(1, len(queries) + 1)
             ]
-            out.append(hits(s.collection, len(queries), per_query, meta.dim if s.vectors and meta.parts == 1 else None))
+            out.append(hits(s.collection, len(queries), per_query, dim))
         return out
 
     def _ranges(self, meta: Meta, s: Search) -> list:
