@@ -202,6 +202,49 @@ def test_searches_run_on_each_threads_own_loop_and_from_inside_a_loop_and_a_fork
         assert hits.ids.tolist() == want.ids.tolist() and np.array_equal(hits.dists, want.dists)
 
 
+def test_a_query_cut_short_by_ctrl_c_leaves_nothing_for_asyncio_to_print(make_store, caplog):
+    """A KeyboardInterrupt raised inside one of a round's gathered searches comes out of the call, asyncio logs no
+    task whose failure was never taken (it printed a traceback under `vecgpt: interrupted`), and the thread's loop
+    goes on answering."""
+    import asyncio
+    import gc
+
+    from vecgpt.backends.lancedb import store as lance_store
+    from vecgpt.backends.lancedb import table as lance_table
+
+    store = make_store("lancedb")
+    x, _ = keys(store, n=120)
+    want = store.search("text-k", x[:1], k=3)
+
+    async def interrupted():
+        await asyncio.sleep(0)
+        raise KeyboardInterrupt
+
+    async def slow():
+        await asyncio.sleep(10)
+
+    raised, got = [], []
+
+    def in_a_thread():  # whose loop is closed when it ends, as a process's are when it exits
+        try:
+            lance_table.on_this_thread(lance_store.gather(slow(), interrupted()))
+        except KeyboardInterrupt:
+            raised.append(True)
+        try:  # what the cut query left must not wake up in the next one
+            got.append(store.search("text-k", x[:1], k=3))
+        except BaseException as e:  # noqa: BLE001
+            got.append(e)
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join(60)
+    del thread
+    gc.collect()
+    assert raised and not isinstance(got[0], BaseException), got
+    assert got[0].ids.tolist() == want.ids.tolist()
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
+
+
 def test_empty_and_missing(make_store):
     store = make_store("lancedb")
     store.create("e", 4, "ip", attrs=("layer",))

@@ -7,7 +7,7 @@ import functools
 import json
 import os
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import numpy as np
 import pyarrow as pa
@@ -167,6 +167,23 @@ class OwnLoop:
     def __init__(self):
         self.pid, self.loop = os.getpid(), asyncio.new_event_loop()
 
+    def run(self, coroutine):
+        try:
+            return self.loop.run_until_complete(coroutine)
+        except BaseException:
+            self.settle()
+            raise
+
+    def settle(self) -> None:
+        """After a query was cut short (a Ctrl-C raised inside one of a round's searches): cancel what it left on the
+        loop and let every task's outcome be taken, which asyncio would print, traceback and all, when the task is
+        collected (asyncio.Runner does this on the way in instead, for 0.2 ms a query)."""
+        tasks = asyncio.all_tasks(self.loop)
+        for task in tasks:
+            task.cancel()
+        with suppress(BaseException):
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
     def __del__(self):
         if self.pid == os.getpid():  # never in a forked child: the loop's epoll instance is its parent's too
             self.loop.close()
@@ -188,7 +205,7 @@ def on_this_thread(coroutine):
     own = getattr(_loops, "own", None)
     if own is None or own.pid != os.getpid():
         own = _loops.own = OwnLoop()
-    return own.loop.run_until_complete(coroutine)
+    return own.run(coroutine)
 
 
 ONE_BATCH = 1 << 30  # rows a batch of a query's stream may hold: all of them
