@@ -5,6 +5,7 @@ Environment: XDG_CACHE_HOME (the default folder). See docs/faiss.md.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import itertools
 import os
@@ -61,17 +62,23 @@ class Pace:
     after they did not. OpenMP's threads spin between scans, so a scan starts on both cores at once (a token's scans
     took 17 ms against the workers' 23 here, numpy's sgemv 16), but with another busy process on the cores a thread
     spinning at the end of a scan holds a core the other needs, and tokens took two to five times as long
-    (docs/speed.md, "Round 12"). Two scans within WITHIN that each took SLOW times their shape's fastest are taken
-    for that; one alone is not (a quiet machine had 3 in 3,133, another process on the cores 880)."""
+    (docs/speed.md, "Round 12"). EVIDENCE scans within WITHIN that each took SLOW times their shape's fastest, and
+    LATE seconds more, are taken for that; fewer are not. Another process on the cores made 880 scans in 3,133 that
+    slow; on a quiet machine a hiccup of the host made two or three close together about once in 2,000 scans, most
+    of them the smallest scans late by 0.15 ms, and the ten tokens on the workers that followed cost 5 ms each
+    (docs/speed.md, "Round 14")."""
 
     SLOW = 3.0
+    LATE = 0.0005
+    EVIDENCE = 3
     WITHIN = 32
     BACK_OFF = 512  # scans (about ten tokens at GPT-2 small) on the workers before OpenMP's threads are tried again
 
     def __init__(self):
         self.fastest: dict[tuple[int, int], float] = {}
         self.waiting = 0  # scans left on the workers
-        self.scans, self.last_slow = 0, -self.WITHIN - 1
+        self.scans = 0
+        self.slow: collections.deque[int] = collections.deque(maxlen=self.EVIDENCE)  # the last slow scans' numbers
 
     def openmp(self) -> bool:
         if self.waiting:
@@ -82,12 +89,13 @@ class Pace:
     def took(self, shape: tuple[int, int], seconds: float) -> None:
         self.scans += 1
         fastest = self.fastest.setdefault(shape, seconds)
-        if seconds <= self.SLOW * fastest:
+        if seconds <= max(self.SLOW * fastest, fastest + self.LATE):
             self.fastest[shape] = min(fastest, seconds)
             return
-        if self.scans - self.last_slow <= self.WITHIN:
+        self.slow.append(self.scans)
+        if len(self.slow) == self.EVIDENCE and self.scans - self.slow[0] < self.WITHIN:
             self.waiting = self.BACK_OFF
-        self.last_slow = self.scans
+            self.slow.clear()
 
 
 PACE = Pace()
