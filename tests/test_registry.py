@@ -1,12 +1,15 @@
 """Finding stores: the in-tree ones by their file, another package's through the entry point group vecgpt.stores."""
 
+import inspect
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from vecgpt import tokenizer
-from vecgpt.backends.base import available, get_store, in_tree, installed
+from vecgpt.backends.base import available, connector, get_store, in_tree, installed
+from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import push
@@ -50,6 +53,15 @@ def example_package(tmp_path, monkeypatch):
 def test_in_tree_stores_are_the_modules_with_connect():
     assert {"memory", "faiss", "lancedb", "pgvector", "turbopuffer"} <= set(in_tree())
     assert not {"base", "_in_process"} & set(in_tree())
+
+
+def test_every_shipped_config_names_an_in_tree_store_and_only_options_its_connect_takes():
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+    assert {"faiss.toml", "faiss-ip.toml", "pgvector.toml", "pgvector-ip.toml"} <= {p.name for p in configs}
+    for path in configs:
+        config = load_config(path)
+        assert config.backend in in_tree(), path
+        inspect.signature(connector(config.backend)).bind(**config.store)  # TypeError: an option it does not take
 
 
 def test_entry_point_store_is_found_and_runs_the_engine(example_package, tmp_path, tiny_model, tiny_model_dir):
