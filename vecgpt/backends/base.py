@@ -112,6 +112,12 @@ class Hits(NamedTuple):
     vectors: np.ndarray | None = None  # [m, n, dim] float32, the rows as stored, where the Search asked for them
 
 
+def no_hits(m: int, dim: int | None = None) -> Hits:
+    """No rows for m queries (dim: with vectors of that width, for a Search that asked for them)."""
+    vectors = None if dim is None else np.zeros((m, 0, dim), np.float32)
+    return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)), vectors)
+
+
 @dataclass(frozen=True)
 class Search:
     """One search request: for `search_many`, which may send several at once."""

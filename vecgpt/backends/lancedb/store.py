@@ -157,7 +157,7 @@ class LanceStore(FolderStore):
             ]
             found = iter(on_this_thread(gather(*(nearest(*args) for args in sent))))
         return [
-            hits(next(found), t, len(q)) if n and len(q) else nothing(len(q), t.dim if s.vectors else None)
+            hits(next(found), t, len(q)) if n and len(q) else base.no_hits(len(q), t.dim if s.vectors else None)
             for s, t, q, n in zip(searches, tables, queries, limits)
         ]
 
@@ -345,9 +345,3 @@ def hits(result: pa.Table, table: Table, m: int) -> Hits:
     if "vector" in result.column_names:
         found = found._replace(vectors=floats(result["vector"], table.dim)[order].reshape(m, n, table.dim))
     return found
-
-
-def nothing(m: int, dim: int | None = None) -> Hits:
-    """No rows for m queries (dim: with vectors of that width)."""
-    vectors = None if dim is None else np.zeros((m, 0, dim), np.float32)
-    return Hits(np.zeros((m, 0), np.int64), np.zeros((m, 0)), vectors)

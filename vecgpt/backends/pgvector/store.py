@@ -55,9 +55,10 @@ def hits(name: str, m: int, found: list[tuple], dim: int | None = None) -> Hits:
     if any(len(f[0]) != n for f in found):
         raise VecgptError(f"search in {name!r}: queries got different numbers of rows")
     if n == 0:
-        return Hits(
-            np.zeros((m, 0), np.int64), np.zeros((m, 0)), None if dim is None else np.zeros((m, 0, dim), np.float32)
-        )
+        return base.no_hits(m, dim)
+    if m == 1:
+        ids, dists, vectors = found[0]
+        return Hits(ids[None], dists[None], None if dim is None else vectors[None])
     ids, dists = np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found])
     return Hits(ids, dists, None if dim is None else np.stack([f[2] for f in found]))
 

@@ -35,19 +35,17 @@ class Searching:
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Every query vector of every search is one subquery; all of them go out at once."""
-        tasks, shapes, specs = [], [], []
+        tasks, shapes = [], []
         for si, s in enumerate(searches):
             spec = self._spec(s.collection)
-            specs.append(spec)
             q = check_vectors(s.collection, s.queries, spec["dim"])
             check_where(s.collection, s.where, spec["attrs"])
             limit = self.max_top_k if s.k is None or s.k > self.max_top_k else s.k
-            shapes.append((q, s.k))
+            want = spec["dim"] if s.vectors else None  # the rows' vectors too, this wide
+            shapes.append((q, s.k, want))
             for replicas, filt in self._targets(s.collection, spec, s.where):
-                tasks += [
-                    Task(si, qi, replicas, filt, limit, spec["dim"] if s.vectors else None) for qi in range(len(q))
-                ]
-        queries = [q for q, _ in shapes]
+                tasks += [Task(si, qi, replicas, filt, limit, want) for qi in range(len(q))]
+        queries = [q for q, _, _ in shapes]
         self._run(tasks, queries)
         cut = [t for t in tasks if len(t.ids) >= t.limit and (shapes[t.si][1] is None or shapes[t.si][1] > t.limit)]
         while cut:  # results that may be cut short at the row limit: split by id ranges and ask again
@@ -57,10 +55,7 @@ class Searching:
             self._run(more, queries)
             tasks += more
             cut = [t for t in more if len(t.ids) >= t.limit]
-        return [
-            self._assemble(si, q, k, [t for t in tasks if t.si == si], spec["dim"] if s.vectors else None)
-            for si, ((q, k), s, spec) in enumerate(zip(shapes, searches, specs))
-        ]
+        return [self._assemble(q, k, [t for t in tasks if t.si == si], want) for si, (q, k, want) in enumerate(shapes)]
 
     def _targets(self, name: str, spec: dict, where: Where | None) -> list[tuple[list[str], list]]:
         part = spec["partition"]
@@ -132,7 +127,7 @@ class Searching:
             span = self._spans[ns] = (0, int(rows[0]["id"]) + 1 if rows else 1)
         return span
 
-    def _assemble(self, si: int, q: np.ndarray, k: int | None, tasks: list[Task], dim: int | None) -> Hits:
+    def _assemble(self, q: np.ndarray, k: int | None, tasks: list[Task], dim: int | None) -> Hits:
         """One search's Hits from its subqueries' rows (dim: with the rows' vectors, that wide)."""
         m = len(q)
         per = [[t for t in tasks if t.qi == i] for i in range(m)]
