@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vecgpt import encoding
-from vecgpt.attention import RunningSoftmax
+from vecgpt.attention import RunningSoftmax, one_tile
 from vecgpt.backends.base import Search, Store, Where, row_order, stacked
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
@@ -264,15 +264,22 @@ class Session:
 
     def weighted_values(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, value_width]
         m, n_head, hd = q.shape
-        state, tile = RunningSoftmax((n_head, m), self.value_width()), self.engine.tile
+        tile = self.engine.tile
         pos = np.concatenate([p for p, _ in columns])  # [n] key positions, ascending: the store's, then memory's
         scores = np.concatenate([dots for _, dots in columns], axis=-1) / math.sqrt(hd)  # q.k [H, m, n], scaled
         if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
             np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
+        if len(pos) <= tile:  # one tile: the fold below on a fresh state, without the state (same bits)
+            return one_tile(scores, self.values_at(layer, pos))
+        state = RunningSoftmax((n_head, m), self.value_width())
         for t in range(0, len(pos), tile):  # a tile of keys at a time, through both sources
-            values = self.projected[layer, pos[t : t + tile]].transpose(1, 0, 2).astype(np.float64)  # [H, tile, w]
-            state.update_rows(0, scores[..., t : t + tile], values)
+            state.update_rows(0, scores[..., t : t + tile], self.values_at(layer, pos[t : t + tile]))
         return state.finish()
+
+    def values_at(self, layer, pos):  # key positions [t], ascending -> their kept values [H, t, w] in float64
+        kept = self.projected[layer]
+        rows = kept[pos[0] : pos[-1] + 1] if len(pos) and pos[-1] - pos[0] == len(pos) - 1 else kept[pos]
+        return rows.transpose(1, 0, 2).astype(np.float64)
 
     def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store and in memory, projected values in memory
         hp, m = self.hp, len(x)
