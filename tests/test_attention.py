@@ -149,21 +149,6 @@ def test_fold_order_independent(c, rnd):
     assert np.abs(in_order - shuffled).max() <= 2 * softmax_tol(values, c["n"], c["dtype"])
 
 
-@SETTINGS
-@given(extreme, st.integers(0, 2))
-def test_one_tile_gives_a_fold_into_a_fresh_state_exactly(c, heads):
-    """The engine's path when every key fits one tile: the same values as RunningSoftmax's fold and finish, rows
-    with no finite score included (0), with leading head dimensions."""
-    scores, values, keep = extreme_case(c)
-    scores = np.where(keep, scores, -np.inf)
-    lead = (2,) * heads
-    s, v = np.broadcast_to(scores, lead + scores.shape), np.broadcast_to(values, lead + values.shape)
-    rs = att.RunningSoftmax(lead + scores.shape[:1], values.shape[1], c["dtype"])
-    rs.update_rows(0, s.copy(), v)
-    got = att.one_tile(s.copy(), v)
-    assert got.shape == rs.acc.shape and np.array_equal(got, rs.finish())
-
-
 def test_all_masked_tile_leaves_state_unchanged():
     rs = att.RunningSoftmax(3, 2)
     rs.update(np.array([[1.0, 2.0], [-np.inf, -np.inf], [5.0, -1.0]]), np.ones((2, 2)))

@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from vecgpt import tokenizer, tolerance
+from vecgpt import engine, tokenizer, tolerance
 from vecgpt.api import generate
 from vecgpt.engine import Engine
 from vecgpt.loading import push
@@ -98,9 +98,9 @@ def test_token_by_token_equals_block(make_store, tiny_model):
 
 @pytest.mark.parametrize("layout", ["four", "three", "five"])
 @pytest.mark.parametrize("tile", [1, 3])
-def test_attention_folded_a_few_keys_at_a_time_agrees_with_numpy(make_store, tiny_model, model64, layout, tile):
-    """The default tile (64) holds every key of these short texts in one fold; smaller tiles fold the store's keys
-    and memory's across tiles, a prompt block's own keys masked inside them."""
+def test_attention_summed_a_few_positions_at_a_time_agrees_with_numpy(make_store, tiny_model, model64, layout, tile):
+    """The default chunk holds every key of these short texts; chunks of 1 and 3 positions sum the store's keys'
+    values and memory's across chunks, a prompt block's own keys masked inside them."""
     store = make_store("faiss")
     push(store, tiny_model, "ip", progress=False, layout=layout)
     ids = tokenizer.encode("To be or not to be, that is the question")
@@ -108,6 +108,16 @@ def test_attention_folded_a_few_keys_at_a_time_agrees_with_numpy(make_store, tin
     text = Engine(store, tile=tile).open()
     r = tolerance.forced_comparison(text, model64, ids, greedy, "ip", tolerance.unit_roundoff("faiss"))
     assert not r["violations"], r["violations"][:5]
+
+
+@pytest.mark.parametrize("layout", ["four", "five"])
+def test_a_chunk_of_values_in_float64_is_the_most_positions_that_fit_its_bytes(make_store, tiny_model, layout):
+    store = make_store("memory")
+    push(store, tiny_model, "ip", progress=False, layout=layout)
+    text = Engine(store).open()
+    per_position = 8 * text.hp.n_head * text.value_width()  # float64 bytes of one position's kept values
+    assert text.chunk() * per_position <= engine.CHUNK_BYTES < (text.chunk() + 1) * per_position
+    assert Engine(store, tile=3).open().chunk() == 3
 
 
 def test_truncate_and_reread_pays_only_new_positions(make_store, tiny_model, model64):

@@ -84,18 +84,6 @@ class RunningSoftmax:
         return np.divide(self.acc, self.l[..., None], out=out, where=self.l[..., None] > 0)
 
 
-def one_tile(s: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """RunningSoftmax's answer for a single tile, without its state: s [..., r, t] scaled scores (overwritten),
-    v [..., t, hd] -> [..., r, hd]. The same operations on the same values as one _fold into a fresh state and
-    finish(): alpha is 0 there, and 0 * x + y is y, so the same bits; a row with no finite score gives 0."""
-    m = s.max(axis=-1)
-    s -= np.where(m == -np.inf, 0.0, m)[..., None]
-    p = np.exp(s, out=s)
-    l = p.sum(axis=-1)[..., None]
-    acc = p @ v
-    return np.divide(acc, l, out=np.zeros_like(acc), where=l > 0)
-
-
 # ----------------------------------------------------------------------------- the two forms
 
 

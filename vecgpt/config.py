@@ -27,7 +27,7 @@ class Config:
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
     prompt_block: bool = True  # read a prompt as one block of queries per search
-    tile: int = 64  # key positions the engine's streaming attention folds at a time (docs/speed.md)
+    tile: int = 0  # key positions whose values attention sums at a time; 0: as many as 1 MiB holds (engine.chunk)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
     def __post_init__(self):
@@ -37,8 +37,8 @@ class Config:
             raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
-        if self.tile < 1:
-            raise VecgptError(f"tile must be at least 1, not {self.tile}")
+        if self.tile < 0:
+            raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
 
 
 TYPES = {

@@ -27,12 +27,11 @@ from typing import NamedTuple
 import numpy as np
 
 from vecgpt import encoding
-from vecgpt.attention import RunningSoftmax, one_tile
 from vecgpt.backends.base import Search, Store, Where, row_order, stacked
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
 from vecgpt.meter import SESSION_PREFIX, Metered, later
-from vecgpt.reference import gelu, layer_norm
+from vecgpt.reference import gelu, layer_norm, softmax
 from vecgpt.sampling import Candidates, ordered
 from vecgpt.weights import HParams
 from vecgpt.writer import Writer
@@ -43,6 +42,9 @@ from vecgpt.writer import Writer
 # never on when a write landed: a store's decoded distance and numpy's dot product differ in the last bits,
 # and a text resumed in another process must compute what the first one did, bit for bit.
 WINDOW = 4
+# Attention converts a chunk of kept values (float32) to float64 at a time: within a core's L2 cache, the chunk is
+# read back from there, not from memory (layout four at 384 positions: 1.4 against 2.7 ms a layer, docs/speed.md).
+CHUNK_BYTES = 1 << 20
 AHEAD_MOST = 64  # candidates whose rows the token search brings along (Session.gpt2); more: the next read fetches
 
 
@@ -50,7 +52,7 @@ class Engine:
     """A store holding a model, ready to open decoding sessions."""
 
     def __init__(
-        self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 64, model: str | None = None
+        self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 0, model: str | None = None
     ):
         """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
@@ -264,17 +266,20 @@ class Session:
 
     def weighted_values(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, value_width]
         m, n_head, hd = q.shape
-        tile = self.engine.tile
         pos = np.concatenate([p for p, _ in columns])  # [n] key positions, ascending: the store's, then memory's
         scores = np.concatenate([dots for _, dots in columns], axis=-1) / math.sqrt(hd)  # q.k [H, m, n], scaled
         if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
             np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
-        if len(pos) <= tile:  # one tile: the fold below on a fresh state, without the state (same bits)
-            return one_tile(scores, self.values_at(layer, pos))
-        state = RunningSoftmax((n_head, m), self.value_width())
-        for t in range(0, len(pos), tile):  # a tile of keys at a time, through both sources
-            state.update_rows(0, scores[..., t : t + tile], self.values_at(layer, pos[t : t + tile]))
-        return state.finish()
+        weights, chunk = softmax(scores), self.chunk()
+        out = weights[..., :chunk] @ self.values_at(layer, pos[:chunk])
+        for t in range(chunk, len(pos), chunk):  # the values in float64 a chunk at a time, while in cache
+            out += weights[..., t : t + chunk] @ self.values_at(layer, pos[t : t + chunk])
+        return out
+
+    def chunk(self) -> int:
+        """Key positions whose kept values attention converts to float64 and sums at a time: the config's `tile`,
+        or (0) as many as fit in CHUNK_BYTES."""
+        return self.engine.tile or max(1, CHUNK_BYTES // (8 * self.hp.n_head * self.value_width()))
 
     def values_at(self, layer, pos):  # key positions [t], ascending -> their kept values [H, t, w] in float64
         kept = self.projected[layer]
