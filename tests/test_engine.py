@@ -117,7 +117,8 @@ def test_a_chunk_of_values_in_float64_is_the_most_positions_that_fit_its_bytes(m
     text = Engine(store).open()
     per_position = 8 * text.hp.n_head * text.value_width()  # float64 bytes of one position's kept values
     assert text.chunk() * per_position <= engine.CHUNK_BYTES < (text.chunk() + 1) * per_position
-    assert Engine(store, tile=3).open().chunk() == 3
+    assert text.chunk(m=text.chunk() + 5) == text.chunk() + 5  # a prompt block: its values no bigger than its output
+    assert Engine(store, tile=3).open().chunk(m=10) == 3  # the config's, whatever the block
 
 
 def test_truncate_and_reread_pays_only_new_positions(make_store, tiny_model, model64):

@@ -270,16 +270,17 @@ class Session:
         scores = np.concatenate([dots for _, dots in columns], axis=-1) / math.sqrt(hd)  # q.k [H, m, n], scaled
         if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
             np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
-        weights, chunk = softmax(scores), self.chunk()
+        weights, chunk = softmax(scores), self.chunk(m)
         out = weights[..., :chunk] @ self.values_at(layer, pos[:chunk])
         for t in range(chunk, len(pos), chunk):  # the values in float64 a chunk at a time, while in cache
             out += weights[..., t : t + chunk] @ self.values_at(layer, pos[t : t + chunk])
         return out
 
-    def chunk(self) -> int:
-        """Key positions whose kept values attention converts to float64 and sums at a time: the config's `tile`,
-        or (0) as many as fit in CHUNK_BYTES."""
-        return self.engine.tile or max(1, CHUNK_BYTES // (8 * self.hp.n_head * self.value_width()))
+    def chunk(self, m: int = 1) -> int:
+        """Key positions whose kept values attention converts to float64 and sums at a time, for m queries: the
+        config's `tile`, or (0) as many as fit in CHUNK_BYTES, and for a block no fewer than its queries (each
+        chunk's sum is added into the block's output, [H, m, w]: a chunk's values weigh no more than that)."""
+        return self.engine.tile or max(1, m, CHUNK_BYTES // (8 * self.hp.n_head * self.value_width()))
 
     def values_at(self, layer, pos):  # key positions [t], ascending -> their kept values [H, t, w] in float64
         kept = self.projected[layer]
