@@ -5,7 +5,7 @@
 
 Random weights at GPT-2 small shape (context 1,024). For each length a random prompt of that many tokens is
 read as one block, then n greedy tokens are timed (median), the store's and numpy's in turn. The meter splits
-the store's token into time inside store calls and the engine's own (layer norm, GELU, the streaming softmax
+the store's token into time inside store calls and the engine's own (layer norm, GELU, the softmax and the sum
 over each head's kept values, encoding). --layout: the model's (default: the config's). Writes <out>.json and <out>.png; the store is placed beside the
 config's (suffix `bench`), loaded if it lacks the model.
 """
