@@ -9,7 +9,7 @@ from vecgpt import engine, tokenizer, tolerance
 from vecgpt.api import generate
 from vecgpt.engine import Engine
 from vecgpt.loading import push
-from vecgpt.reference import Reference
+from vecgpt.reference import Reference, softmax
 from vecgpt.sampling import choose, draw
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over", ""]
@@ -119,6 +119,14 @@ def test_a_chunk_of_values_in_float64_is_the_most_positions_that_fit_its_bytes(m
     assert text.chunk() * per_position <= engine.CHUNK_BYTES < (text.chunk() + 1) * per_position
     assert text.chunk(m=text.chunk() + 5) == text.chunk() + 5  # a prompt block: its values no bigger than its output
     assert Engine(store, tile=3).open().chunk(m=10) == 3  # the config's, whatever the block
+
+
+def test_attention_softmax_is_the_references_bit_for_bit_in_the_scores_own_array():
+    rng = np.random.default_rng(5)
+    scores = rng.standard_normal((12, 7, 50)) * 40
+    scores[..., 3:, 45:] = -np.inf  # a block's masked keys
+    got = engine.softmax_in_place(held := scores.copy())
+    assert got is held and np.array_equal(got, softmax(scores))
 
 
 def test_truncate_and_reread_pays_only_new_positions(make_store, tiny_model, model64):

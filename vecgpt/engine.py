@@ -31,7 +31,7 @@ from vecgpt.backends.base import Search, Store, Where, row_order, stacked
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
 from vecgpt.meter import SESSION_PREFIX, Metered, later
-from vecgpt.reference import gelu, layer_norm, softmax
+from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import Candidates, ordered
 from vecgpt.weights import HParams
 from vecgpt.writer import Writer
@@ -97,6 +97,15 @@ def squared_norms(k32: np.ndarray) -> np.ndarray:
     (from the stored keys) equal those its first process computed, to the last bit."""
     k = np.ascontiguousarray(k32, np.float64)
     return (k * k).sum(axis=-1)
+
+
+def softmax_in_place(s: np.ndarray) -> np.ndarray:
+    """reference.softmax over the last axis, the same operations, in s itself: a prompt block's score table is the
+    largest array a read holds (12 heads at 1,024 positions: 100 MB), and reference.softmax makes two more."""
+    s -= s.max(axis=-1, keepdims=True)
+    s = np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s
 
 
 def searched_end(start: int) -> int:
@@ -270,7 +279,7 @@ class Session:
         scores = np.concatenate([dots for _, dots in columns], axis=-1) / math.sqrt(hd)  # q.k [H, m, n], scaled
         if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
             np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
-        weights, chunk = softmax(scores), self.chunk(m)
+        weights, chunk = softmax_in_place(scores), self.chunk(m)
         out = weights[..., :chunk] @ self.values_at(layer, pos[:chunk])
         for t in range(chunk, len(pos), chunk):  # the values in float64 a chunk at a time, while in cache
             out += weights[..., t : t + chunk] @ self.values_at(layer, pos[t : t + chunk])
