@@ -126,3 +126,23 @@ def test_scaled_key_queries_decode_within_the_derived_bound(hd, n, seed, q_scale
     dots = encoding.decode_key_dists(sequential32(qs, k), qs, norms2, "l2", s)
     exact = q.astype(np.float64) @ k.astype(np.float64).T
     assert np.all(np.abs(dots - exact) <= encoding.key_bound(q, norms2, "l2", encoding.U32))
+
+
+def test_a_matrix_encoded_a_block_of_rows_at_a_time_is_the_whole_matrix_bit_for_bit(monkeypatch):
+    """A load encodes a batch of rows at a time (encode_block) after M^2 from blocks of rows (largest_norm2): the
+    documents and M^2 are those of the matrix encoded whole, in both encodings, with and without a bias."""
+    monkeypatch.setattr(encoding, "BLOCK_BYTES", 7 * 8 * 50)  # 7 rows of 48 + 2
+    rng = np.random.default_rng(11)
+    w = (rng.standard_normal((48, 61)) * rng.uniform(0.1, 30.0, 61)).astype(np.float32)  # rows of many norms
+    b = rng.standard_normal(61).astype(np.float32)
+    for bias in (b, None):
+        w64 = w.T.astype(np.float64)
+        b64 = np.zeros(61) if bias is None else b.astype(np.float64)
+        m2 = encoding.largest_norm2(w, bias)
+        assert m2 == float((np.einsum("ij,ij->i", w64, w64) + b64 * b64).max())
+        for metric in ("l2", "ip"):
+            whole, whole_m2 = encoding.encode_rows(w, bias, metric)
+            blocks = [encoding.encode_block(w, bias, metric, m2, slice(a, a + 5)) for a in range(0, 61, 5)]
+            assert whole_m2 == m2 and np.array_equal(np.vstack(blocks), whole)
+            assert whole.shape == (61, encoding.doc_dim(48, metric)) and whole.dtype == np.float32
+    assert [(s.start, s.stop) for s in encoding.blocks(w, slice(10, 30))] == [(10, 17), (17, 24), (24, 30)]

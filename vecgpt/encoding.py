@@ -64,14 +64,48 @@ U32, U64 = 2.0**-24, 2.0**-53  # unit roundoffs
 
 def encode_rows(weight: np.ndarray, bias: np.ndarray | None, metric: Metric) -> tuple[np.ndarray, float]:
     """Documents for a [in, out] weight and its bias: ([out, in+2] or [out, in+1] float32, M^2)."""
-    w = np.asarray(weight, np.float32).T.astype(np.float64)  # [out, in]
-    b = np.zeros(len(w)) if bias is None else np.asarray(bias, np.float32).astype(np.float64)  # [out]
-    norms2 = np.einsum("ij,ij->i", w, w) + b * b  # [out]
-    m2 = float(norms2.max())
+    m2 = largest_norm2(weight, bias)
+    return encode_block(weight, bias, metric, m2, slice(None)), m2
+
+
+def row_norms2(weight: np.ndarray, bias: np.ndarray | None, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Those rows' weights [n, in] and biases [n] in float64 (as stored: rounded to float32 first), and |row|^2."""
+    w = np.asarray(weight[:, rows], np.float32).T.astype(np.float64)  # [n, in]
+    b = np.zeros(len(w)) if bias is None else np.asarray(bias[rows], np.float32).astype(np.float64)  # [n]
+    return w, b, np.einsum("ij,ij->i", w, w) + b * b
+
+
+def largest_norm2(weight: np.ndarray, bias: np.ndarray | None) -> float:
+    """M^2, the largest |row|^2 of the matrix's documents, a block of rows at a time (blocks())."""
+    return max(float(row_norms2(weight, bias, rows)[2].max()) for rows in blocks(weight, slice(None)))
+
+
+def encode_block(weight: np.ndarray, bias: np.ndarray | None, metric: Metric, m2: float, rows: slice) -> np.ndarray:
+    """The documents of those rows, [n, in+2] or [n, in+1] float32, for the matrix's M^2, a block of rows at a time
+    (blocks()): each row's document depends only on the row and M^2, so these are the whole matrix's, bit for bit."""
+    parts = [_documents(weight, bias, metric, m2, block) for block in blocks(weight, rows)]
+    return parts[0] if len(parts) == 1 else np.vstack(parts)
+
+
+def _documents(weight, bias, metric: Metric, m2: float, rows: slice) -> np.ndarray:
+    w, b, norms2 = row_norms2(weight, bias, rows)
     if metric == "ip":
-        return np.hstack([w, b[:, None]]).astype(np.float32), m2
-    pad = np.sqrt(np.maximum(m2 - norms2, 0.0))  # [out]
-    return np.hstack([w, b[:, None], pad[:, None]]).astype(np.float32), m2
+        return np.hstack([w, b[:, None]]).astype(np.float32)
+    pad = np.sqrt(np.maximum(m2 - norms2, 0.0))  # [n]
+    return np.hstack([w, b[:, None], pad[:, None]]).astype(np.float32)
+
+
+def blocks(weight: np.ndarray, rows: slice) -> list[slice]:
+    """Those rows of a [in, out] weight as blocks whose float64 copies stay under BLOCK_BYTES."""
+    start, stop, _ = rows.indices(weight.shape[1])
+    step = max(1, BLOCK_BYTES // (8 * (weight.shape[0] + 2)))
+    return [slice(a, min(a + step, stop)) for a in range(start, stop, step)] or [slice(start, start)]
+
+
+# A block's float64 rows: under numpy's 4 MiB, above which it asks Linux for huge pages for an array. A load's
+# big temporaries are written once; on a VM whose kernel compacts memory to find a huge page at each first touch,
+# a 50,257-row table encoded whole took 6.4 s against 0.45 without (docs/speed.md, "Round 15").
+BLOCK_BYTES = 1 << 21
 
 
 def power_of_two(target: np.ndarray, norm: np.ndarray) -> np.ndarray:

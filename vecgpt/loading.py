@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import re
 from datetime import datetime, timezone
+from functools import partial
 
 import numpy as np
 
@@ -185,20 +186,24 @@ def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool
     bar = tqdm(total=total, unit="doc", desc="load", disable=not progress)
     for name in matrices(model.hparams, layout):
         p = get(model.params, name, model.hparams.n_head)
-        weight = p["weight"].T if name == "wte" else p["weight"]  # [in, out]
-        docs, m2[name] = encoding.encode_rows(weight, p.get("bias"), metric)
-        _write(store, collection(key, name), docs, metric, bar)
-    _write(store, collection(key, "wpe"), model.params["wpe"]["weight"], "l2", bar)
-    _write(store, collection(key, "ln"), ln_table(model), "l2", bar)
+        weight, bias = p["weight"].T if name == "wte" else p["weight"], p.get("bias")  # [in, out]
+        m2[name] = m = encoding.largest_norm2(weight, bias)
+        rows = partial(encoding.encode_block, weight, bias, metric, m)  # a batch of documents at a time
+        _write(
+            store, collection(key, name), rows, weight.shape[1], encoding.doc_dim(weight.shape[0], metric), metric, bar
+        )
+    for name, table in (("wpe", model.params["wpe"]["weight"]), ("ln", ln_table(model))):
+        _write(store, collection(key, name), table.__getitem__, len(table), table.shape[1], "l2", bar)
     bar.close()
     return m2
 
 
-def _write(store: Store, name: str, vectors: np.ndarray, metric: str, bar) -> None:
-    store.create(name, vectors.shape[1], metric, attrs=("row",))
-    for start in range(0, len(vectors), BATCH):
-        ids = np.arange(start, min(start + BATCH, len(vectors)))
-        store.upsert(name, ids, vectors[ids], {"row": ids})
+def _write(store: Store, name: str, rows, n: int, dim: int, metric: str, bar) -> None:
+    """n documents of width dim, rows(slice) giving a batch of them: written BATCH at a time."""
+    store.create(name, dim, metric, attrs=("row",))
+    for start in range(0, n, BATCH):
+        ids = np.arange(start, min(start + BATCH, n))
+        store.upsert(name, ids, rows(slice(start, start + len(ids))), {"row": ids})
         bar.update(len(ids))
 
 
