@@ -68,8 +68,9 @@ def encode_rows(weight: np.ndarray, bias: np.ndarray | None, metric: Metric) -> 
     return encode_block(weight, bias, metric, m2, slice(None)), m2
 
 
-def row_norms2(weight: np.ndarray, bias: np.ndarray | None, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Those rows' weights [n, in] and biases [n] in float64 (as stored: rounded to float32 first), and |row|^2."""
+def float64_rows(weight: np.ndarray, bias: np.ndarray | None, rows: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Those rows' weights [n, in] and biases [n] in float64 (as stored: rounded to float32 first), and each row's
+    |document|^2 without its pad, |w|^2 + b^2 [n]."""
     w = np.asarray(weight[:, rows], np.float32).T.astype(np.float64)  # [n, in]
     b = np.zeros(len(w)) if bias is None else np.asarray(bias[rows], np.float32).astype(np.float64)  # [n]
     return w, b, np.einsum("ij,ij->i", w, w) + b * b
@@ -77,7 +78,7 @@ def row_norms2(weight: np.ndarray, bias: np.ndarray | None, rows: slice) -> tupl
 
 def largest_norm2(weight: np.ndarray, bias: np.ndarray | None) -> float:
     """M^2, the largest |row|^2 of the matrix's documents, a block of rows at a time (blocks())."""
-    return max(float(row_norms2(weight, bias, rows)[2].max()) for rows in blocks(weight, slice(None)))
+    return max(float(float64_rows(weight, bias, rows)[2].max()) for rows in blocks(weight, slice(None)))
 
 
 def encode_block(weight: np.ndarray, bias: np.ndarray | None, metric: Metric, m2: float, rows: slice) -> np.ndarray:
@@ -88,7 +89,7 @@ def encode_block(weight: np.ndarray, bias: np.ndarray | None, metric: Metric, m2
 
 
 def _documents(weight, bias, metric: Metric, m2: float, rows: slice) -> np.ndarray:
-    w, b, norms2 = row_norms2(weight, bias, rows)
+    w, b, norms2 = float64_rows(weight, bias, rows)
     if metric == "ip":
         return np.hstack([w, b[:, None]]).astype(np.float32)
     pad = np.sqrt(np.maximum(m2 - norms2, 0.0))  # [n]

@@ -276,7 +276,8 @@ class Session:
     def weighted_values(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, value_width]
         m, n_head, hd = q.shape
         pos = np.concatenate([p for p, _ in columns])  # [n] key positions, ascending: the store's, then memory's
-        scores = np.concatenate([dots for _, dots in columns], axis=-1) / math.sqrt(hd)  # q.k [H, m, n], scaled
+        scores = np.concatenate([dots for _, dots in columns], axis=-1)  # q.k [H, m, n]
+        scores /= math.sqrt(hd)  # in place, as the softmax below: a block's table is the largest array a read holds
         if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
             np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
         weights, chunk = softmax_in_place(scores), self.chunk(m)
