@@ -66,8 +66,12 @@ def test_a_split_scan_equals_one_scan_on_openmps_threads_and_on_the_workers(monk
     assert np.array_equal(on_openmp, one) and np.array_equal(on_workers, one)  # each row's sum, whoever scans it
 
 
+def crowded():
+    return True
+
+
 def test_a_small_scan_late_by_less_than_late_is_not_slow():
-    pace, shape = faiss_store.Pace(), (768, 770)
+    pace, shape = faiss_store.Pace(crowded), (768, 770)
     pace.took(shape, 1e-4)
     for _ in range(pace.EVIDENCE):
         pace.took(shape, 1e-4 + 0.9 * pace.LATE)  # six times the fastest, but a wake-up's jitter
@@ -78,7 +82,7 @@ def test_a_small_scan_late_by_less_than_late_is_not_slow():
 
 
 def test_scans_go_to_the_workers_after_three_slow_ones_close_together_and_back_later():
-    pace, shape = faiss_store.Pace(), (2304, 770)
+    pace, shape = faiss_store.Pace(crowded), (2304, 770)
     assert pace.EVIDENCE == 3
     pace.took(shape, 1.0)
     pace.took((768, 3074), 5.0)  # another shape's own fastest
@@ -103,6 +107,52 @@ def test_scans_go_to_the_workers_after_three_slow_ones_close_together_and_back_l
     assert pace.openmp()
     pace.took(shape, 1.6)
     assert not pace.openmp()
+
+
+def test_slow_scans_while_no_thread_waits_for_a_core_are_the_hosts_and_no_evidence():
+    runnable = [False]
+    pace, shape = faiss_store.Pace(lambda: runnable[0]), (2304, 770)
+    pace.took(shape, 1.0)
+    for _ in range(10 * pace.EVIDENCE):
+        pace.took(shape, 8.0)  # the host took the cores: the workers would wait as long
+    assert pace.openmp()
+    runnable[0] = True
+    for _ in range(pace.EVIDENCE):
+        pace.took(shape, 8.0)
+    assert not pace.openmp()
+
+
+def test_a_back_off_soon_after_another_lasts_twice_as_long_up_to_longest():
+    pace, shape = faiss_store.Pace(crowded), (2304, 770)
+    pace.took(shape, 1.0)
+
+    def back_off() -> int:  # three slow scans: how many scans then go to the workers
+        for _ in range(pace.EVIDENCE):
+            pace.took(shape, 4.0)
+        n = 0
+        while not pace.openmp():
+            n += 1
+        return n
+
+    assert [back_off() for _ in range(3)] == [pace.BACK_OFF, 2 * pace.BACK_OFF, 4 * pace.BACK_OFF]
+    for _ in range(pace.CALM):
+        pace.took(shape, 1.0)
+    assert back_off() == pace.BACK_OFF  # CALM scans without one: the process has gone: the first length again
+    lengths = [back_off() for _ in range(16)]
+    assert lengths[-1] == max(lengths) == pace.LONGEST
+
+
+@pytest.mark.parametrize(
+    ("stat", "crowded"),
+    [("cpu 1 2 3\nprocs_running 3\nprocs_blocked 0\n", True), ("procs_running 2\n", False), (None, True)],
+)
+def test_crowded_when_more_threads_are_runnable_than_there_are_cores(tmp_path, monkeypatch, stat, crowded):
+    path = tmp_path / "stat"
+    if stat is not None:
+        path.write_text(stat)
+    monkeypatch.setattr(faiss_store, "PROC_STAT", str(path))
+    monkeypatch.setattr(faiss_store.os, "cpu_count", lambda: 2)
+    assert faiss_store.crowded_now() is crowded  # unknown (no /proc/stat): taken as crowded, as before
 
 
 def test_a_core_the_process_may_no_longer_use_leaves_the_worker_free(monkeypatch):

@@ -66,18 +66,28 @@ class Pace:
     LATE seconds more, are taken for that; fewer are not. Another process on the cores made 880 scans in 3,133 that
     slow; on a quiet machine a hiccup of the host made two or three close together about once in 2,000 scans, most
     of them the smallest scans late by 0.15 ms, and the ten tokens on the workers that followed cost 5 ms each
-    (docs/speed.md, "Round 14")."""
+    (docs/speed.md, "Round 14"). A slow scan counts only while more threads are runnable on the machine than it
+    has cores (`crowded`): with none waiting, the cores were taken by the host, not by a process the workers could
+    make room for, and here in such a stretch OpenMP's threads alone made a token 1.31-1.42x numpy's, the workers
+    1.56-1.61x. A back-off lasts BACK_OFF scans, twice the last one's if that was less than CALM scans on OpenMP's
+    threads ago, up to LONGEST: a process that stays on the cores finds OpenMP's threads tried ever more rarely
+    (each try costs its slow scans), and once one has gone a back-off is as short as the first again (docs/speed.md,
+    "Round 16")."""
 
     SLOW = 3.0
     LATE = 0.0005
     EVIDENCE = 3
     WITHIN = 32
     BACK_OFF = 512  # scans (about ten tokens at GPT-2 small) on the workers before OpenMP's threads are tried again
+    CALM = 2048
+    LONGEST = 8192
 
-    def __init__(self):
+    def __init__(self, crowded=None):
+        self.crowded = crowded or crowded_now  # () -> bool
         self.fastest: dict[tuple[int, int], float] = {}
         self.waiting = 0  # scans left on the workers
         self.scans = 0
+        self.back_off, self.backed_off_at = 0, -self.CALM  # the last back-off's scans, and the scan that set it
         self.slow: collections.deque[int] = collections.deque(maxlen=self.EVIDENCE)  # the last slow scans' numbers
 
     def openmp(self) -> bool:
@@ -92,10 +102,30 @@ class Pace:
         if seconds <= max(self.SLOW * fastest, fastest + self.LATE):
             self.fastest[shape] = min(fastest, seconds)
             return
+        if not self.crowded():
+            return
         self.slow.append(self.scans)
         if len(self.slow) == self.EVIDENCE and self.scans - self.slow[0] < self.WITHIN:
-            self.waiting = self.BACK_OFF
+            calm = self.scans - self.backed_off_at >= self.CALM
+            self.back_off = self.BACK_OFF if calm else min(2 * self.back_off, self.LONGEST)
+            self.waiting, self.backed_off_at = self.back_off, self.scans
             self.slow.clear()
+
+
+PROC_STAT = "/proc/stat"
+
+
+def crowded_now() -> bool:
+    """Whether more threads are runnable on this machine than it has cores (Linux's /proc/stat); True where unknown.
+    Read only after a slow scan: 10-20 us."""
+    try:
+        with open(PROC_STAT, "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running"):
+                    return int(line.split()[1]) > (os.cpu_count() or 1)
+    except (OSError, ValueError):
+        pass
+    return True
 
 
 PACE = Pace()
