@@ -140,9 +140,9 @@ def query_scale(queries: np.ndarray, metric: Metric) -> np.ndarray:
 
 def decode_dists(dists: np.ndarray, queries: np.ndarray, m2: float, metric: Metric) -> np.ndarray:
     """Matrix outputs y = w.x + b from distances [m, n] to the queries [m, dim] that produced them."""
+    if metric == "ip":  # encode_queries sends (x, 1) as it is: s = 1
+        return np.negative(dists, dtype=np.float64)
     s = query_scale(queries, metric)[:, None]
-    if metric == "ip":
-        return np.divide(dists, -s, dtype=np.float64)  # -dists / s, in one pass (float32 dists read as float64)
     return (m2 + squared_norms(queries)[:, None] - np.asarray(dists, np.float64)) / (2 * s)
 
 

@@ -241,7 +241,8 @@ class InProcessStore(FolderStore):
     def _search(self, s: Search) -> Hits:
         col = self._col(s.collection)
         queries = base.check_vectors(s.collection, s.queries, col.table.dim)
-        base.check_where(s.collection, s.where, col.names)
+        if s.where is not None:
+            base.check_where(s.collection, s.where, col.names)
         record(1, len(queries))
         slots = col.slots(s.where)
         k = None if s.k is None else min(s.k, col.table.n if slots is None else len(slots))
@@ -260,17 +261,17 @@ class InProcessStore(FolderStore):
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         """Filtered all-row searches of one collection (a layer's heads) find their rows together, then each scans
         only its own (FAISS: its kernel over them, gathered); others go one by one."""
-        alone = any(s.k is not None or s.where is None or s.vectors for s in searches)
-        if len(searches) < 2 or len({s.collection for s in searches}) > 1 or alone:
+        name = searches[0].collection if searches else ""
+        alone = (s.collection != name or s.k is not None or s.where is None or s.vectors for s in searches)
+        if len(searches) < 2 or any(alone):
             return [self._search(s) for s in searches]
-        name = searches[0].collection
         col = self._col(name)
         queries = [base.check_vectors(name, s.queries, col.table.dim) for s in searches]
         conditions = [s.where.conditions() for s in searches]
         base.check_attributes(name, {a for c in conditions for _, a, _ in c}, col.names)
-        record(1, sum(len(q) for q in queries))  # one request: the engine's one call (scans inside are not sent)
-        found = col.table.all_dists_each(queries, col.slots_each(conditions))
-        return [Hits(col.ids[rows], dists) for dists, rows in found]
+        record(1, sum(map(len, queries)))  # one request: the engine's one call (scans inside are not sent)
+        found, ids = col.table.all_dists_each(queries, col.slots_each(conditions)), col.ids
+        return [Hits(ids[rows], dists) for dists, rows in found]
 
     def fetch(self, name, ids, payload=False):
         col = self._col(name)
