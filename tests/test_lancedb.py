@@ -245,6 +245,48 @@ def test_a_query_cut_short_by_ctrl_c_leaves_nothing_for_asyncio_to_print(make_st
     assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
 
 
+def test_a_query_whose_task_outlives_its_cancelling_does_not_hold_the_reader(make_store, monkeypatch):
+    """A task still running when cancelled (LanceDB's answer that never came: once in some hundred Ctrl-C's the CLI
+    waited for good) is left behind after SETTLE_S: the KeyboardInterrupt comes out, and the thread's next search
+    is answered."""
+    import asyncio
+    import time
+    from contextlib import suppress
+
+    from vecgpt.backends.lancedb import store as lance_store
+    from vecgpt.backends.lancedb import table as lance_table
+
+    monkeypatch.setattr(lance_table.OwnLoop, "SETTLE_S", 0.2)
+    store = make_store("lancedb")
+    x, _ = keys(store, n=120)
+    want = store.search("text-k", x[:1], k=3)
+
+    async def never_done():
+        while True:
+            with suppress(asyncio.CancelledError):
+                await asyncio.sleep(3600)
+
+    async def interrupted():
+        await asyncio.sleep(0)
+        raise KeyboardInterrupt
+
+    raised, got = [], []
+
+    def in_a_thread():
+        start = time.monotonic()
+        try:
+            lance_table.on_this_thread(lance_store.gather(never_done(), interrupted()))
+        except KeyboardInterrupt:
+            raised.append(time.monotonic() - start)
+        got.append(store.search("text-k", x[:1], k=3))
+
+    thread = threading.Thread(target=in_a_thread, daemon=True)  # held for good, before: the test goes on
+    thread.start()
+    thread.join(30)
+    assert raised and raised[0] < 10, raised
+    assert got and got[0].ids.tolist() == want.ids.tolist()
+
+
 def test_empty_and_missing(make_store):
     store = make_store("lancedb")
     store.create("e", 4, "ip", attrs=("layer",))
