@@ -1,5 +1,8 @@
 """The encoding identity: distances to padded documents give back w.x + b."""
 
+import math
+from fractions import Fraction
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -146,3 +149,39 @@ def test_a_matrix_encoded_a_block_of_rows_at_a_time_is_the_whole_matrix_bit_for_
             assert whole_m2 == m2 and np.array_equal(np.vstack(blocks), whole)
             assert whole.shape == (61, encoding.doc_dim(48, metric)) and whole.dtype == np.float32
     assert [(s.start, s.stop) for s in encoding.blocks(w, slice(10, 30))] == [(10, 17), (17, 24), (24, 30)]
+
+
+def nearest_power(t: float, n: float) -> float:
+    """2^k for the integer k nearest log2(r), r = t / n as a double, decided in exact rational arithmetic."""
+    r = Fraction(t / n)
+    e = math.frexp(t / n)[1]  # 2^(e-1) <= r < 2^e
+    k = e if r * r >= Fraction(2) ** (2 * e - 1) else e - 1  # log2 r >= e - 1/2
+    return 2.0 ** min(max(k, -60), 60)
+
+
+near_boundary = st.builds(
+    lambda k, ulps: math.ldexp(encoding.SQRT_HALF, k) + ulps * math.ulp(math.ldexp(encoding.SQRT_HALF, k)),
+    st.integers(-50, 50),
+    st.integers(-3, 3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.floats(1e-30, 1e30), near_boundary), min_size=1, max_size=8),
+    st.floats(1e-3, 1e3) | st.just(1.0),
+)
+def test_power_of_two_is_the_nearest_in_log2_one_value_or_many(targets, norm):
+    want = [nearest_power(t, norm) for t in targets]
+    assert encoding.power_of_two(np.array(targets), norm).tolist() == want  # numpy's path
+    assert [encoding.power_of_two(t, np.array([norm]))[0] for t in targets] == want  # one value: Python's
+    assert encoding.power_of_two(np.array(targets)[:, None], np.array([norm])).shape == (len(targets), 1)
+
+
+def test_power_of_two_is_one_where_either_is_zero_or_not_finite_and_clipped_beyond_2_to_60():
+    bad = [0.0, math.inf, math.nan, -1.0]
+    assert encoding.power_of_two(np.array(bad), 1.0).tolist() == [1.0] * 4
+    assert encoding.power_of_two(1.0, np.array(bad)).tolist() == [1.0] * 4
+    assert [encoding.power_of_two(x, np.array([1.0]))[0] for x in bad] == [1.0] * 4
+    assert encoding.power_of_two(np.array([1e300, 1e-300]), 1.0).tolist() == [2.0**60, 2.0**-60]
+    assert encoding.power_of_two(1e-300, np.array([1e300]))[0] == 2.0**-60  # the ratio underflows: still clipped

@@ -51,6 +51,7 @@ vecgpt.tolerance propagates these bounds through the layers to a logit tolerance
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
@@ -110,15 +111,30 @@ BLOCK_BYTES = 1 << 21
 
 
 def power_of_two(target: np.ndarray, norm: np.ndarray) -> np.ndarray:
-    """2^round(log2(target / norm)), and 1 where either is 0 (or not finite)."""
+    """2^round(log2(target / norm)), and 1 where either is 0 (or not finite), clipped to 2^-60..2^60.
+    Rounded exactly, without a logarithm: with target / norm = f 2^e (f in [0.5, 1)), log2 is nearer e than e - 1
+    when f >= 2^-1/2, an irrational number, so comparing f with its nearest double decides every case. One value
+    each (a decode step's query) is done in Python floats, five times faster here and the same bits."""
     t, n = np.asarray(target, np.float64), np.asarray(norm, np.float64)
-    # checked first: no warnings, no context manager; NaN fails both tests. Ufuncs only (rint is
-    # np.round's half-to-even; minimum/maximum np.clip's): the engine calls this 200 times a token.
-    ok = (np.minimum(t, n) > 0) & (np.maximum(t, n) < np.inf)
-    if ok.all():
-        return np.exp2(np.minimum(np.maximum(np.rint(np.log2(t / n)), -60.0), 60.0))
-    ratio = np.where(ok, t, 1.0) / np.where(ok, n, 1.0)
-    return np.where(ok, np.exp2(np.minimum(np.maximum(np.rint(np.log2(ratio)), -60.0), 60.0)), 1.0)
+    if t.size == 1 and n.size == 1:
+        return np.full(np.broadcast(t, n).shape, _power_of_two(float(t.flat[0]), float(n.flat[0])))
+    ok = (np.minimum(t, n) > 0) & (np.maximum(t, n) < np.inf)  # NaN fails both tests
+    if not ok.all():
+        t, n = np.where(ok, t, 1.0), np.where(ok, n, 1.0)
+    (ft, et), (fn, en) = np.frexp(t), np.frexp(n)  # the ratio of the fractions cannot overflow
+    f, e = np.frexp(ft / fn)
+    return np.ldexp(1.0, np.clip(e + et - en - (f < SQRT_HALF), -60, 60))
+
+
+def _power_of_two(t: float, n: float) -> float:
+    if not (0 < t < math.inf and 0 < n < math.inf):
+        return 1.0
+    (ft, et), (fn, en) = math.frexp(t), math.frexp(n)
+    f, e = math.frexp(ft / fn)
+    return math.ldexp(1.0, min(max(e + et - en - (f < SQRT_HALF), -60), 60))
+
+
+SQRT_HALF = math.sqrt(0.5)  # the double nearest 2^-1/2 (sqrt is correctly rounded)
 
 
 def encode_queries(x: np.ndarray, metric: Metric, m2: float | None = None) -> np.ndarray:
@@ -129,7 +145,7 @@ def encode_queries(x: np.ndarray, metric: Metric, m2: float | None = None) -> np
     q[:, : x.shape[1]], q[:, x.shape[1]] = x, 1.0
     if metric == "ip" or m2 is None:
         return q
-    s = power_of_two(np.sqrt(m2), np.sqrt(squared_norms(q)))  # [m]
+    s = power_of_two(np.sqrt(m2), np.sqrt(squared_norms(q)))  # [m]; m2 one value or one a query
     return q * s[:, None].astype(np.float32)  # exact: a power of two
 
 
@@ -142,8 +158,9 @@ def decode_dists(dists: np.ndarray, queries: np.ndarray, m2: float, metric: Metr
     """Matrix outputs y = w.x + b from distances [m, n] to the queries [m, dim] that produced them."""
     if metric == "ip":  # encode_queries sends (x, 1) as it is: s = 1
         return np.negative(dists, dtype=np.float64)
-    s = query_scale(queries, metric)[:, None]
-    return (m2 + squared_norms(queries)[:, None] - np.asarray(dists, np.float64)) / (2 * s)
+    y = np.subtract(m2 + squared_norms(queries)[:, None], dists, dtype=np.float64)  # m2: one value or [m, 1]
+    y /= 2 * query_scale(queries, metric)[:, None]
+    return y
 
 
 def key_queries(q: np.ndarray, key_norms2: np.ndarray, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
