@@ -116,9 +116,12 @@ def test_slow_scans_while_no_thread_waits_for_a_core_are_the_hosts_and_no_eviden
     for _ in range(10 * pace.EVIDENCE):
         pace.took(shape, 8.0)  # the host took the cores: the workers would wait as long
     assert pace.openmp()
-    runnable[0] = True
-    for _ in range(pace.EVIDENCE):
+    for crowded_then in (True, True, False, True, True):  # one slow scan with none waiting: the count starts again
+        runnable[0] = crowded_then
         pace.took(shape, 8.0)
+    assert pace.openmp()
+    runnable[0] = True
+    pace.took(shape, 8.0)
     assert not pace.openmp()
 
 
