@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,6 +25,7 @@ pin_threads(sys.argv)
 
 import numpy as np  # noqa: E402
 from per_token import load_model  # noqa: E402
+from profile_token import interleaved  # noqa: E402
 
 import vecgpt.backends.faiss as faiss_store  # noqa: E402
 from vecgpt import reference, tokenizer  # noqa: E402
@@ -67,21 +67,14 @@ def main():
     engine = Engine(store, top_k=config.top_k, model=store_fingerprint(model, config.metric, config.layout))
     readers = {"numpy float32": reference.Reference(model, np.float32), args.config: engine.open()}
     no_multiplies()
-    cands = {name: r.read(ids) for name, r in readers.items()}
-    times = {name: [] for name in readers}
-    for _ in range(args.n):
-        for name, reader in readers.items():
-            time.sleep(args.pause)
-            start = time.perf_counter()
-            cands[name] = reader.read([int(cands[name].ids[0])])
-            times[name].append(time.perf_counter() - start)
+    medians = interleaved(list(readers.values()), ids, args.n, lambda: None, pause=args.pause)
     m = machine(args.threads)
     print(
         f"around the multiplies, layout {config.layout}, {args.n} tokens, pause {args.pause} s; {m['cpu']}, "
         f"{m['cores']} cores, {args.threads} threads, {m['blas']}; commit {m['commit'][:12]}, {m['date']}"
     )
-    for name, t in times.items():
-        print(f"  {name}: {np.median(t) * 1e3:.2f} ms a token (median)")
+    for name, seconds in zip(readers, medians):
+        print(f"  {name}: {seconds * 1e3:.2f} ms a token (median)")
     store.close()
 
 

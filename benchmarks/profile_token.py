@@ -194,16 +194,16 @@ def matrix(collection: str) -> str:
 SETTLE_S = 0.2
 
 
-def interleaved(readers, ids, n, started):
+def interleaved(readers, ids, n, started, pause: float = SETTLE_S):
     """Median seconds a token of each reader, their tokens taken in turn (a busy machine slows both alike), each
-    after a pause in which the other's idle threads stop spinning."""
+    after a pause in which the other's idle threads stop spinning (`pause` seconds)."""
     cands, times = [r.read(ids) for r in readers], [[] for _ in readers]
     started()
     for _ in range(n):
         for j, reader in enumerate(readers):
             if hasattr(reader, "meter"):
                 reader.meter.start_token()
-            time.sleep(SETTLE_S)
+            time.sleep(pause)
             t = time.perf_counter()
             cands[j] = reader.read([int(cands[j].ids[0])])
             times[j].append(time.perf_counter() - t)

@@ -70,11 +70,11 @@ class Pace:
     has cores (`crowded`): with none waiting, the cores were taken by the host, not by a process the workers could
     make room for, and here in such a stretch OpenMP's threads alone made a token 1.31-1.42x numpy's, the workers
     1.56-1.61x. Such a scan also clears the count: one look after a scan found a third thread runnable in 11% of
-    looks on the quiet machine (97% beside a busy process), so a long run of slow scans in a slow stretch of the
-    host could gather three. A back-off lasts BACK_OFF scans, twice the last one's if that was less than CALM scans on OpenMP's
-    threads ago, up to LONGEST: a process that stays on the cores finds OpenMP's threads tried ever more rarely
-    (each try costs its slow scans), and once one has gone a back-off is as short as the first again (docs/speed.md,
-    "Round 16")."""
+    looks on the quiet machine (99% beside a busy process), so a long run of slow scans in a slow stretch of the
+    host could gather three. A back-off lasts BACK_OFF scans, twice the last one's if that was less than CALM scans
+    on OpenMP's threads ago, up to LONGEST: a process that stays on the cores finds OpenMP's threads tried ever more
+    rarely (each try costs its slow scans), and once one has gone a back-off is as short as the first again
+    (docs/speed.md, "Round 16")."""
 
     SLOW = 3.0
     LATE = 0.0005
@@ -104,7 +104,7 @@ class Pace:
         if seconds <= max(self.SLOW * fastest, fastest + self.LATE):
             self.fastest[shape] = min(fastest, seconds)
             return
-        if not self.crowded():  # the host's doing: and what came before it was too, likely
+        if not self.crowded():  # the host took the cores: the slow scans counted before were likely its too
             self.slow.clear()
             return
         self.slow.append(self.scans)
