@@ -5,8 +5,8 @@
 A text collection as the engine writes it at GPT-2 small shape (12 layers x 12 heads, 64 floats a key): a prompt
 of each length, then --tokens decode steps, each writing its 144 rows and then filtering every layer's heads
 (layer == l, head == h, position < end) as the key search does. Two ways, in turn on the same rows:
-`Collection.slots_each` (the store's: a layer's rows remembered between calls, only new rows tested) and one
-pass over every row per head (`Where.mask`, what a filter costs without it). Each is timed warm and after
+`Collection.group_slots` (the store's, for the grouped key search: a layer's rows remembered between calls by
+head, only new rows tested) and one pass over every row per head (`Where.mask`, what a filter costs without it). Each is timed warm and after
 64 MB are read (a token's scans leave the caches cold). Medians, microseconds a layer. Writes JSON.
 """
 
@@ -54,32 +54,30 @@ def at_length(length: int, tokens: int, rng) -> dict:
     col.upsert(key_rows(np.arange(length), rng))
     flush, times = np.ones(16 << 20, np.float32), {}
     ways = {
-        "remembered": col.slots_each,
-        "every row": lambda conds: [np.flatnonzero(w.mask(col.attrs, col.table.n)) for w in conds.wheres],
+        "remembered": lambda layer, end: col.group_slots(
+            Where(eq={"layer": layer}, lt={"position": end}), "head", HEADS
+        ),
+        "every row": lambda layer, end: [
+            np.flatnonzero(Where(eq={"layer": layer, "head": h}, lt={"position": end}).mask(col.attrs, col.table.n))
+            for h in range(HEADS)
+        ],
     }
     for step in range(tokens):
         end = length + step - 3  # the key search's end: the WINDOW latest are scored from memory
         col.upsert(key_rows(np.array([length + step]), rng))
         for layer in range(LAYERS):
-            wheres = [Where(eq={"layer": layer, "head": h}, lt={"position": end}) for h in range(HEADS)]
-            conds = Conditions(w.conditions() for w in wheres)
-            conds.wheres = wheres
             for name, way in ways.items():
                 for cold in (False, True):
                     if cold:
                         flush.sum()
                     start = time.perf_counter()
-                    found = way(conds)
+                    found = way(layer, end)
                     times.setdefault((name, cold), []).append(time.perf_counter() - start)
                     assert all(len(rows) == end for rows in found)
     row = {"context": length, "rows": col.table.n}
     for (name, cold), ts in times.items():
         row[f"{name}{' cold' if cold else ''} us"] = 1e6 * float(np.median(ts[LAYERS:]))  # the first step warms up
     return row
-
-
-class Conditions(list):  # a layer's filters as slots_each takes them, with the Where objects beside them
-    wheres: list
 
 
 def main():

@@ -138,8 +138,8 @@ PARTS = [
     ),
     ("vecgpt.engine", None, ["layer_norm", "gelu"]),
     ("vecgpt.backends._in_process", "InProcessStore", ["upsert", "_col"]),  # searches: the meter's line above
-    ("vecgpt.backends._in_process", "Collection", ["slots_each"]),
-    ("vecgpt.backends.faiss", "FaissTable", ["all_dists_each", "every_row"]),
+    ("vecgpt.backends._in_process", "Collection", ["group_slots"]),
+    ("vecgpt.backends.faiss", "FaissTable", ["all_dists_groups", "every_row"]),
     ("vecgpt.backends.faiss", None, ["in_threads"]),
 ]
 

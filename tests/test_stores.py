@@ -7,6 +7,7 @@ from vecgpt import tolerance
 from vecgpt.backends.base import Search, Where
 from vecgpt.encoding import distance_bound
 from vecgpt.errors import VecgptError
+from vecgpt.meter import Metered
 from vecgpt.sampling import Candidates
 
 rng = np.random.default_rng(0)
@@ -167,8 +168,51 @@ def test_search_many_sees_rows_added_and_changed(make_store, backend):
             store.upsert("c", change["id"], vectors, {a: change[a].astype(np.int64) for a in attrs})
             kept = ~np.isin(truth["id"], change["id"])
             truth = {a: np.concatenate([truth[a][kept], change[a]]) for a in truth}
-        for where, hits in zip(wheres, store.search_many([Search("c", q, where=w) for w in wheres])):
-            assert sorted(hits.ids[0].tolist()) == sorted(truth["id"][where.mask(truth, len(truth["id"]))].tolist())
+        want = [sorted(truth["id"][w.mask(truth, len(truth["id"]))].tolist()) for w in wheres]
+        for rows, hits in zip(want, store.search_many([Search("c", q, where=w) for w in wheres])):
+            assert sorted(hits.ids[0].tolist()) == rows
+        grouped = Search("c", q[None].repeat(4, 0), where=Where(eq={"layer": 1}, lt={"position": 30}), by="head")
+        if len({len(rows) for rows in want}) > 1:  # moved: the heads lost different numbers of rows
+            with pytest.raises(VecgptError, match="different numbers of rows"):
+                Metered(store).search_many([grouped])
+        else:
+            (hits,) = Metered(store).search_many([grouped])
+            assert [sorted(ids[0].tolist()) for ids in hits.ids] == want
+
+
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("k", [None, 3])
+def test_a_grouped_search_is_a_search_per_group(make_store, backend, m, k):
+    """Search.by (a layer's heads as one search): each group's rows and distances as a search of its own gives them,
+    whether the store takes groups itself (`groups`) or is sent them apart (base.apart, as the engine's Metered
+    does); searches beside it are answered as before."""
+    store = make_store(backend)
+    filled(store)
+    q = rng.standard_normal((4, m, 24)).astype(np.float32)
+    grouped = Search("c", q, k, Where(eq={"layer": 1}, lt={"position": 20}), by="head")
+    hits, beside = Metered(store).search_many([grouped, Search("c", q[0], k=4)])
+    assert hits.ids.shape == hits.dists.shape == (4, m, k or 20)
+    assert beside.ids.tolist() == store.search("c", q[0], k=4).ids.tolist()
+    for h in range(4):
+        one = store.search("c", q[h], k, Where(eq={"layer": 1, "head": h}, lt={"position": 20}))
+        if k:
+            assert hits.ids[h].tolist() == one.ids.tolist()
+        for row in range(m):  # the same rows at the same distances, in whatever order the store gives
+            a, b = np.argsort(hits.ids[h, row]), np.argsort(one.ids[row])
+            assert hits.ids[h, row][a].tolist() == one.ids[row][b].tolist()
+            np.testing.assert_allclose(hits.dists[h, row][a], one.dists[row][b], rtol=1e-6, atol=1e-5)
+
+
+def test_a_grouped_search_refuses_groups_of_different_sizes_and_flat_queries(make_store, backend):
+    store = make_store(backend)
+    filled(store)
+    one_more = {"layer": np.array([1]), "head": np.array([0]), "position": np.array([0])}
+    store.upsert("c", np.array([99_999]), rng.standard_normal((1, 24)).astype(np.float32), one_more)
+    q = rng.standard_normal((4, 1, 24)).astype(np.float32)
+    with pytest.raises(VecgptError, match="different numbers of rows"):  # head 0 has a row more
+        Metered(store).search_many([Search("c", q, where=Where(eq={"layer": 1}), by="head")])
+    with pytest.raises(VecgptError):  # queries [groups, m, dim], not [m, dim]
+        Metered(store).search_many([Search("c", q[:, 0], where=Where(eq={"layer": 2}), by="head")])
 
 
 def test_upsert_overwrites_by_id_and_fetch_round_trips(make_store, backend):

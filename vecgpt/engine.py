@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vecgpt import encoding
-from vecgpt.backends.base import Search, Store, Where, row_order, stacked
+from vecgpt.backends.base import Search, Store, Where, row_order
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
 from vecgpt.meter import SESSION_PREFIX, Metered, later
@@ -391,18 +391,18 @@ class Session:
 
     # ------------------------------------------------------------ the keys in the store
 
-    def key_searches(self, q, layer, end):  # q [m, H, hd] -> ((sent queries [H, m, hd], scale [H, m]), the searches)
+    def key_searches(self, q, layer, end):  # q [m, H, hd] -> ((sent queries [H, m, hd], scale [H, m]), the search)
         sent = encoding.key_queries(q.transpose(1, 0, 2), self.key_norms[layer, :, :end], self.metric)
-        where = [Where(eq={"layer": layer, "head": h}, lt={"position": end}) for h in range(self.hp.n_head)]
-        return sent, [Search(self.name, qs, where=w) for qs, w in zip(sent[0], where)]
+        where = Where(eq={"layer": layer}, lt={"position": end})
+        return sent, [Search(self.name, sent[0], where=where, by="head")]  # a search of each head's keys
 
-    def key_columns(self, sent, found, layer, end):  # key search results -> positions [n] < end, q.k [H, m, n]
-        if any(hits.ids.shape[1] != end for hits in found):  # rows removed under the text (closed, lost by a store)
+    def key_columns(self, sent, found, layer, end):  # the key search's hits -> positions [n] < end, q.k [H, m, n]
+        ((ids, dists, _),) = found  # [H, m, n]
+        if ids.shape[-1] != end:  # rows removed under the text (closed, lost by a store)
             raise VecgptError(
-                f"the store lost keys of this session ({min(h.ids.shape[1] for h in found)} of {end} "
-                f"positions found in layer {layer}); start the text again"
+                f"the store lost keys of this session ({ids.shape[-1]} of {end} positions found in layer {layer}); "
+                f"start the text again"
             )
-        ids, dists = stacked([hits.ids for hits in found]), stacked([hits.dists for hits in found])  # [H, m, n]
         if not (ids[..., 1:] > ids[..., :-1]).all():  # each head: its keys in position order (in-process: already)
             order = np.argsort(ids, axis=-1)
             ids, dists = np.take_along_axis(ids, order, -1), np.take_along_axis(dists, order, -1)

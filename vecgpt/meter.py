@@ -13,7 +13,7 @@ from collections import Counter
 from functools import partial
 from typing import NamedTuple
 
-from vecgpt.backends.base import TEXT_PREFIX, parallel, tally
+from vecgpt.backends.base import TEXT_PREFIX, apart, parallel, tally
 
 KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search", "record", "restore", "clone")
 SESSION_PREFIX = TEXT_PREFIX  # a decoding session's keys: text-<id>, tagged layer/head/position
@@ -100,9 +100,13 @@ class Metered:
 
     def together(self, *calls: Call, background: dict | None = None) -> list:
         """Send the calls as one round trip; their results in order (background: see Meter.round)."""
-        return self.meter.round(
-            [(c.kind, partial(getattr(self.inner, c.method), *c.args, **c.kwargs)) for c in calls], background
-        )
+        return self.meter.round([(c.kind, self._bound(c)) for c in calls], background)
+
+    def _bound(self, c: Call):
+        method = getattr(self.inner, c.method)
+        if c.method == "search_many" and not getattr(self.inner, "groups", False):  # grouped searches sent apart
+            method = partial(apart, method)
+        return partial(method, *c.args, **c.kwargs)
 
     def __getattr__(self, name: str):
         if name in METERED:

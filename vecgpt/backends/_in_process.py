@@ -17,7 +17,18 @@ import numpy as np
 
 from vecgpt.backends import _text_log as text_log
 from vecgpt.backends import base
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, Where, is_text, matching, record, row_order
+from vecgpt.backends.base import (
+    FolderStore,
+    Hits,
+    Metric,
+    Search,
+    Where,
+    is_text,
+    matching,
+    record,
+    row_order,
+    stacked,
+)
 from vecgpt.errors import VecgptError
 
 TEMPORARY = (".part", ".old")  # collection folders being written or replaced (see _save)
@@ -36,9 +47,11 @@ class Table:
         self, queries: np.ndarray, slots: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray | None]: ...  # dists, slots [m, n] (None: every row in slot order, one query)
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
-    def all_dists_each(self, queries: list[np.ndarray], slots: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """all_dists of each (queries, slots) pair: a layer's heads, each over its own rows."""
-        return [self.all_dists(q, rows) for q, rows in zip(queries, slots)]
+    def all_dists_groups(self, queries: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """queries [G, m, dim], each group's over its own rows (slots [G, n]) -> dists [G, m, n]: a layer's heads."""
+        if not len(slots):
+            return np.zeros((*queries.shape[:2], 0))
+        return stacked([self.all_dists(q, rows)[0] for q, rows in zip(queries, slots)])
 
     def copy(self) -> Table: ...
     def save(self, folder: Path) -> None: ...
@@ -139,30 +152,31 @@ class Collection:
         return twin
 
     def slots(self, where: Where | None) -> np.ndarray | None:
-        return None if where is None else self.slots_each([where.conditions()])[0]
+        """The rows a filter matches, ascending (None: no filter, every row)."""
+        return None if where is None else self.matching_rows(where, None)[0]
 
-    def slots_each(self, conditions: Sequence[set]) -> list[np.ndarray]:
-        """Each filter's rows (its Where.conditions()), ascending. The equalities all share (a layer's heads: layer)
-        select rows remembered between calls (rows_by); the other shared conditions (a position range) are tested on
-        those rows once. Where the rest is one attribute's value each (a head), the rows come grouped by it."""
-        shared = set.intersection(*conditions)
-        equal, rest = frozenset(c for c in shared if c[0] is np.equal), [c - shared for c in conditions]
-        by = one_attribute(rest)
+    def group_slots(self, where: Where, by: str, groups: int) -> list[np.ndarray]:
+        """The rows a grouped search's groups match (Search.by), each group's ascending."""
+        rows, values = self.matching_rows(where, by)
+        bounds = np.searchsorted(values, np.arange(groups + 1)).tolist()  # values are integers, sorted
+        return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def matching_rows(self, where: Where, by: str | None) -> tuple[np.ndarray, np.ndarray]:
+        """The rows a filter matches, ordered by attribute `by` and then by slot, and their values of `by` (None: by
+        slot, the rows twice). Its equalities (a layer's keys: layer) select rows remembered between calls (rows_by);
+        the rest (a position range) is tested on those."""
+        conditions = where.conditions()
+        equal = frozenset(c for c in conditions if c[0] is np.equal)
         rows, values = self.rows_by(equal, by)
-        if others := shared - equal:
+        if others := conditions - equal:
             keep = matching(others, {name: self._attrs[name][rows] for _, name, _ in others}, len(rows))
             rows, values = rows[keep], values[keep]
-        if by:
-            wanted = [value for ((_, _, value),) in rest]
-            starts, ends = np.searchsorted(values, wanted, "left"), np.searchsorted(values, wanted, "right")
-            return [rows[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
-        columns = {name: self._attrs[name][rows] for c in rest for _, name, _ in c}  # only what is still tested
-        return [rows[matching(c, columns, len(rows))] for c in rest]
+        return rows, values
 
     def rows_by(self, equalities: frozenset, by: str | None) -> tuple[np.ndarray, np.ndarray]:
         """The rows whose attributes equal these values, ordered by attribute `by`, then by slot, and their values of
         `by` (None: by slot, the rows twice). Remembered; as rows are appended, only the new ones are tested and merged
-        in. A text's key search asks for its layer's rows by head 12 times a token: testing every row each time was a
+        in. A text's key search asks for a layer's rows by head 12 times a token: testing every row each time was a
         pass over all of a text's keys (144 more a token), and sorting the layer's by head another."""
         key, n = (equalities, by), self.table.n
         if len(self._equal) >= MEMO and key not in self._equal:
@@ -184,19 +198,11 @@ MEMO = 256  # rows_by's answers remembered per collection (a text's key searches
 NONE = np.zeros(0, np.int64)
 
 
-def one_attribute(rest: list[set]) -> str | None:
-    """The attribute if every filter's remaining conditions are one equality on that same attribute, else None."""
-    tested = {(op, name) for c in rest for op, name, _ in c}
-    if len(tested) == 1 and all(len(c) == 1 for c in rest):
-        ((op, name),) = tested
-        return name if op is np.equal else None
-    return None
-
-
 class InProcessStore(FolderStore):
     table_class: type[Table]
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "local"
+    groups = True  # search_many takes grouped searches (Search.by)
 
     def __init__(self, path: str | None = None):
         super().__init__(path)
@@ -259,19 +265,23 @@ class InProcessStore(FolderStore):
         return hits
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        """Filtered all-row searches of one collection (a layer's heads) find their rows together, then each scans
-        only its own (FAISS: its kernel over them, gathered); others go one by one."""
-        name = searches[0].collection if searches else ""
-        alone = (s.collection != name or s.k is not None or s.where is None or s.vectors for s in searches)
-        if len(searches) < 2 or any(alone):
-            return [self._search(s) for s in searches]
-        col = self._col(name)
-        queries = [base.check_vectors(name, s.queries, col.table.dim) for s in searches]
-        conditions = [s.where.conditions() for s in searches]
-        base.check_attributes(name, {a for c in conditions for _, a, _ in c}, col.names)
-        record(1, sum(map(len, queries)))  # one request: the engine's one call (scans inside are not sent)
-        found, ids = col.table.all_dists_each(queries, col.slots_each(conditions)), col.ids
-        return [Hits(ids[rows], dists) for dists, rows in found]
+        return [self._groups(s) if s.by else self._search(s) for s in searches]
+
+    def _groups(self, s: Search) -> Hits:
+        """A grouped search of every row of each group (a layer's heads): the groups' rows found together, then one
+        scan of each group's queries over its rows (FAISS: one kernel call for them all). Others: group by group."""
+        if s.k is not None or s.vectors:
+            return base.apart(lambda plain: [self._search(p) for p in plain], [s])[0]
+        col = self._col(s.collection)
+        queries = base.check_grouped(s.collection, s.queries, col.table.dim)
+        where = s.where or Where()
+        base.check_attributes(s.collection, where.attributes() | {s.by}, col.names)
+        record(1, queries.shape[0] * queries.shape[1])
+        slots = col.group_slots(where, s.by, len(queries))
+        base.check_groups(s.collection, [len(rows) for rows in slots])
+        slots = stacked(slots) if slots else np.zeros((0, 0), np.int64)  # [G, n]
+        dists = col.table.all_dists_groups(queries, slots)  # [G, m, n]
+        return Hits(np.repeat(col.ids[slots][:, None], queries.shape[1], axis=1), dists)
 
     def fetch(self, name, ids, payload=False):
         col = self._col(name)

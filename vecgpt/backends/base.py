@@ -129,6 +129,11 @@ class Search:
     # also the rows' stored vectors (Hits.vectors), as fetch gives them: the token search's, so the next token's
     # embedding needs no round of its own. A store that cannot answers None, and the engine fetches them.
     vectors: bool = False
+    # A grouped search (search_many only): queries [G, m, dim], group g searching the rows that match `where` and
+    # whose attribute `by` equals g; one Hits for them all, [G, m, n] (a layer's heads, n keys each). Every group
+    # must match as many rows (else VecgptError). A store sets `groups = True` to take these itself; any other is
+    # sent a Search per group (`apart`).
+    by: str | None = None
 
 
 @runtime_checkable
@@ -195,6 +200,50 @@ class Store(Protocol):
 
     # Optional: `load_lock()`, a context manager that keeps other processes' loads out of this store while
     # one runs (see loading.push). Stores without it take no lock.
+
+    # Optional: `groups = True`, a class attribute: search_many takes grouped Searches (Search.by) as they are.
+
+
+def apart(search_many, searches: Sequence[Search]) -> list[Hits]:
+    """search_many(searches) for a store that searches group by group: a grouped Search sent as a Search per group
+    (its `by` attribute an equality of each one's filter), their hits stacked into the grouped search's."""
+    if not any(s.by for s in searches):
+        return search_many(searches)
+    plain, spans = [], []
+    for s in searches:
+        parts = each_group(s) if s.by else [s]
+        spans.append((len(plain), len(parts), bool(s.by)))
+        plain += parts
+    found = search_many(plain)
+    return [
+        joined(s.collection, found[a : a + n]) if grouped else found[a] for s, (a, n, grouped) in zip(searches, spans)
+    ]
+
+
+def each_group(s: Search) -> list[Search]:
+    """A grouped Search (Search.by) as one plain Search per group."""
+    where = s.where or Where()
+    return [
+        Search(s.collection, q, s.k, Where({**where.eq, s.by: g}, where.lt, where.ge), s.vectors)
+        for g, q in enumerate(s.queries)
+    ]
+
+
+def joined(name: str, hits: Sequence[Hits]) -> Hits:
+    """A grouped search's Hits [G, m, n] from each group's [m, n]; every group must have found as many rows."""
+    if not hits:
+        return Hits(np.zeros((0, 0, 0), np.int64), np.zeros((0, 0, 0)))
+    check_groups(name, [h.ids.shape[-1] for h in hits])
+    vectors = None if hits[0].vectors is None else stacked([h.vectors for h in hits])
+    return Hits(stacked([h.ids for h in hits]), stacked([h.dists for h in hits]), vectors)
+
+
+def check_groups(name: str, counts: Sequence[int]) -> None:
+    if len(set(counts)) > 1:
+        raise VecgptError(
+            f"the groups of a search of {name!r} matched different numbers of rows ({min(counts)} to {max(counts)}): "
+            f"rows are missing from some"
+        )
 
 
 _tally: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("vecgpt_tally", default=None)
@@ -337,6 +386,14 @@ def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:
     if vectors.ndim != 2 or vectors.shape[1] != dim:
         raise VecgptError(f"collection {name!r} holds vectors of dimension {dim}, got shape {vectors.shape}")
     return vectors
+
+
+def check_grouped(name: str, queries: np.ndarray, dim: int) -> np.ndarray:
+    """A grouped search's queries (Search.by), float32 [groups, m, dim]."""
+    queries = np.asarray(queries, np.float32)
+    if queries.ndim != 3 or queries.shape[2] != dim:
+        raise VecgptError(f"a grouped search of {name!r} takes queries [groups, m, {dim}], got shape {queries.shape}")
+    return queries
 
 
 def check_rows(name: str, ids: np.ndarray, vectors: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import itertools
 import os
 import queue
 import threading
@@ -19,7 +18,6 @@ import faiss
 import numpy as np
 
 from vecgpt.backends._in_process import InProcessStore, Table
-from vecgpt.backends.base import stacked
 
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
 
@@ -237,16 +235,6 @@ def on_openmp(q: np.ndarray, rows: np.ndarray, numbers: np.ndarray, metric: str)
     return out.ravel()[: len(rows)]
 
 
-def padded(slots: list[np.ndarray], counts: list[int], widths: list[int]) -> np.ndarray:
-    """[sum(counts), max(widths)] int64: each search's slots (widths[i] of them) on each of its queries' rows, -1
-    after them."""
-    ids, at = np.full((sum(counts), max(widths)), -1, np.int64), 0
-    for m, rows in zip(counts, slots):
-        ids[at : at + m, : len(rows)] = rows
-        at += m
-    return ids
-
-
 def selector(slots: np.ndarray | None):
     if slots is None:
         return None
@@ -283,8 +271,9 @@ class FaissTable(Table):
         return -d if self.metric == "ip" else d
 
     def all_dists(self, queries, slots):
-        if slots is not None:  # a key search: FAISS's by-index kernel over the matching rows
-            return self.all_dists_each([queries], [slots])[0]
+        if slots is not None:  # a filtered search: FAISS's by-index kernel over the matching rows
+            dists = self.all_dists_groups(queries[None], slots[None])[0]
+            return dists, np.broadcast_to(slots, dists.shape)
         if len(queries) == 1:
             return self.every_row(queries), None  # every row, in slot order
         threads_for(queries, self.n, self.dim)  # every row for a block of queries (a prompt)
@@ -319,26 +308,20 @@ class FaissTable(Table):
         in_threads([scan(a, b) for a, b in chunks])
         return d
 
-    def all_dists_each(self, queries, slots):
-        """Each query against the rows in its search's slots: one call of FAISS's by-index kernel for them all (a
-        layer's heads, each over its own rows; a search with fewer rows than the most is padded with -1, which
-        FAISS skips). A range search with a selector would visit every row of the table (a text's keys of every
-        layer and head), and a call per search cost more than the kernel's work here."""
-        counts, widths = [len(q) for q in queries], [len(s) for s in slots]
-        one_each = set(counts) == {1} and len(set(widths)) == 1  # a decode step's heads: one query, n keys each
-        x = np.ascontiguousarray(np.concatenate(queries), np.float32)
-        ids = stacked(slots) if one_each else padded(slots, counts, widths)
+    def all_dists_groups(self, queries, slots):
+        """Each group's queries against its rows (a layer's heads, each over its own keys): one call of FAISS's by-index
+        kernel for them all. A range search with a selector would visit every row of the table (a text's keys of
+        every layer and head), and a call per group cost more than the kernel's work here."""
+        groups, m, _ = queries.shape
+        x = np.ascontiguousarray(queries.reshape(groups * m, self.dim), np.float32)
+        ids = np.ascontiguousarray(slots if m == 1 else np.repeat(slots, m, axis=0), np.int64)  # each query's rows
         out = np.empty(ids.shape, np.float32)
         if out.size:
             threads_for(x, ids.shape[1], self.dim)
             BY_INDEX[self.metric](
                 faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
             )
-        out = self._sign(out)
-        if one_each:  # row i is search i's
-            return list(zip(out[:, None], ids[:, None]))
-        ends = itertools.accumulate(counts)
-        return [(out[b - m : b, :w], ids[b - m : b, :w]) for m, w, b in zip(counts, widths, ends)]
+        return self._sign(out).reshape(groups, m, -1)
 
     def topk(self, queries, k, slots):
         if k == 0:
