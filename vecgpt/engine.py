@@ -148,6 +148,7 @@ class Session:
     and the tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
 
     layout = "four"  # the model's layout (vecgpt.config.LAYOUTS): tolerance derives its bound in that order
+    kept = np.float32  # `projected` in memory: each value is a float32 (as stored) in either
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -167,7 +168,7 @@ class Session:
         self.keys = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd), np.float32)  # [L, ctx, H, hd] as stored
         # each position's value, projected by its head's rows of c_proj: [L, ctx, H, d] as stored (zeros
         # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
-        self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, self.value_width()), np.float32)
+        self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, self.value_width()), self.kept)
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
         dim, payload = self.row_widths()
         opening = [later.create(self.name, dim, self.metric, ("layer", "head", "position"), payload=payload)]
@@ -295,7 +296,7 @@ class Session:
     def values_at(self, layer, pos):  # key positions [t], ascending -> their kept values [H, t, w] in float64
         kept = self.projected[layer]
         rows = kept[pos[0] : pos[-1] + 1] if len(pos) and pos[-1] - pos[0] == len(pos) - 1 else kept[pos]
-        return rows.transpose(1, 0, 2).astype(np.float64)
+        return rows.transpose(1, 0, 2).astype(np.float64, copy=False)
 
     def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store and in memory, projected values in memory
         hp, m = self.hp, len(x)
@@ -306,7 +307,7 @@ class Session:
         searched = searched_end(start)  # keys < searched from the store, the rest from memory (WINDOW)
         columns = self.scores_and_projections(q, v, layer, start, searched)
         columns.append(self.memory_scores(q, layer, searched, start + m))
-        self.pending.append((layer, start, k32, self.projected[layer, start : start + m].copy()))
+        self.pending.append((layer, start, k32, self.projected[layer, start : start + m].astype(np.float32)))
         if m > 1:  # a block's rows go layer by layer: they land long before a later read searches them
             self.write(later.upsert(*self.key_rows(self.pending)))
             self.pending = []

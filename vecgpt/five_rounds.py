@@ -13,6 +13,8 @@ adopt and branching are the plain layout's: only what a row's payload holds and 
 
 from __future__ import annotations
 
+import numpy as np
+
 from vecgpt.engine import Session
 
 
@@ -20,6 +22,9 @@ class FiveRounds(Session):
     """A Session on a model loaded with layout "five"; `projected` holds each position's raw value [.., H, hd]."""
 
     layout = "five"
+    # hd floats a head: float64 in memory is twice a small array (74 KB a position at GPT-2 small) and spares
+    # attention converting every kept value at every read (a layer at 200 positions: 105 -> 34 us)
+    kept = np.float64
 
     def value_width(self) -> int:
         """A position's kept value: the raw value of its head, hd."""
@@ -27,7 +32,7 @@ class FiveRounds(Session):
 
     def scores_and_projections(self, q, v, layer, start, end) -> list:
         """One round: the scores of the keys < end as attention's columns; the new values kept as they are."""
-        self.projected[layer, start : start + len(v)] = v  # float32, as the store holds them
+        self.projected[layer, start : start + len(v)] = v.astype(np.float32)  # as the store holds them
         if not end:
             return []
         sent, keys = self.key_searches(q, layer, end)
