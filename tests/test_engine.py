@@ -214,3 +214,29 @@ def test_a_text_is_a_context_manager_that_closes(make_store, tiny_model):
         text.read(tokenizer.encode("Hello"))
         assert text.name in store.collections()
     assert text.name not in store.collections()  # closing removed its keys
+
+
+def test_key_rows_tag_each_key_with_its_layer_head_and_position(make_store, tiny_model):
+    """One write's rows from reads of blocks and of single positions at several layers: each row's id, attributes,
+    key and value are its entry's, in the entries' order."""
+    store = make_store("memory")
+    push(store, tiny_model, "l2", progress=False)
+    text, rng = Engine(store).open(), np.random.default_rng(3)
+    hp = tiny_model.hparams
+    hd, width = hp.n_embd // hp.n_head, text.value_width()
+    shapes = [(0, 0, 3), (1, 0, 3), (1, 3, 1), (2, 7, 2)]  # (layer, start, m)
+    entries = [
+        (layer, start, rng.standard_normal((m, hp.n_head, hd)), rng.standard_normal((m, hp.n_head, width)))
+        for layer, start, m in shapes
+    ]
+    name, ids, vectors, attrs, values = text.key_rows(entries)
+    at = 0
+    for layer, start, k, v in entries:
+        for i in range(len(k)):
+            for h in range(hp.n_head):
+                assert ids[at] == text.key_ids(layer, h, start + i)
+                assert (attrs["layer"][at], attrs["head"][at], attrs["position"][at]) == (layer, h, start + i)
+                assert np.array_equal(vectors[at], k[i, h]) and np.array_equal(values[at], v[i, h])
+                at += 1
+    assert name == text.name and at == len(ids) == len(vectors) == len(values)
+    text.close()

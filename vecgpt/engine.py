@@ -412,17 +412,19 @@ class Session:
         return pos, encoding.decode_key_dists(dists, *sent[:1], norms, self.metric, sent[1])
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], pv [m, H, d])] -> one upsert's arguments
-        ids, vectors, values, attrs = [], [], [], {"layer": [], "head": [], "position": []}
-        for layer, start, k32, v32 in entries:
-            m, n_head = k32.shape[:2]
-            pos, head = np.repeat(np.arange(start, start + m), n_head), np.tile(np.arange(n_head), m)
-            ids.append(self.key_ids(layer, head, pos))
-            vectors.append(k32.reshape(m * n_head, -1))
-            values.append(v32.reshape(m * n_head, -1))
-            for name, column in (("layer", np.full(m * n_head, layer)), ("head", head), ("position", pos)):
-                attrs[name].append(column)
-        columns = {name: np.concatenate(c) for name, c in attrs.items()}
-        return self.name, np.concatenate(ids), np.vstack(vectors), columns, np.vstack(values)
+        n_head = self.hp.n_head
+        sizes = [k32.size // k32.shape[-1] for _, _, k32, _ in entries]  # rows: m H each
+        layer, start = (np.repeat([e[i] for e in entries], sizes) for i in (0, 1))
+        offset = np.arange(sum(sizes)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # a row's place in its entry
+        pos, head = start + offset // n_head, offset % n_head
+        vectors, values = (np.concatenate([e[i].reshape(-1, e[i].shape[-1]) for e in entries]) for i in (2, 3))
+        return (
+            self.name,
+            self.key_ids(layer, head, pos),
+            vectors,
+            {"layer": layer, "head": head, "position": pos},
+            values,
+        )
 
     def key_ids(self, layer, head, pos):  # the row id of a key: one per (layer, head, position)
         return (layer * self.hp.n_head + head) * self.hp.n_ctx + pos
