@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -119,7 +120,7 @@ class Collection:
         """Rows of distinct ids (base.last_writes), every attribute given."""
         ids, vectors, attrs, payload = rows
         n = self.table.n
-        slots = np.array([self.slot_of.get(int(i), -1) for i in ids], np.int64)
+        slots = np.fromiter(map(self.slot_of.get, ids.tolist(), repeat(-1)), np.int64, len(ids))
         old, new = slots >= 0, slots < 0
         if old.any():
             self.table.overwrite(slots[old], vectors[old])
