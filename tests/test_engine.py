@@ -8,6 +8,7 @@ import pytest
 from vecgpt import engine, tokenizer, tolerance
 from vecgpt.api import generate
 from vecgpt.engine import Engine
+from vecgpt.errors import VecgptError
 from vecgpt.loading import push
 from vecgpt.reference import Reference, softmax
 from vecgpt.sampling import choose, draw
@@ -240,3 +241,18 @@ def test_key_rows_tag_each_key_with_its_layer_head_and_position(make_store, tiny
                 at += 1
     assert name == text.name and at == len(ids) == len(vectors) == len(values)
     text.close()
+
+
+def test_a_text_whose_store_lost_a_key_says_to_start_again(make_store, tiny_model):
+    """A key row gone from one head's filter (here: moved to another layer under the text): the layer's key search
+    finds fewer keys for that head than for the others, and the read fails with what to do."""
+    store = make_store("memory")
+    push(store, tiny_model, "l2", progress=False)
+    text = Engine(store).open()
+    cands = text.read(tokenizer.encode("To be or not to be, that is"))
+    row = np.array([text.key_ids(1, 0, 0)])
+    vectors, payload = store.fetch(text.name, row, payload=True)
+    moved = {"layer": np.array([99]), "head": np.array([0]), "position": np.array([0])}
+    store.upsert(text.name, row, vectors, moved, payload)
+    with pytest.raises(VecgptError, match="start the text again"):
+        text.read([int(cands.ids[0])])

@@ -240,9 +240,10 @@ def joined(name: str, hits: Sequence[Hits]) -> Hits:
 
 def check_groups(name: str, counts: Sequence[int]) -> None:
     if len(set(counts)) > 1:
+        advice = "; start the text again" if is_text(name) else ""  # a text's keys: lost by the store
         raise VecgptError(
             f"the groups of a search of {name!r} matched different numbers of rows ({min(counts)} to {max(counts)}): "
-            f"rows are missing from some"
+            f"rows are missing from some{advice}"
         )
 
 
