@@ -2,9 +2,11 @@
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from vecgpt import tolerance
-from vecgpt.backends.base import Search, Where
+from vecgpt.backends.base import Search, Where, apart
 from vecgpt.encoding import distance_bound
 from vecgpt.errors import VecgptError
 from vecgpt.meter import Metered
@@ -297,3 +299,43 @@ def test_one_query_over_every_row_names_the_rows_after_they_change(make_store, b
         assert hits.ids[0][order].tolist() == list(range(50)) + added
         truth = true_dists(x[3:4], np.vstack([x, x[:1]])[: 50 + len(added)], "l2")[0]
         assert np.abs(hits.dists[0][order] - truth).max() <= 1e-3
+
+
+@pytest.mark.parametrize("backend", ["memory", "faiss"])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_grouped_search_answered_in_store_is_the_search_per_group(make_store, backend, data):
+    """The in-process stores' own grouped search against the same search sent apart (base.apart, a search per
+    group), on a text's rows of 1-4 heads, some rows missing or extra, with filters of equalities and ranges and
+    0-4 groups of 1-3 queries: the same rows and distances, or the same refusal (groups of different sizes)."""
+    store, rng = make_store(backend), np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), "seed"))
+    heads, positions = data.draw(st.integers(1, 4), "heads"), data.draw(st.integers(1, 8), "positions")
+    layer, pos, head = (a.ravel() for a in np.meshgrid(np.arange(3), np.arange(positions), np.arange(heads)))
+    attrs = {"layer": layer, "head": head, "position": pos}
+    keep = rng.random(len(layer)) > data.draw(st.sampled_from([0.0, 0.05]), "missing")  # rows lost
+    extra = data.draw(st.integers(0, 3), "extra")  # rows outside the pattern, heads -1..5 among them
+    attrs = {a: np.concatenate([c[keep], rng.integers(-1, 6, extra)]) for a, c in attrs.items()}
+    n = len(attrs["layer"])
+    store.create("g", 8, "l2", attrs=("layer", "head", "position"))
+    store.upsert("g", rng.permutation(10 * n + 1)[:n], rng.standard_normal((n, 8)).astype(np.float32), attrs)
+    where = Where(*(data.draw(st.sampled_from(options), kind) for kind, options in FILTERS))
+    groups, m = data.draw(st.integers(0, 4), "groups"), data.draw(st.integers(1, 3), "m")
+    grouped = Search("g", rng.standard_normal((groups, m, 8)).astype(np.float32), where=where, by="head")
+    try:
+        want = apart(lambda searches: [store.search("g", s.queries, s.k, s.where) for s in searches], [grouped])[0]
+    except VecgptError:
+        event("groups of different sizes")
+        with pytest.raises(VecgptError, match="different numbers of rows"):
+            store.search_many([grouped])
+    else:
+        event(f"{'no' if not want.ids.size else 'some'} rows found")
+        (got,) = store.search_many([grouped])
+        assert got.ids.shape == got.dists.shape == want.ids.shape
+        for g, row in np.ndindex(*got.ids.shape[:2]):
+            a, b = np.argsort(got.ids[g, row]), np.argsort(want.ids[g, row])
+            assert got.ids[g, row][a].tolist() == want.ids[g, row][b].tolist()
+            np.testing.assert_allclose(got.dists[g, row][a], want.dists[g, row][b], rtol=1e-6, atol=1e-6)
+    store.drop("g")  # the next example's rows
+
+
+FILTERS = [("eq", [{}, {"layer": 1}]), ("lt", [{}, {"position": 5}]), ("ge", [{}, {"position": 2}])]

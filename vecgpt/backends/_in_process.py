@@ -275,7 +275,7 @@ class InProcessStore(FolderStore):
             return base.apart(lambda plain: [self._search(p) for p in plain], [s])[0]
         col = self._col(s.collection)
         queries = base.check_grouped(s.collection, s.queries, col.table.dim)
-        where = s.where or Where()
+        where = base.group_filter(s)
         base.check_attributes(s.collection, where.attributes() | {s.by}, col.names)
         record(1, queries.shape[0] * queries.shape[1])
         slots = col.group_slots(where, s.by, len(queries))

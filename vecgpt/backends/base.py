@@ -215,25 +215,35 @@ def apart(search_many, searches: Sequence[Search]) -> list[Hits]:
         spans.append((len(plain), len(parts), bool(s.by)))
         plain += parts
     found = search_many(plain)
-    return [
-        joined(s.collection, found[a : a + n]) if grouped else found[a] for s, (a, n, grouped) in zip(searches, spans)
-    ]
+    return [joined(s, found[a : a + n]) if grouped else found[a] for s, (a, n, grouped) in zip(searches, spans)]
 
 
 def each_group(s: Search) -> list[Search]:
     """A grouped Search (Search.by) as one plain Search per group."""
-    where = s.where or Where()
+    where = group_filter(s)
     return [
         Search(s.collection, q, s.k, Where({**where.eq, s.by: g}, where.lt, where.ge), s.vectors)
         for g, q in enumerate(s.queries)
     ]
 
 
-def joined(name: str, hits: Sequence[Hits]) -> Hits:
+def group_filter(s: Search) -> Where:
+    """A grouped search's filter (none: every row), which must leave its `by` attribute to the groups."""
+    where = s.where or Where()
+    if s.by in where.eq:
+        raise VecgptError(
+            f"a grouped search of {s.collection!r} by {s.by!r} also filters {s.by!r} == {where.eq[s.by]}; "
+            f"drop that equality or search without groups"
+        )
+    return where
+
+
+def joined(s: Search, hits: Sequence[Hits]) -> Hits:
     """A grouped search's Hits [G, m, n] from each group's [m, n]; every group must have found as many rows."""
-    if not hits:
-        return Hits(np.zeros((0, 0, 0), np.int64), np.zeros((0, 0, 0)))
-    check_groups(name, [h.ids.shape[-1] for h in hits])
+    if not hits:  # no groups
+        m = np.shape(s.queries)[1] if np.ndim(s.queries) == 3 else 0
+        return Hits(np.zeros((0, m, 0), np.int64), np.zeros((0, m, 0)))
+    check_groups(s.collection, [h.ids.shape[-1] for h in hits])
     vectors = None if hits[0].vectors is None else stacked([h.vectors for h in hits])
     return Hits(stacked([h.ids for h in hits]), stacked([h.dists for h in hits]), vectors)
 

@@ -321,7 +321,7 @@ class FaissTable(Table):
             BY_INDEX[self.metric](
                 faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
             )
-        return self._sign(out).reshape(groups, m, -1)
+        return self._sign(out).reshape(groups, m, ids.shape[1])
 
     def topk(self, queries, k, slots):
         if k == 0:
