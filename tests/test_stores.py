@@ -205,7 +205,7 @@ def test_a_grouped_search_is_a_search_per_group(make_store, backend, m, k):
             np.testing.assert_allclose(hits.dists[h, row][a], one.dists[row][b], rtol=1e-6, atol=1e-5)
 
 
-def test_a_grouped_search_refuses_groups_of_different_sizes_and_flat_queries(make_store, backend):
+def test_a_grouped_search_refuses_groups_of_different_sizes_flat_queries_and_its_own_attribute(make_store, backend):
     store = make_store(backend)
     filled(store)
     one_more = {"layer": np.array([1]), "head": np.array([0]), "position": np.array([0])}
@@ -215,6 +215,8 @@ def test_a_grouped_search_refuses_groups_of_different_sizes_and_flat_queries(mak
         Metered(store).search_many([Search("c", q, where=Where(eq={"layer": 1}), by="head")])
     with pytest.raises(VecgptError):  # queries [groups, m, dim], not [m, dim]
         Metered(store).search_many([Search("c", q[:, 0], where=Where(eq={"layer": 2}), by="head")])
+    with pytest.raises(VecgptError, match="also filters 'head'"):  # the groups are the heads
+        Metered(store).search_many([Search("c", q, where=Where(eq={"layer": 2, "head": 1}), by="head")])
 
 
 def test_upsert_overwrites_by_id_and_fetch_round_trips(make_store, backend):
