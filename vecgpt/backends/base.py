@@ -130,9 +130,9 @@ class Search:
     # embedding needs no round of its own. A store that cannot answers None, and the engine fetches them.
     vectors: bool = False
     # A grouped search (search_many only): queries [G, m, dim], group g searching the rows that match `where` and
-    # whose attribute `by` equals g; one Hits for them all, [G, m, n] (a layer's heads, n keys each). Every group
-    # must match as many rows (else VecgptError). A store sets `groups = True` to take these itself; any other is
-    # sent a Search per group (`apart`).
+    # whose attribute `by` equals g (`where` may not test `by`); one Hits for them all, [G, m, n] (a layer's heads,
+    # n keys each). Every group must match as many rows (else VecgptError). A store sets `groups = True` to take
+    # these itself; any other is sent a Search per group (`apart`).
     by: str | None = None
 
 
