@@ -4,7 +4,7 @@ and a failed write's error raised by the next call."""
 import numpy as np
 import pytest
 
-from vecgpt.errors import TextConflict
+from vecgpt.errors import TextConflict, VecgptError
 from vecgpt.meter import Metered, later
 from vecgpt.writer import Writer
 
@@ -43,3 +43,22 @@ def test_a_failed_write_is_raised_by_the_next_call_and_stops_the_writer(make_sto
     with pytest.raises(TextConflict):  # and every call after it
         writer.queue(rows(store, "c", 1)[0])
     assert store.count("c") == 0  # nothing queued after the failed write landed
+
+
+def test_writes_cut_short_by_ctrl_c_are_never_counted_as_landed(make_store):
+    """Ctrl-C in a round that carries writes (an in-process store's: with the session's next search) can leave some
+    of them landed and others not. A later round's acknowledgement must not count them (a text's record then claimed
+    a candidates row that was never stored, and its resume failed): the writer stops, and says so."""
+    store = Metered(make_store("memory"))
+    store.create("c", 2, "l2")
+    writer = Writer(store, background=False)
+    tickets = [writer.queue(call) for call in rows(store, "c", 2)]
+    calls, _ = writer.take()
+    with pytest.raises(KeyboardInterrupt), writer.failing():
+        store.together(calls[0])  # the first write landed, then the round was cut short
+        raise KeyboardInterrupt
+    with pytest.raises(VecgptError, match="cut short"):
+        writer.wait()
+    with pytest.raises(VecgptError, match="cut short"):
+        writer.queue(rows(store, "c", 1)[0])
+    assert not any(writer.acked(t) for t in tickets) and store.count("c") == 1

@@ -15,7 +15,10 @@ from __future__ import annotations
 import threading
 from contextlib import contextmanager, suppress
 
+from vecgpt.errors import VecgptError
 from vecgpt.meter import Call, Metered
+
+CUT_SHORT = "this session's writes were cut short (interrupted) before all of them landed; open the text again"
 
 
 class Writer:
@@ -71,12 +74,14 @@ class Writer:
 
     @contextmanager
     def failing(self):
-        """Around a round that carries writes: if it fails, the writer stops with its error."""
+        """Around a round that carries writes: if it fails, the writer stops with its error. Cut short (Ctrl-C), some
+        of its writes may have landed and others not, and a later round's acknowledgement would count them all as
+        landed (a text's record written then claimed a row that was never stored): the writer stops too."""
         try:
             yield
-        except Exception as e:  # not Ctrl-C: the writes of that round are lost, as they were never sent
+        except BaseException as e:
             with self.cond:
-                self.error = e
+                self.error = e if isinstance(e, Exception) else VecgptError(CUT_SHORT)
             raise
 
     def check(self) -> None:
