@@ -413,7 +413,7 @@ class Session:
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], pv [m, H, d])] -> one upsert's arguments
         n_head = self.hp.n_head
-        sizes = [k32.size // k32.shape[-1] for _, _, k32, _ in entries]  # rows: m H each
+        sizes = [len(k32) * n_head for _, _, k32, _ in entries]  # rows: m H each
         layer, start = (np.repeat([e[i] for e in entries], sizes) for i in (0, 1))
         offset = np.arange(sum(sizes)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # a row's place in its entry
         pos, head = start + offset // n_head, offset % n_head
