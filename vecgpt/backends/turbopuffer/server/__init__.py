@@ -9,13 +9,14 @@ docs/turbopuffer.md ("Local server").
 Modules: `limits` (limits, ApiError, name/id checks), `namespaces` (in-memory data, upsert, delete),
 `filters` (filter evaluation), `writes` (write requests, branch/copy), `query` (kNN/ANN and attribute
 order, multi_query, top_k), `slots` (concurrency-slot accounting), `state` (the server state), `app`
-(starlette routes, bodies, gzip, auth, latency), `faults` (injected failures), `serve` (sockets,
+(starlette routes, gzip, auth, latency), `bodies` (JSON), `faults` (injected failures), `serve` (sockets,
 `Running`, command-line options).
 """
 
 from __future__ import annotations
 
-from vecgpt.backends.turbopuffer.server.app import app, dumps, loads
+from vecgpt.backends.turbopuffer.server.app import app
+from vecgpt.backends.turbopuffer.server.bodies import dumps, loads
 from vecgpt.backends.turbopuffer.server.filters import mask
 from vecgpt.backends.turbopuffer.server.limits import (
     MAX_BODY,
@@ -29,8 +30,9 @@ from vecgpt.backends.turbopuffer.server.limits import (
     ApiError,
     check_name,
     valid_id,
+    value_bytes,
 )
-from vecgpt.backends.turbopuffer.server.namespaces import Namespace, decode_vectors, now, value_bytes
+from vecgpt.backends.turbopuffer.server.namespaces import Namespace, decode_vectors, now
 from vecgpt.backends.turbopuffer.server.query import query_slots
 from vecgpt.backends.turbopuffer.server.serve import (
     Running,

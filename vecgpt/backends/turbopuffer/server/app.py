@@ -7,23 +7,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 
+from vecgpt.backends.turbopuffer.server.bodies import dumps, loads
+from vecgpt.backends.turbopuffer.server.faults import with_faults
 from vecgpt.backends.turbopuffer.server.limits import MAX_BODY, ApiError
 from vecgpt.backends.turbopuffer.server.query import slots_needed
-
-try:
-    import orjson
-
-    def dumps(obj) -> bytes:
-        return orjson.dumps(obj)
-
-    loads = orjson.loads
-except ImportError:  # pragma: no cover
-    import json
-
-    def dumps(obj) -> bytes:
-        return json.dumps(obj).encode()
-
-    loads = json.loads
 
 
 def reply(obj, status=200, headers=None):
@@ -149,8 +136,6 @@ async def bad_method(request, exc):
 def app(server):
     from starlette.applications import Starlette
     from starlette.routing import Route
-
-    from vecgpt.backends.turbopuffer.server.faults import with_faults
 
     h = Handlers(server)
     routes = [

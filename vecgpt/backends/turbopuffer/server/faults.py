@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from vecgpt.backends.turbopuffer.server.app import dumps
+from vecgpt.backends.turbopuffer.server.bodies import dumps
 
 FAULTS = ("429", "500", "drop")
 KINDS = FAULTS + ("409",)

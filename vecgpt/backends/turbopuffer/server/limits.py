@@ -46,10 +46,19 @@ def filterable(schema: dict, attr: str) -> bool:
     return not (isinstance(spec, dict) and spec.get("filterable") is False)
 
 
+def value_bytes(v) -> int:
+    """The bytes a value counts for: 0 for null, a string's UTF-8 bytes, 8 for a number, a list's items summed."""
+    if v is None:
+        return 0
+    if isinstance(v, str):
+        return len(v.encode())
+    if isinstance(v, list):
+        return sum(value_bytes(x) for x in v)
+    return 8
+
+
 def check_sizes(ns, attrs: dict) -> None:
     """A write's attribute values within the documented sizes (checked after the request's schema applies)."""
-    from vecgpt.backends.turbopuffer.server.namespaces import value_bytes
-
     for name, column in attrs.items():
         limit = MAX_FILTERABLE if filterable(ns.schema_extra, name) else MAX_VALUE
         big = max((value_bytes(v) for v in column), default=0)

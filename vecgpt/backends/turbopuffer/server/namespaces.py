@@ -11,21 +11,11 @@ from datetime import datetime, timezone
 import numpy as np
 
 from vecgpt.backends.turbopuffer.server import filters
-from vecgpt.backends.turbopuffer.server.limits import MAX_DIMS, METRICS, ApiError, valid_id
+from vecgpt.backends.turbopuffer.server.limits import MAX_DIMS, METRICS, ApiError, valid_id, value_bytes
 
 
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def value_bytes(v) -> int:
-    if v is None:
-        return 0
-    if isinstance(v, str):
-        return len(v.encode())
-    if isinstance(v, list):
-        return sum(value_bytes(x) for x in v)
-    return 8
 
 
 class Namespace:

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from vecgpt.backends.turbopuffer.server.limits import MAX_SUBQUERIES, ApiError
-from vecgpt.backends.turbopuffer.server.namespaces import Namespace, value_bytes
+from vecgpt.backends.turbopuffer.server.limits import MAX_SUBQUERIES, ApiError, value_bytes
+from vecgpt.backends.turbopuffer.server.namespaces import Namespace
 
 MULTI_FIELDS = {"queries", "consistency", "vector_encoding", "limit", "offset", "rerank_by"}
 UNSUPPORTED = {"aggregate_by", "group_by", "rerank_by", "compute_attributes"}

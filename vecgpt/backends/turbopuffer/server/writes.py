@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from vecgpt.backends.turbopuffer.server.limits import ApiError, check_name, check_sizes, valid_id
-from vecgpt.backends.turbopuffer.server.namespaces import Namespace, decode_vectors, value_bytes
+from vecgpt.backends.turbopuffer.server.limits import ApiError, check_name, check_sizes, valid_id, value_bytes
+from vecgpt.backends.turbopuffer.server.namespaces import Namespace, decode_vectors
 
 FIELDS = {
     "upsert_rows",
