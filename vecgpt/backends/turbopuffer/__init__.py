@@ -42,8 +42,34 @@ def connect(
     write_batch_mb: float = 8.0,
     clone_with: str = "copy",
 ) -> TurbopufferStore:
+    """A TurbopufferStore on the service (or a local server) that base_url, region or the environment name."""
     import turbopuffer
 
+    check_options(layout, clone_with, replicas, key_replicas, max_top_k, slots, timeout, max_retries)
+    key = os.environ.get("TURBOPUFFER_API_KEY")
+    if not key:
+        raise VecgptError("set TURBOPUFFER_API_KEY (for a local server: the key `vecgpt tpuf-local` printed)")
+    base_url, region = endpoint(base_url, region)
+    try:
+        client = bounded_client_class()(
+            api_key=key,
+            region=region,
+            base_url=base_url,
+            max_retries=max_retries,
+            compression=compression,
+            timeout=timeout,
+        )
+    except turbopuffer.TurbopufferError as e:
+        raise VecgptError(f"turbopuffer client: {e}") from None
+    prefix = f"vecgpt-{user_name()}-" if prefix is None else prefix
+    url = str(client.base_url).rstrip("/")
+    return TurbopufferStore(
+        client, url, prefix, replicas, key_replicas, key_partition or None, max_top_k, slots, write_batch_mb, clone_with
+    )
+
+
+def check_options(layout, clone_with, replicas, key_replicas, max_top_k, slots, timeout, max_retries) -> None:
+    """connect()'s options within their ranges, else a one-line error."""
     if layout not in LAYOUTS:
         raise VecgptError(
             f"layout {layout!r} is not offered; use {LAYOUTS[0]!r} "
@@ -60,9 +86,11 @@ def connect(
             f"timeout must be > 0 and max_retries >= 0 (got {timeout}, {max_retries}); a request gives up "
             f"after at most (max_retries + 1) * timeout plus backoff"
         )
-    key = os.environ.get("TURBOPUFFER_API_KEY")
-    if not key:
-        raise VecgptError("set TURBOPUFFER_API_KEY (for a local server: the key `vecgpt tpuf-local` printed)")
+
+
+def endpoint(base_url: str | None, region: str | None) -> tuple[str | None, str | None]:
+    """(base_url, region) for the client: those given, else the environment's; a region is dropped for a
+    base URL without `{region}` in it."""
     if base_url is None and region is None:
         base_url = os.environ.get("TURBOPUFFER_BASE_URL")
         region = None if base_url else os.environ.get("TURBOPUFFER_REGION")
@@ -75,27 +103,4 @@ def connect(
         region = None
         if os.environ.get("TURBOPUFFER_REGION"):  # the client would take it and refuse this base URL
             raise VecgptError(f"TURBOPUFFER_REGION is set but base_url {base_url} has no {{region}}; unset it")
-    try:
-        client = bounded_client_class()(
-            api_key=key,
-            region=region,
-            base_url=base_url,
-            max_retries=max_retries,
-            compression=compression,
-            timeout=timeout,
-        )
-    except turbopuffer.TurbopufferError as e:
-        raise VecgptError(f"turbopuffer client: {e}") from None
-    url = str(client.base_url).rstrip("/")
-    return TurbopufferStore(
-        client,
-        url,
-        f"vecgpt-{user_name()}-" if prefix is None else prefix,
-        replicas,
-        key_replicas,
-        key_partition or None,
-        max_top_k,
-        slots,
-        write_batch_mb,
-        clone_with,
-    )
+    return base_url, region

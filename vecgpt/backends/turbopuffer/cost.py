@@ -59,37 +59,45 @@ def estimate_cost(
     doc_bytes = [(name, n, d, n * (8 + 4 * d + 8)) for name, n, d in rows]  # id + f32 vector + row attribute
     docs = sum(n for _, n, _, _ in doc_bytes) * replicas
     size = sum(b for *_, b in doc_bytes) * replicas
-    write = size / 1e9 * PRICES["write_gb"]
-    storage = size / 1e9 * PRICES["storage_gb_month"]
-    matrices = [r for r in doc_bytes if r[0].startswith("h.")]
-    layers = sum(1 for r in matrices if r[0].endswith("attn.c_attn"))
     width = next((d for name, _, d in rows if name == "wpe"), 768)
     heads = n_head or max(1, width // 64)
+    token = token_cost(doc_bytes, heads, key_row or (width // heads, width), key_replicas)
+    return "\n".join(
+        [
+            f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
+            f"  load (writes at $2/GB, before batch discounts): ${size / 1e9 * PRICES['write_gb']:,.2f}",
+            f"  storage at $0.33/GB-month: ${size / 1e9 * PRICES['storage_gb_month']:,.2f} a month",
+            f"  per generated token: {token['subqueries']} kNN subqueries (>= 1.28 GB queried each), "
+            f"{token['returned'] / 1e6:.2f} MB returned, {token['writes']} key writes "
+            f"({token['key_writes'] / 1e3:,.0f} KB): ${token['dollars']:.6f}",
+            "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
+        ]
+    )
+
+
+def token_cost(doc_bytes: list, heads: int, key_row: tuple[int, int], key_replicas: int) -> dict:
+    """A generated token's kNN subqueries, bytes returned, key writes and their bytes, and its dollars.
+
+    doc_bytes: (collection, documents, dimension, logical bytes) a collection."""
+    matrices = [r for r in doc_bytes if r[0].startswith("h.")]
+    layers = sum(1 for r in matrices if r[0].endswith("attn.c_attn"))
     per_ns_bytes = {name: b for name, _, _, b in doc_bytes}
-    subqueries = len(matrices) + layers * heads + 1
     queried = (
         sum(max(PRICES["min_query_bytes"], per_ns_bytes[r[0]]) for r in matrices)
         + layers * heads * PRICES["min_query_bytes"]
         + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
     )
     returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
-    writes = heads * key_replicas  # a token's keys, every layer, in one upsert: a request per head namespace copy
-    key_writes = heads * key_write_bytes(layers, key_row or (width // heads, width), key_replicas)
-    token = (
-        queried / 1e15 * PRICES["queried_pb"]
+    key_writes = heads * key_write_bytes(layers, key_row, key_replicas)
+    return {
+        "subqueries": len(matrices) + layers * heads + 1,
+        "returned": returned,
+        "writes": heads * key_replicas,  # a token's keys, every layer, in one upsert: a request per head namespace copy
+        "key_writes": key_writes,
+        "dollars": queried / 1e15 * PRICES["queried_pb"]
         + returned / 1e9 * PRICES["returned_gb"]
-        + key_writes / 1e9 * PRICES["write_gb"]
-    )
-    return "\n".join(
-        [
-            f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
-            f"  load (writes at $2/GB, before batch discounts): ${write:,.2f}",
-            f"  storage at $0.33/GB-month: ${storage:,.2f} a month",
-            f"  per generated token: {subqueries} kNN subqueries (>= 1.28 GB queried each), "
-            f"{returned / 1e6:.2f} MB returned, {writes} key writes ({key_writes / 1e3:,.0f} KB): ${token:.6f}",
-            "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
-        ]
-    )
+        + key_writes / 1e9 * PRICES["write_gb"],
+    }
 
 
 def key_write_bytes(layers: int, key_row: tuple[int, int], copies: int) -> float:

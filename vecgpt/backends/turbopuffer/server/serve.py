@@ -34,8 +34,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 # Seconds an idle connection stays open. The official client keeps idle connections for 60 s, so the service keeps
-# them at least that long. With uvicorn's default of 5 s, a request sent on a connection just as the server closed it
-# fails as a connection error: the likely cause of one failure in a busy test run (the tests send without retries).
+# them at least that long; with a shorter timeout (uvicorn's default is 5 s) a request sent on a connection just as
+# the server closes it fails as a connection error (the tests send without retries).
 KEEP_ALIVE_S = 75
 
 
@@ -89,6 +89,7 @@ def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `vecgpt tpuf-local`: where it listens, how it behaves, which faults it injects."""
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every request (simulated network)")
@@ -107,6 +108,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key", default=None, help="accept only this bearer token (default: one made at start and printed)"
     )
     p.add_argument("--max-top-k", type=int, default=MAX_TOP_K, help="rows per query (the service allows 10,000)")
+    _consistency_arguments(p)
+    _fault_arguments(p)
+
+
+def _consistency_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--list-lag-s",
         type=float,
@@ -124,6 +130,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.0,
         help='writes stay unindexed this long: metadata says "updating" with the unindexed rows',
     )
+
+
+def _fault_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fail-rate",
         type=float,

@@ -1,0 +1,138 @@
+"""The shape of the code in vecgpt/: no function over 40 lines, no cycle among its modules.
+
+A function's length runs from its `def` line to its last line: decorators are not counted, a
+nested function's lines count in the function around it too. Every import of a vecgpt module
+counts, at module level or inside a function, so a cycle is not hidden by moving an import.
+Only explicit imports are edges: importing `a.b.c` runs `a/b/__init__.py` first, but a
+package importing its own modules in its `__init__` is not a cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "vecgpt"
+LONGEST = 40
+# Files being reshaped now (issue 38): their offenders are reported as an expected failure, not
+# an error. Empty this list when they are done; then every file is held to both checks.
+LEAD_OWNED = {"vecgpt/api.py", "vecgpt/engine.py", "vecgpt/three_rounds.py", "vecgpt/five_rounds.py"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> dict[str, tuple[Path, ast.Module]]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found[module_name(path)] = (path, ast.parse(path.read_text(), filename=str(path)))
+    return found
+
+
+def long_functions(path: Path, tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > LONGEST:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def imported(name: str, is_package: bool, tree: ast.Module, modules: set[str]) -> set[str]:
+    """The vecgpt modules that module `name` imports anywhere in its body."""
+    here = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                base = f"{parent}.{base}" if base else parent
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = sources()
+    modules = set(found)
+    return {name: imported(name, path.name == "__init__.py", tree, modules) for name, (path, tree) in found.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected group of more than one module (Tarjan)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def lead_owned(module: str) -> bool:
+    found = sources()
+    return str(found[module][0].relative_to(ROOT)) in LEAD_OWNED if module in found else False
+
+
+def report(what: str, offenders: list[str], excused: list[str]) -> None:
+    assert not offenders, f"{what}:\n" + "\n".join(offenders + excused)
+    if excused:
+        pytest.xfail(f"{what}, in files listed in LEAD_OWNED:\n" + "\n".join(excused))
+
+
+def test_no_function_is_over_40_lines():
+    found = {path: long_functions(path, tree) for path, tree in sources().values()}
+    excused = [line for path, lines in found.items() if str(path.relative_to(ROOT)) in LEAD_OWNED for line in lines]
+    offenders = [line for lines in found.values() for line in lines if line not in excused]
+    report("functions over 40 lines", offenders, excused)
+
+
+def test_the_import_graph_has_no_cycle():
+    found = [" <-> ".join(group) for group in cycles(import_graph())]
+    excused = [line for line in found if all(lead_owned(module) for module in line.split(" <-> "))]
+    report("modules that import each other", [line for line in found if line not in excused], excused)
+
+
+def test_the_checker_sees_a_long_function_and_a_cycle():
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST))
+    tree = ast.parse(f"@decorator\ndef f():\n{body}\n")
+    assert long_functions(ROOT / "f.py", tree) == ["f.py:2 f (41 lines)"]
+    tree = ast.parse(f"def g():\n{body[: body.rindex(chr(10))]}\n")
+    assert long_functions(ROOT / "g.py", tree) == []
+    modules = {"vecgpt", "vecgpt.a", "vecgpt.b"}
+    a = imported("vecgpt.a", False, ast.parse("def f():\n    from . import b\n"), modules)
+    b = imported("vecgpt.b", False, ast.parse("import vecgpt.a\n"), modules)
+    assert (a, b) == ({"vecgpt.b"}, {"vecgpt.a"})
+    assert cycles({"vecgpt.a": a, "vecgpt.b": b, "vecgpt": set()}) == [["vecgpt.a", "vecgpt.b"]]
