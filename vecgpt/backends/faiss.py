@@ -23,10 +23,9 @@ UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.flo
 
 
 def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
-    # OpenMP splits work by query; for a single query its threads only add overhead (a 50,257-row
-    # scan took 26 ms with 2 threads and 9 ms with 1 here), and so they do for a small search: a
-    # layer's 12 key queries over a few hundred keys took 300 ms a token with 2 threads on a busy
-    # 2-core machine (threads waiting for a core at each barrier) and 8 ms with 1 (docs/speed.md).
+    # OpenMP splits work by query: for a single query its threads only add overhead, and so they do for a
+    # small search (a layer's key queries over a few hundred keys), whose threads wait for a core at each
+    # barrier on a busy machine. docs/faiss.md, "Threads".
     many = len(queries) > 1 and len(queries) * rows * dim >= PARALLEL_WORK
     faiss.omp_set_num_threads(THREADS[0] if many else 1)
 
@@ -57,22 +56,16 @@ def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
 
 class Pace:
     """Who splits a big one-query scan: OpenMP's threads while they keep pace, the workers (in_threads) for a while
-    after they did not. OpenMP's threads spin between scans, so a scan starts on both cores at once (a token's scans
-    took 17 ms against the workers' 23 here, numpy's sgemv 16), but with another busy process on the cores a thread
-    spinning at the end of a scan holds a core the other needs, and tokens took two to five times as long
-    (docs/speed.md, "Round 12"). EVIDENCE scans within WITHIN that each took SLOW times their shape's fastest, and
-    LATE seconds more, are taken for that; fewer are not. Another process on the cores made 880 scans in 3,133 that
-    slow; on a quiet machine a hiccup of the host made two or three close together about once in 2,000 scans, most
-    of them the smallest scans late by 0.15 ms, and the ten tokens on the workers that followed cost 5 ms each
-    (docs/speed.md, "Round 14"). A slow scan counts only while more threads are runnable on the machine than it
-    has cores (`crowded`): with none waiting, the cores were taken by the host, not by a process the workers could
-    make room for, and here in such a stretch OpenMP's threads alone made a token 1.31-1.42x numpy's, the workers
-    1.56-1.61x. Such a scan also clears the count: one look after a scan found a third thread runnable in 11% of
-    looks on the quiet machine (99% beside a busy process), so a long run of slow scans in a slow stretch of the
-    host could gather three. A back-off lasts BACK_OFF scans, twice the last one's if that was less than CALM scans
-    on OpenMP's threads ago, up to LONGEST: a process that stays on the cores finds OpenMP's threads tried ever more
-    rarely (each try costs its slow scans), and once one has gone a back-off is as short as the first again
-    (docs/speed.md, "Round 16")."""
+    after they did not. OpenMP's threads spin between scans, so a scan starts on every core at once; but with another
+    busy process on the cores a thread spinning at the end of a scan holds a core the other needs. EVIDENCE scans
+    within WITHIN that each took SLOW times their shape's fastest, and LATE seconds more, are taken for that; fewer
+    are not (a hiccup of the host makes two close together now and then on a quiet machine). A slow scan counts only
+    while more threads are runnable on the machine than it has cores (`crowded`): with none waiting, the cores were
+    taken by the host, not by a process the workers could make room for, and the workers would not help. Such a scan
+    also clears the count, so a long run of slow scans in a slow stretch of the host rarely gathers EVIDENCE. A
+    back-off lasts BACK_OFF scans, twice the last one's if that was less than CALM scans on OpenMP's threads ago, up
+    to LONGEST: a process that stays on the cores finds OpenMP's threads tried ever more rarely (each try costs its
+    slow scans), and once one has gone a back-off is as short as the first again. docs/faiss.md, "Threads"."""
 
     SLOW = 3.0
     LATE = 0.0005
@@ -118,7 +111,7 @@ PROC_STAT = "/proc/stat"
 
 def crowded_now() -> bool:
     """Whether more threads are runnable on this machine than it has cores (Linux's /proc/stat); True where unknown.
-    Read only after a slow scan: 10-20 us."""
+    Read only after a slow scan: it opens and reads a file."""
     try:
         with open(PROC_STAT, "rb") as f:
             for line in f:
@@ -134,8 +127,8 @@ PACE = Pace()
 
 def in_threads(calls) -> None:
     """Run the calls at once (FAISS's kernels release the GIL): the last in this thread, each other on a worker
-    kept on a core this thread is not on. A worker free to move, woken after the reader had paused, often ran
-    on this thread's core, the two shares taking turns there (docs/speed.md, "Round 6")."""
+    kept on a core this thread is not on: a worker free to move, woken after a pause, can land on this thread's
+    core, and the two shares then take turns there (docs/faiss.md, "Threads")."""
     if len(calls) <= 1:
         return calls[0]() if calls else None
     running = [worker(i).start(call) for i, call in zip(elsewhere(len(calls) - 1), calls[:-1])]
@@ -153,9 +146,8 @@ def elsewhere(n: int) -> list[int]:
 
 
 class Worker:
-    """A thread kept on core CPUS[i % len(CPUS)], running the calls it is given in turn. Lighter than a thread pool's
-    futures: a share handed over and waited for took 8 us here against a ThreadPoolExecutor's 25, and a token
-    hands over about 50."""
+    """A thread kept on core CPUS[i % len(CPUS)], running the calls it is given in turn: a share is handed over on a
+    queue and waited for on a lock, lighter than a thread pool's future (a token hands over dozens)."""
 
     def __init__(self, i: int):
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
@@ -282,9 +274,9 @@ class FaissTable(Table):
 
     def every_row(self, queries) -> np.ndarray:
         """One query against every row: FAISS's one-query kernel (inner products, or squared L2 distances) over the
-        stored rows. A decode step's matrix search: about a fifth faster than a range search, which also collects
-        its results one by one, and a big one is split by rows over the threads, as BLAS splits numpy's (FAISS
-        splits by query: one query would get one core; docs/speed.md)."""
+        stored rows. A decode step's matrix search: cheaper than a range search, which also collects its results one
+        by one, and a big one is split by rows over the threads, as BLAS splits numpy's (FAISS splits by query: one
+        query would get one core; docs/faiss.md)."""
         q = np.ascontiguousarray(queries, np.float32)
         if self.n == 0:
             return np.zeros((1, 0), np.float32)
@@ -311,7 +303,7 @@ class FaissTable(Table):
     def all_dists_groups(self, queries, slots):
         """Each group's queries against its rows (a layer's heads, each over its own keys): one call of FAISS's by-index
         kernel for them all. A range search with a selector would visit every row of the table (a text's keys of
-        every layer and head), and a call per group cost more than the kernel's work here."""
+        every layer and head), and a call per group costs more than the kernel's work."""
         groups, m, _ = queries.shape
         x = np.ascontiguousarray(queries.reshape(groups * m, self.dim), np.float32)
         ids = np.ascontiguousarray(slots if m == 1 else np.repeat(slots, m, axis=0), np.int64)  # each query's rows
