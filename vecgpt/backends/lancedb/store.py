@@ -142,7 +142,7 @@ class LanceStore(FolderStore):
     @lance_errors
     def _searches(self, searches: Sequence[Search]) -> list[Hits]:
         """Searches sent to LanceDB's event loop in one hop and run there concurrently (a round's 12 heads'
-        projections: one hop, not 12 threads' hops, each ~2 ms of the runtime's fixed cost, docs/speed.md)."""
+        projections: one hop, not 12 threads' hops, each paying the runtime's fixed cost; docs/lancedb.md)."""
         tables = [self._table(s.collection) for s in searches]
         queries = [base.check_vectors(s.collection, s.queries, t.dim) for s, t in zip(searches, tables)]
         for s, t, q in zip(searches, tables, queries):
@@ -166,8 +166,8 @@ class LanceStore(FolderStore):
         """Filtered all-row searches of one table (a layer's heads) as one query: every query vector against the
         rows any filter keeps (the conditions all filters share once, docs/lancedb.md), then each search keeps its
         own matches. Of the shared conditions, LanceDB is sent those its bitmap indexes answer (the layer) where
-        there are such; the rest (the position range) are tested here on the rows it returns: a layer's key
-        search took 15.0 ms against 19.6 at 200 positions, 9.7 against 11.5 at 100 (docs/speed.md, "Round 12")."""
+        there are such; the rest (the position range) are tested here on the rows it returns, which costs less than
+        LanceDB's filter on them (docs/lancedb.md)."""
         table = self._table(searches[0].collection)
         queries = [base.check_vectors(s.collection, s.queries, table.dim) for s in searches]
         for s in searches:
@@ -285,7 +285,8 @@ class LanceStore(FolderStore):
             table.changed()
             if index and self.flat_index and table.row_count() and not base.is_text(table.handle.name):
                 # One partition holds every row, so a search of it is a flat scan, of vectors LanceDB keeps in memory
-                # (twice as fast here, docs/speed.md); a text's keys, written every token, are scanned as they lie.
+                # (faster than a scan of its files, docs/lancedb.md); a text's keys, written every token, are scanned
+                # as they lie.
                 config = IvfFlat(distance_type=DISTANCE[table.metric], num_partitions=1)
                 table.handle.create_index("vector", config=config, name=FLAT_INDEX)
                 table.flat = True

@@ -96,7 +96,7 @@ class Table:
         every row; never another index), run on LanceDB's event loop: pa.Table of _rowid, _distance, `columns`
         and (two or more vectors) query_index."""
         # An unfiltered search of a table with the store's index reads it: one partition, so every row is scored,
-        # from vectors LanceDB keeps in memory, in half the time of a scan of the table's files (docs/speed.md).
+        # from vectors LanceDB keeps in memory, faster than a scan of the table's files (docs/lancedb.md).
         # Otherwise two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it
         # scans; one vector takes a TopK that copies the vector of every row it keeps, so a lone query for every
         # row is sent twice (the same distances: one kernel) and its copy dropped.
@@ -141,7 +141,7 @@ class Table:
     def query(self):
         # LanceDB's asynchronous table under the synchronous one: its query is one hop to LanceDB's
         # event loop, where the synchronous builder makes four (three reads of the schema, then the
-        # query), about 1 ms each on a busy machine, 60 times a token (docs/speed.md). Filters prefilter.
+        # query), and a token sends dozens of queries (docs/lancedb.md). Filters prefilter.
         return self.handle._table.query()
 
     def distances(self, result) -> np.ndarray:
@@ -179,9 +179,9 @@ class OwnLoop:
     def settle(self) -> None:
         """After a query was cut short (a Ctrl-C raised inside one of a round's searches): cancel what it left on the
         loop and let every task's outcome be taken, which asyncio would print, traceback and all, when the task is
-        collected (asyncio.Runner does this on the way in instead, for 0.2 ms a query). A task still running SETTLE_S
-        after it was cancelled is left behind: once in some hundred Ctrl-C's, LanceDB's answer to a query never came
-        and the reader waited here for good instead of exiting."""
+        collected (asyncio.Runner does this on the way in instead, for every query). A task still running SETTLE_S
+        after it was cancelled is left behind: LanceDB's answer to a cancelled query can fail to come (rarely), and
+        the reader would then wait here for good instead of exiting."""
         tasks = asyncio.all_tasks(self.loop)
         for task in tasks:
             task.cancel()
@@ -202,8 +202,8 @@ _loops = threading.local()
 
 def on_this_thread(coroutine):
     """Run a query's coroutine on an event loop of the calling thread's own: LanceDB's runtime answers it there,
-    one hop each way, where its background loop (a thread of its own) adds a hop each way (a LanceDB token 233 ->
-    224 ms, docs/speed.md, Round 13). A thread already running an event loop uses LanceDB's."""
+    one hop each way, where its background loop (a thread of its own) adds a hop each way (docs/lancedb.md). A thread
+    already running an event loop uses LanceDB's."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:  # none: the usual case
@@ -222,7 +222,7 @@ ONE_BATCH = 1 << 30  # rows a batch of a query's stream may hold: all of them
 async def collect(query) -> pa.Table:
     """A query's rows, read straight from LanceDB's stream (its to_arrow reads the table's schema first,
     another hop to LanceDB's runtime), as one batch: each batch is a hop from LanceDB's runtime to the event loop,
-    and by default a batch holds 1,024 rows (c_fc's 3,072 rows: three hops, 2.5 -> 2.3 ms a search; docs/speed.md, Round 13)."""
+    and by default a batch holds 1,024 rows (c_fc's 3,072 rows would take three hops; docs/lancedb.md)."""
     stream = await query._inner.execute(max_batch_length=ONE_BATCH, timeout=None)
     return pa.Table.from_batches([batch async for batch in stream], stream.schema)
 
