@@ -1,6 +1,6 @@
 """A large scan split by block range over several connections, so several backends (cores) share it.
 
-One backend scans a table on one core, and a token's scans are memory-bound (docs/speed.md): a weight
+One backend scans a table on one core, and a token's scans are memory-bound (docs/pgvector.md): a weight
 table of at least SPLIT_PAGES pages is searched as `n` pieces, each the rows of a range of its pages
 (`ctid` bounds: a TID Range Scan reads only those pages), the pieces sent at once on `n` connections.
 Every row lies in exactly one range and the last range has no upper bound, so the pieces together are
@@ -15,10 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 # A table is split from SPLIT_PAGES pages; smaller ones go whole, as a piece's statement and thread cost more
-# than the pages. At GPT-2 small on 2 cores, attn.c_proj (384 pages) took 12.8 ms a token whole against 15.3
-# split; c_attn (1,152) 36.0 against 31.5. A request's pieces (a layer's 12 per-head projections and 12 key
-# searches, say) go to several connections once they add up to SHARE_PAGES: layout four's tokens were
-# 220 and 314 ms that way, 229 and 357 with them all on one connection.
+# than the pages. A request's pieces (a layer's 12 per-head projections and 12 key searches, say) go to several
+# connections once they add up to SHARE_PAGES. docs/pgvector.md, "Split scans".
 SPLIT_PAGES = 512
 SHARE_PAGES = 128
 

@@ -27,8 +27,8 @@ SEARCH = {
     "(SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x GROUP BY q.i",
 }
 NO_VECTORS = ", NULL::real[]"  # a UNION ALL's statements all have the fifth column
-# The k nearest's vectors are looked up by id once they are chosen: read with every row scanned, each row's vector went
-# through the sort (the token search, 50,257 rows: 20 -> 83 ms).
+# The k nearest's vectors are looked up by id once they are chosen: read with every row scanned, each row's vector
+# would go through the sort.
 VECTORS = {
     False: ", array_agg(t.embedding::real[])",
     True: ", array_agg((SELECT v.embedding::real[] FROM {table} v WHERE v.id = x.id) ORDER BY x.d, x.id)",
@@ -95,9 +95,9 @@ def block_conditions(blocks: tuple[int, int | None] | None) -> list[sql.Composed
 
 # A wide collection's search: the same shapes, a document's distance the sum over its part rows. Every row
 # is wanted: each part row's distance comes back under its document's id, and split.merge adds them up
-# (in PostgreSQL, a GROUP BY cost about 0.1 ms a search of 1,536 rows). The k nearest: the part rows'
-# distances are computed below an OFFSET 0 fence, so the grouping sorts or hashes (id, distance) pairs:
-# without it the planner sorted the rows, vectors and all, and spilled them to disk (9 MB a search).
+# (cheaper than a GROUP BY in PostgreSQL). The k nearest: the part rows' distances are computed below an
+# OFFSET 0 fence, so the grouping sorts or hashes (id, distance) pairs: without it the planner sorts the rows,
+# vectors and all, and spills them to disk.
 ROWS = "(SELECT t.id / {p} AS id, {dist} AS d FROM {table} t{cond} OFFSET 0) y"
 WIDE = {
     (True, False): "SELECT {s}::int, 1::bigint, array_agg(t.id / {p}), array_agg({dist}){vec} FROM {table} t{cond}",

@@ -2,7 +2,7 @@
 
 A vector of more than PLAIN_MAX_DIM floats (the MLP's c_proj documents: 3,074) does not fit an 8 KB
 page, so PostgreSQL moves it out of line, and a search then reads each row through the TOAST index:
-768 such rows took longer than 3,072 inline rows of 770 floats (docs/speed.md). Such a collection's
+768 such rows take longer than 3,072 inline rows of 770 floats (docs/pgvector.md). Such a collection's
 document `id` is instead `parts` rows, ids `id * parts + p`, each holding `width` floats (the last
 part padded with zeros, which add nothing to either distance); a search sums a document's partial
 distances (split.merge; the k nearest: GROUP BY). A sum of the same terms in another order:
