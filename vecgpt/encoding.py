@@ -105,8 +105,8 @@ def blocks(weight: np.ndarray, rows: slice) -> list[slice]:
 
 
 # A block's float64 rows: under numpy's 4 MiB, above which it asks Linux for huge pages for an array. A load's
-# big temporaries are written once; on a VM whose kernel compacts memory to find a huge page at each first touch,
-# a 50,257-row table encoded whole took 6.4 s against 0.45 without (docs/speed.md, "Round 15").
+# big temporaries are written once, and a kernel that compacts memory to find a huge page at each first touch
+# makes such a write many times slower.
 BLOCK_BYTES = 1 << 21
 
 
@@ -114,7 +114,7 @@ def power_of_two(target: np.ndarray, norm: np.ndarray) -> np.ndarray:
     """2^round(log2(target / norm)), and 1 where either is 0 (or not finite), clipped to 2^-60..2^60.
     Rounded exactly, without a logarithm: with target / norm = f 2^e (f in [0.5, 1)), log2 is nearer e than e - 1
     when f >= 2^-1/2, an irrational number, so comparing f with its nearest double decides every case. One value
-    each (a decode step's query) is done in Python floats (3.0 us a call here, numpy's ufuncs 7.2), the same bits."""
+    each (a decode step's query) is done in Python floats, cheaper than numpy's ufuncs on one value, the same bits."""
     t, n = np.asarray(target, np.float64), np.asarray(norm, np.float64)
     if t.size == 1 and n.size == 1:
         return np.full(np.broadcast(t, n).shape, _power_of_two(float(t.flat[0]), float(n.flat[0])))

@@ -10,7 +10,7 @@ from vecgpt.sampling import Candidates, top_k
 from vecgpt.weights import Model
 
 
-def gelu(x):  # GPT-2's tanh form ("gelu_new"); x * x * x, as x**3 calls pow() per element (50x slower)
+def gelu(x):  # GPT-2's tanh form ("gelu_new"); x * x * x, as x**3 calls pow() per element (far slower)
     return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 

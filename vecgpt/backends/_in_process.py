@@ -177,8 +177,8 @@ class Collection:
     def rows_by(self, equalities: frozenset, by: str | None) -> tuple[np.ndarray, np.ndarray]:
         """The rows whose attributes equal these values, ordered by attribute `by`, then by slot, and their values of
         `by` (None: by slot, the rows twice). Remembered; as rows are appended, only the new ones are tested and merged
-        in. A text's key search asks for a layer's rows by head 12 times a token: testing every row each time was a
-        pass over all of a text's keys (144 more a token), and sorting the layer's by head another."""
+        in. A text's key search asks for a layer's rows by head 12 times a token: testing every row each time would be
+        a pass over all of a text's keys each time, and sorting the layer's by head another."""
         key, n = (equalities, by), self.table.n
         if len(self._equal) >= MEMO and key not in self._equal:
             self._equal = {}

@@ -296,7 +296,7 @@ def parallel(calls: Sequence, workers: int = 16) -> list:
     return [f.result() for f in futures]
 
 
-# Threads kept for `parallel` (a round's requests each took a thread start, ~0.1 ms, and a join): one pool for each
+# Threads kept for `parallel` (so a round's requests do not each pay a thread start and a join): one pool for each
 # depth of parallel() calls inside parallel() calls, so a pool's calls never wait for a thread of their own pool.
 POOL_THREADS = 256
 _pools: dict[int, ThreadPoolExecutor] = {}
