@@ -29,7 +29,7 @@ def loaded(make_store, backend: str, model, metric: str = "l2", layout: str = "t
 
 
 def forced_comparison(engine: Engine, model64, backend: str, metric: str, kind: type, steps: int = 20) -> dict:
-    """Teacher-forced on numpy's greedy tokens (20 steps: the key search covers positions beyond the WINDOW),
+    """Teacher-forced on numpy's greedy tokens (20 steps, each position's keys searched),
     the rule at every step under the bound derived in the session's layout; the comparison's figures."""
     ids = tokenizer.encode(PROMPT)
     greedy = generate(Reference(model64, np.float64), ids, steps, stop=False).tokens
@@ -71,9 +71,7 @@ def resumes_and_branches(engine: Engine, model64) -> None:
     with Text.resume(again, text_id) as text:
         s0, s1, n = first.session, text.session, text.session.written
         assert n > len(ids) and np.array_equal(s0.key_norms[..., :n], s1.key_norms[..., :n])
-        assert np.array_equal(s0.keys[:, :n], s1.keys[:, :n]) and np.array_equal(
-            s0.projected[:, :n], s1.projected[:, :n]
-        )
+        assert np.array_equal(s0.projected[:, :n], s1.projected[:, :n])
         text.generate(5, stop=False)
         assert text.cost["positions_read"] == 5 and text.tokens == whole.tokens
         for p in range(len(ids) + 7, len(text.tokens)):

@@ -47,9 +47,9 @@ def test_a_wrong_document_is_caught(make_store, tiny_model, model64):
 
 def test_five_rounds_a_layer_on_the_local_turbopuffer(make_store, tiny_model):
     L = tiny_model.hparams.n_layer
-    # the prompt block: open, lookup, per layer c_attn, c_proj (its own keys scored in memory), c_fc, mlp.c_proj;
-    # the token search; decode: per layer c_attn, the key search, c_proj, c_fc, mlp.c_proj; token search
-    summary = rounds_on_turbopuffer(make_store, tiny_model, "five", 1 + 1 + 4 * L + 1, 5 * L + 1, matrix=4)
+    # the prompt block: open, lookup, per layer c_attn, the key search of its own keys once written, c_proj, c_fc,
+    # mlp.c_proj; the token search; decode: the same rounds a layer; token search
+    summary = rounds_on_turbopuffer(make_store, tiny_model, "five", 1 + 1 + 5 * L + 1, 5 * L + 1, matrix=4)
     assert summary["per_token"][-1]["by_kind"]["matrix"] == 4 * L  # no search per head: c_proj is one search
 
 

@@ -24,9 +24,10 @@ def test_generation_agrees_with_float64_numpy(make_store, tiny_model, model64, b
 
 def test_three_rounds_a_layer_on_the_local_turbopuffer(make_store, tiny_model):
     L = tiny_model.hparams.n_layer
-    # the prompt block: open, lookup, per layer (c_attn + projected values), (c_fc + documents), c_proj; token search;
+    # the prompt block: open, lookup, per layer (c_attn + projected values), documents, the key search of its own
+    # keys once written, c_fc, c_proj; token search;
     # decode: per layer (c_attn + projected values + key search), (c_fc + documents), c_proj; token search
-    rounds_on_turbopuffer(make_store, tiny_model, "three", prompt=1 + 1 + 3 * L + 1, decode=3 * L + 1, matrix=2)
+    rounds_on_turbopuffer(make_store, tiny_model, "three", prompt=1 + 1 + 5 * L + 1, decode=3 * L + 1, matrix=2)
 
 
 def test_a_text_resumes_and_branches_bit_for_bit(make_store, tiny_model, model64):

@@ -162,10 +162,13 @@ def test_engine_round_trips_over_http(make_store, tiny_model):
     assert decode["round_trips"] == 4 * L + 1  # c_proj of attention rides with the key search, per head; the next
     # token's rows ride with the token search
     assert decode["by_kind"]["key_search"] == L * H  # one single-subquery request per head, all in one round
-    # the token's keys of every layer in one upsert, from the writer thread (no round trip): one write per head
-    # namespace and its copy (it was L * H * 2 when each layer wrote its keys)
-    assert decode["by_kind"]["key_write"] == H * 2
-    assert summary["per_token"][0]["round_trips"] == 1 + 1 + 4 * L + 1  # the block's own keys scored in memory
+    # the token's keys in two upserts (engine.write_points: the first half's layers, then the rest), from the writer
+    # thread (no round trip): each a write per head namespace and its copy; two queued while the thread had not yet
+    # sent the first go out as one
+    assert decode["by_kind"]["key_write"] in (H * 2, 2 * H * 2)
+    # the block: per layer c_attn, projections, the key search of its own keys once written, c_fc, c_proj
+    assert summary["per_token"][0]["round_trips"] == 1 + 1 + 5 * L + 1
+    assert 0 < summary["per_token"][0]["by_kind"]["wait"] <= L
 
 
 def test_errors_are_one_line_and_never_show_the_key(small_server, local, monkeypatch):

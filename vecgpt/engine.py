@@ -19,7 +19,9 @@ Writing a model into a store is vecgpt.loading; counting requests is vecgpt.mete
 
 from __future__ import annotations
 
+import importlib
 import math
+import time
 import uuid
 from contextlib import nullcontext, suppress
 from typing import NamedTuple
@@ -36,12 +38,9 @@ from vecgpt.sampling import Candidates, ordered
 from vecgpt.weights import HParams
 from vecgpt.writer import Writer
 
-# A query at position i scores the keys of positions > i - WINDOW (and a block's own keys) in numpy from
-# memory, the earlier ones by a search of the store: a key written in the last WINDOW steps needs no write
-# to have landed, so no search waits for one. Which key is scored where depends on the positions alone,
-# never on when a write landed: a store's decoded distance and numpy's dot product differ in the last bits,
-# and a text resumed in another process must compute what the first one did, bit for bit.
-WINDOW = 4
+# A query at position i scores every earlier position's key (j < i) by a search of the store, and only its own key
+# (j = i, computed in the same read) in numpy. Which key is scored where depends on positions alone, never on when
+# a write landed, so a text resumed in another process computes what the first one did, bit for bit.
 # Attention converts a chunk of kept values (float32) to float64 at a time: within a core's L2 cache, the chunk is
 # read back from there, not from memory (layout four at 384 positions: 1.4 against 2.7 ms a layer, docs/speed.md).
 CHUNK_BYTES = 1 << 20
@@ -78,18 +77,28 @@ class Engine:
         return self.session()
 
     def session(self, name: str | None = None, create: bool = True) -> Session:
-        """A Session of the model's layout (its manifest's "layout": "three" runs vecgpt.three_rounds, "five"
-        vecgpt.five_rounds)."""
-        layout = self.manifest.get("layout")
-        if layout == "three":
-            from vecgpt.three_rounds import ThreeRounds
+        """A Session of the model's layout (its manifest's "layout"; a model loaded before layouts existed: four)."""
+        return session_class(self.manifest.get("layout") or "four")(self, name, create)
 
-            return ThreeRounds(self, name, create)
-        if layout == "five":
-            from vecgpt.five_rounds import FiveRounds
 
-            return FiveRounds(self, name, create)
-        return Session(self, name, create)
+LAYOUTS: dict[str, type[Session]] = {}  # a layout's name -> its Session class; each registers itself (`layout`)
+
+
+def layout(name: str):
+    """Register a Session class as the layout `name` (vecgpt.config.LAYOUTS): a model loaded in it runs it."""
+
+    def register(cls):
+        cls.layout, LAYOUTS[name] = name, cls
+        return cls
+
+    return register
+
+
+def session_class(name: str) -> type[Session]:
+    """The Session class of a layout, its module (vecgpt.<name>_rounds) imported by name when first asked for."""
+    if name not in LAYOUTS:
+        importlib.import_module(f"vecgpt.{name}_rounds")
+    return LAYOUTS[name]
 
 
 def squared_norms(k32: np.ndarray) -> np.ndarray:
@@ -97,6 +106,12 @@ def squared_norms(k32: np.ndarray) -> np.ndarray:
     (from the stored keys) equal those its first process computed, to the last bit."""
     k = np.ascontiguousarray(k32, np.float64)
     return (k * k).sum(axis=-1)
+
+
+def own_scores(q: np.ndarray, k32: np.ndarray) -> np.ndarray:
+    """q.k of each query with its own position's key, q [m, H, hd] and k32 [m, H, hd] -> [H, m], in float64 and
+    summed the same way whatever m (as squared_norms)."""
+    return (q * np.asarray(k32, np.float64)).sum(axis=-1).T
 
 
 def softmax_in_place(s: np.ndarray) -> np.ndarray:
@@ -108,9 +123,17 @@ def softmax_in_place(s: np.ndarray) -> np.ndarray:
     return s
 
 
-def searched_end(start: int) -> int:
-    """A read starting at position `start` searches the store for keys below this; the rest are scored in memory."""
-    return max(0, start - WINDOW + 1)
+def searched_end(start: int, m: int = 1) -> int:
+    """A read of m positions from `start` searches the store for the keys below this: every position before its
+    last query's (each query sees those before its own); each query's own key is scored in memory."""
+    return start + m - 1
+
+
+def write_points(n_layer: int) -> frozenset[int]:
+    """The layers after which a decode step queues its rows: the first half's, then the rest. Layer l's rows are
+    first searched at the next token's layer l, half a token after the later of their writes is queued at least,
+    and a token's rows go out in two writes instead of one per layer (a store charges a minimum per write)."""
+    return frozenset({max(0, n_layer // 2 - 1), n_layer - 1})
 
 
 def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] -> in row order
@@ -143,11 +166,15 @@ def only_model(store: Store) -> str:
     return keys[0]
 
 
+@layout("four")
 class Session:
-    """One decoding session: keys and projected values in the store (text-<id>), also in memory with |k|^2,
-    and the tokens read so far. vecgpt.text keeps a text's record beside it, so another process can continue it."""
+    """One decoding session: keys and projected values in the store (text-<id>); in memory the projected values
+    and |k|^2 of each key (what attention needs besides the scores the store returns), and the tokens read so far.
+    vecgpt.text keeps a text's record beside it, so another process can continue it."""
 
-    layout = "four"  # the model's layout (vecgpt.config.LAYOUTS): tolerance derives its bound in that order
+    layout: (
+        str  # the model's layout (vecgpt.config.LAYOUTS), set by `layout`: tolerance derives its bound in that order
+    )
     kept = np.float32  # `projected` in memory: each value is a float32 (as stored) in either
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
@@ -156,16 +183,18 @@ class Session:
         self.store = Metered(engine.store)
         self.meter = self.store.meter
         self.name = name or f"{SESSION_PREFIX}{uuid.uuid4().hex[:12]}"
-        hp, hd = self.hp, self.hp.n_embd // self.hp.n_head
+        hp = self.hp
         self.tokens: list[int] = []
         self.positions_read = 0  # positions put through the forward pass by this process
         self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
         self.pending: list[tuple] = []  # the rows of the positions being read, queued as one write when read
         self.ahead: Ahead | None = None  # the next position's rows, come with the token search
         self.writer = Writer(self.store, background=getattr(engine.store, "concurrent", False))
+        # a store without a writer thread gets a token's writes with its next round: one write a token is enough
+        self.writes_at = write_points(hp.n_layer) if self.writer.background else frozenset({hp.n_layer - 1})
         self._written = 0  # positions < _written have landed in the store, every layer ...
         self._key_writes: list[tuple[int, int, int]] = []  # ... and these (ticket, start, end) writes, once acked
-        self.keys = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, hd), np.float32)  # [L, ctx, H, hd] as stored
+        self.layer_ticket: dict[int, int] = {}  # layer -> the last write queued with rows of that layer
         # each position's value, projected by its head's rows of c_proj: [L, ctx, H, d] as stored (zeros
         # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
         self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, self.value_width()), self.kept)
@@ -271,20 +300,24 @@ class Session:
     def feed_forward(self, x, layer):  # [m, d] -> [m, d]
         return self.linear(gelu(self.linear(x, f"h.{layer}.mlp.c_fc")), f"h.{layer}.mlp.c_proj")
 
-    def attention(self, q, columns, layer, start):  # q [m, H, hd] -> [m, d]: sum_h softmax(q k^T / sqrt(hd)) pv_h
-        return self.weighted_values(q, columns, layer, start).sum(axis=0)
+    def attention(self, q, searched, own, layer, start):  # q [m, H, hd] -> [m, d]: sum_h softmax(q k^T / sqrt(hd)) pv_h
+        return self.weighted_values(q, searched, own, layer, start).sum(axis=0)
 
-    def weighted_values(self, q, columns, layer, start):  # q [m, H, hd] -> [H, m, value_width]
+    def weighted_values(self, q, searched, own, layer, start):  # q [m, H, hd] -> [H, m, value_width]
+        """searched: q.k of every key below the last query's position, from the store [H, m, start + m - 1];
+        own: each query's own key's, from memory [H, m]. Each query sees the positions up to its own."""
         m, n_head, hd = q.shape
-        pos = np.concatenate([p for p, _ in columns])  # [n] key positions, ascending: the store's, then memory's
-        scores = np.concatenate([dots for _, dots in columns], axis=-1)  # q.k [H, m, n]
+        n, rows = start + m, np.arange(m)
+        scores = np.empty((n_head, m, n))
+        scores[..., : n - 1] = searched
+        scores[:, rows, start + rows] = own
         scores /= math.sqrt(hd)  # in place, as the softmax below: a block's table is the largest array a read holds
-        if len(pos) and pos[-1] > start:  # a prompt block's own keys: each query sees those up to its position
-            np.copyto(scores, -np.inf, where=pos > np.arange(start, start + m)[:, None])
+        if m > 1:  # a block's later keys are masked
+            np.copyto(scores, -np.inf, where=np.arange(n) > (start + rows)[:, None])
         weights, chunk = softmax_in_place(scores), self.chunk(m)
-        out = weights[..., :chunk] @ self.values_at(layer, pos[:chunk])
-        for t in range(chunk, len(pos), chunk):  # the values in float64 a chunk at a time, while in cache
-            out += weights[..., t : t + chunk] @ self.values_at(layer, pos[t : t + chunk])
+        out = weights[..., :chunk] @ self.values_at(layer, 0, min(chunk, n))
+        for t in range(chunk, n, chunk):  # the values in float64 a chunk at a time, while in cache
+            out += weights[..., t : t + chunk] @ self.values_at(layer, t, min(t + chunk, n))
         return out
 
     def chunk(self, m: int = 1) -> int:
@@ -293,39 +326,29 @@ class Session:
         chunk's sum is added into the block's output, [H, m, w]: a chunk's values weigh no more than that)."""
         return self.engine.tile or max(1, m, CHUNK_BYTES // (8 * self.hp.n_head * self.value_width()))
 
-    def values_at(self, layer, pos):  # key positions [t], ascending -> their kept values [H, t, w] in float64
-        kept = self.projected[layer]
-        rows = kept[pos[0] : pos[-1] + 1] if len(pos) and pos[-1] - pos[0] == len(pos) - 1 else kept[pos]
-        return rows.transpose(1, 0, 2).astype(np.float64, copy=False)
+    def values_at(self, layer, a, b):  # positions a..b-1 -> their kept values [H, b - a, w] in float64
+        return self.projected[layer, a:b].transpose(1, 0, 2).astype(np.float64, copy=False)
 
-    def mha(self, x, layer, start):  # [m, d] -> [m, d]; keys in the store and in memory, projected values in memory
+    def mha(self, x, layer, start):  # [m, d] -> [m, d]; earlier keys searched in the store, the own one in memory
         hp, m = self.hp, len(x)
         q, k, v = self.linear(x, f"h.{layer}.attn.c_attn").reshape(m, 3, hp.n_head, -1).transpose(1, 0, 2, 3)
         k32 = k.astype(np.float32)  # keys as the store holds them
-        self.keys[layer, start : start + m] = k32
         self.key_norms[layer, :, start : start + m] = squared_norms(k32).T
-        searched = searched_end(start)  # keys < searched from the store, the rest from memory (WINDOW)
-        columns = self.scores_and_projections(q, v, layer, start, searched)
-        columns.append(self.memory_scores(q, layer, searched, start + m))
-        self.pending.append((layer, start, k32, self.projected[layer, start : start + m].astype(np.float32)))
-        if m > 1:  # a block's rows go layer by layer: they land long before a later read searches them
-            self.write(later.upsert(*self.key_rows(self.pending)))
-            self.pending = []
-        return self.attention(q, columns, layer, start)
+        searched = self.scores_and_projections(q, v, k32, layer, start)
+        return self.attention(q, searched, own_scores(q, k32), layer, start)
 
-    def memory_scores(self, q, layer, lo, hi):  # q [m, H, hd] -> key positions lo..hi-1 [n], q.k [H, m, n]
-        keys = np.ascontiguousarray(self.keys[layer, lo:hi].transpose(1, 2, 0), np.float64)  # [H, hd, n]
-        dots = np.ascontiguousarray(q.transpose(1, 0, 2)) @ keys  # the same shapes whenever a position is read
-        return np.arange(lo, hi), dots
-
-    def scores_and_projections(self, q, v, layer, start, end) -> list:
-        """One round: the scores of the keys < end as attention's columns, and the new positions' values
-        projected by their heads' rows of c_proj, kept in float32 in `projected`."""
-        sent, keys = self.key_searches(q, layer, end) if end else (None, [])
-        project, decode = self.projections(v, layer)
-        found = self.store.together(later.search_many(project), *([later.search_many(keys)] if keys else []))
-        self.projected[layer, start : start + len(v)] = decode(found[0])  # the round is filed as a key search
-        return [self.key_columns(sent, found[-1], layer, end)] if keys else []
+    def scores_and_projections(self, q, v, k32, layer, start):
+        """The new positions' values projected by their heads' rows of c_proj, kept in float32 in `projected`, and
+        q.k of every earlier key: one round for a decode step; a block's rows are written before its key search."""
+        m, (project, decode) = len(q), self.projections(v, layer)
+        if m > 1:
+            self.projected[layer, start : start + m] = decode(self.store.search_many(project))
+            self.queue_rows(layer, start, k32, self.projected[layer, start : start + m])
+            return self.key_round(q, layer, start)[0]
+        searched, (found,) = self.key_round(q, layer, start, later.search_many(project))
+        self.projected[layer, start] = decode(found)[0]
+        self.queue_rows(layer, start, k32, self.projected[layer, start : start + 1])
+        return searched
 
     def projections(self, v, layer):  # v [m, H, hd] -> (a search per head, decode(hits) -> [m, H, d])
         m, n_head, hd = v.shape
@@ -352,7 +375,7 @@ class Session:
     def hidden(self, ids: list[int]) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x)
         start, d = self.position, self.hp.n_embd
         self.pending = []  # what a read cut short (Ctrl-C) left
-        self.await_written(searched_end(start))
+        self.check_written(start)
         wte, wpe = self.embeddings(ids, start)
         x = wte[:, :d].astype(np.float64) + wpe.astype(np.float64)  # [m, d]
         xs = [x]
@@ -363,9 +386,7 @@ class Session:
             self.trace.append(xs)
         self.tokens += ids
         self.positions_read += len(ids)
-        ticket = self.write(later.upsert(*self.key_rows(self.pending))) if self.pending else self.writer.issued - 1
-        self._key_writes.append((ticket, start, self.position))  # a decode step's layers in one write
-        self.pending = []
+        self._key_writes.append((self.writer.issued - 1, start, self.position))  # the last layer's write
         return layer_norm(x, **self.ln_f, eps=self.hp.eps)
 
     def embeddings(self, ids, start):  # tokens at start.. -> their wte and wpe rows, as stored
@@ -397,7 +418,20 @@ class Session:
         where = Where(eq={"layer": layer}, lt={"position": end})
         return sent, [Search(self.name, sent[0], where=where, by="head")]  # a search of each head's keys
 
-    def key_columns(self, sent, found, layer, end):  # the key search's hits -> positions [n] < end, q.k [H, m, n]
+    def key_round(self, q, layer, start, *also):  # q [m, H, hd] -> (q.k [H, m, start + m - 1], the results of `also`)
+        """One round: the search of this layer's keys below the last query's position, once their rows have landed,
+        and `also` beside it."""
+        m, n_head = q.shape[:2]
+        end = searched_end(start, m)
+        self.meter.scored(store=n_head * (m * start + m * (m - 1) // 2), memory=n_head * m)
+        if not end:
+            return np.zeros((n_head, m, 0)), self.send(*also)
+        self.await_layer(layer)
+        sent, keys = self.key_searches(q, layer, end)
+        *found, hits = self.send(*also, later.search_many(keys))
+        return self.key_columns(sent, hits, layer, end), found
+
+    def key_columns(self, sent, found, layer, end):  # the key search's hits -> q.k [H, m, end], in position order
         ((ids, dists, _),) = found  # [H, m, n]
         if ids.shape[-1] != end:  # rows removed under the text (closed, lost by a store)
             raise VecgptError(
@@ -407,9 +441,21 @@ class Session:
         if not (ids[..., 1:] > ids[..., :-1]).all():  # each head: its keys in position order (in-process: already)
             order = np.argsort(ids, axis=-1)
             ids, dists = np.take_along_axis(ids, order, -1), np.take_along_axis(dists, order, -1)
-        pos = ids[0, 0] % self.hp.n_ctx  # [n], the same for every head and query
-        norms = self.key_norms[layer][:, None, pos]  # [H, 1, n]
-        return pos, encoding.decode_key_dists(dists, *sent[:1], norms, self.metric, sent[1])
+        if not np.array_equal(ids[0, 0] % self.hp.n_ctx, np.arange(end)):  # the same for every head and query
+            raise VecgptError(
+                f"the store holds other keys than this session wrote in layer {layer}; start the text again"
+            )
+        norms = self.key_norms[layer][:, None, :end]  # [H, 1, n]
+        return encoding.decode_key_dists(dists, *sent[:1], norms, self.metric, sent[1])
+
+    def queue_rows(self, layer, start, vectors, payload) -> None:
+        """A layer's rows of the positions being read: a block's are written at once (its key search waits for
+        them); a decode step's go out at the layers of `writes_at`, with the layers read since the last write."""
+        self.pending.append((layer, start, vectors, np.asarray(payload, np.float32)))
+        if len(vectors) > 1 or layer in self.writes_at:
+            ticket = self.write(later.upsert(*self.key_rows(self.pending)))
+            self.layer_ticket.update((entry[0], ticket) for entry in self.pending)
+            self.pending = []
 
     def key_rows(self, entries):  # [(layer, start, k32 [m, H, hd], pv [m, H, d])] -> one upsert's arguments
         n_head = self.hp.n_head
@@ -440,14 +486,21 @@ class Session:
         self.writer.done(upto)
         return results[len(writes) :]
 
-    def await_written(self, n: int) -> None:
-        """Block until positions < n have landed (only when a write is more than WINDOW steps behind)."""
-        for ticket, _, _ in list(self._key_writes):
-            if self.written >= n:
-                return
-            self.writer.wait(ticket)
-        if self.written < n:
-            raise VecgptError(f"positions up to {n} of this text were never written; start the text again")
+    def await_layer(self, layer: int) -> None:
+        """Block until this layer's rows of every position read have landed, counted as a wait with its seconds. A
+        store without a writer thread gets them in the key search's own round (send), ahead of the search."""
+        ticket = self.layer_ticket.get(layer)
+        if ticket is None or self.writer.acked(ticket) or not self.writer.background:
+            return
+        began = time.perf_counter()
+        self.writer.wait(ticket)
+        self.meter.waited(time.perf_counter() - began)
+
+    def check_written(self, start: int) -> None:
+        """Every position before `start` has been queued for the store (a truncated text reads its lost ones again)."""
+        queued = max([self.written, *(end for _, _, end in self._key_writes)])
+        if queued < start:
+            raise VecgptError(f"positions up to {start} of this text were never written; start the text again")
 
     # ------------------------------------------------------------ a text continued elsewhere
 
@@ -458,17 +511,16 @@ class Session:
         layer, pos, head = np.meshgrid(np.arange(hp.n_layer), np.arange(n), np.arange(hp.n_head), indexing="ij")
         found, *others = self.send(later.fetch(self.name, self.key_ids(layer, head, pos).ravel(), payload=True), *also)
         self.take_rows(*(a.reshape(hp.n_layer, n, hp.n_head, a.shape[-1]) for a in found))  # n may be 0
-        self.tokens, self._written, self._key_writes = list(tokens), n, []
+        self.tokens, self._written, self._key_writes, self.layer_ticket = list(tokens), n, [], {}
         return others
 
     def take_rows(self, vectors, payload) -> None:
         """The first n positions' rows as the store holds them, [L, n, H, hd] keys and [L, n, H, d] values."""
         n = vectors.shape[1]
-        self.keys[:, :n], self.projected[:, :n] = vectors, payload
+        self.projected[:, :n] = payload
         self.key_norms[:, :, :n] = squared_norms(vectors).transpose(0, 2, 1)
 
     def adopt(self, other: Session, n: int) -> None:
         """Start from another session's first n positions, whose keys and values this text's collection holds."""
-        self.keys[:, :n], self.projected[:, :n] = other.keys[:, :n], other.projected[:, :n]
-        self.key_norms[:, :, :n] = other.key_norms[:, :, :n]
-        self.tokens, self._written, self._key_writes = other.tokens[:n], n, []
+        self.projected[:, :n], self.key_norms[:, :, :n] = other.projected[:, :n], other.key_norms[:, :, :n]
+        self.tokens, self._written, self._key_writes, self.layer_ticket = other.tokens[:n], n, [], {}

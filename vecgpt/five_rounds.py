@@ -5,39 +5,40 @@ computed: a search per head and position (144 a token at GPT-2 small), in the ke
 is four rounds. An embedded store pays nothing for a round but a fixed cost for each query, and the projected
 values take d floats per (layer, position, head). Here attention's output projection is one search of the
 whole c_proj (h.<i>.attn.c_proj) over the heads' outputs side by side, after attention; a text keeps the raw
-values (hd floats, float32). A layer is five dependent rounds: c_attn; key search; c_proj; c_fc; mlp.c_proj.
+values (hd floats). A layer is five dependent rounds: c_attn; key search; c_proj; c_fc; mlp.c_proj.
 
-A text row: the key (hd) as its vector, the raw value (hd) as its payload. The WINDOW, the writes, restore,
-adopt and branching are the plain layout's: only what a row's payload holds and how attention ends differ.
+A text row: the key (hd) as its vector, the raw value (hd) as its payload. Which keys are searched, the writes,
+restore, adopt and branching are the plain layout's: only what a row's payload holds and how attention ends differ.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from vecgpt.engine import Session
+from vecgpt.engine import Session, layout
 
 
+@layout("five")
 class FiveRounds(Session):
     """A Session on a model loaded with layout "five"; `projected` holds each position's raw value [.., H, hd]."""
 
-    layout = "five"
-    # hd floats a head: float64 in memory is twice a small array (74 KB a position at GPT-2 small) and spares
-    # attention converting every kept value at every read (a layer at 200 positions: 105 -> 34 us)
+    # hd floats a head: float64 in memory is twice a small array and spares attention converting every kept value
+    # at every read
     kept = np.float64
 
     def value_width(self) -> int:
         """A position's kept value: the raw value of its head, hd."""
         return self.hp.n_embd // self.hp.n_head
 
-    def scores_and_projections(self, q, v, layer, start, end) -> list:
-        """One round: the scores of the keys < end as attention's columns; the new values kept as they are."""
-        self.projected[layer, start : start + len(v)] = v.astype(np.float32)  # as the store holds them
-        if not end:
-            return []
-        sent, keys = self.key_searches(q, layer, end)
-        return [self.key_columns(sent, self.store.search_many(keys), layer, end)]
+    def scores_and_projections(self, q, v, k32, layer, start):
+        """q.k of every earlier key (one round); the new rows are queued first, so a block's key search sees them."""
+        v32 = v.astype(np.float32)  # as the store holds them
+        self.projected[layer, start : start + len(v)] = v32
+        self.queue_rows(layer, start, k32, v32)
+        return self.key_round(q, layer, start)[0]
 
-    def attention(self, q, columns, layer, start):  # q [m, H, hd] -> [m, d]: concat_h softmax(q k^T / sqrt(hd)) v_h
-        heads = self.weighted_values(q, columns, layer, start)  # [H, m, hd]
+    def attention(
+        self, q, searched, own, layer, start
+    ):  # q [m, H, hd] -> [m, d]: concat_h softmax(q k^T / sqrt(hd)) v_h
+        heads = self.weighted_values(q, searched, own, layer, start)  # [H, m, hd]
         return self.linear(heads.transpose(1, 0, 2).reshape(len(q), -1), f"h.{layer}.attn.c_proj")

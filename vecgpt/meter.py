@@ -1,4 +1,5 @@
-"""Counting what the engine asks of a store: requests by kind, subqueries, sequential round trips.
+"""Counting what the engine asks of a store: requests by kind, subqueries, sequential round trips, the waits for
+writes a search needed, and the attention scores (q.k products) taken from the store and from memory.
 
 `Metered` wraps a store: every call through it is counted, and is one round trip unless sent
 `together` with others (a wrapper cannot see which calls the engine could send at once; the engine
@@ -15,7 +16,7 @@ from typing import NamedTuple
 
 from vecgpt.backends.base import TEXT_PREFIX, apart, parallel, tally
 
-KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search", "record", "restore", "clone")
+KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search", "record", "restore", "clone", "wait")
 SESSION_PREFIX = TEXT_PREFIX  # a decoding session's keys: text-<id>, tagged layer/head/position
 METERED = ("create", "upsert", "search", "search_many", "fetch", "clone", "read_text", "write_text")
 ON_TEXTS = {"create": "open", "upsert": "key_write", "fetch": "restore", "clone": "clone"}  # else key_search
@@ -61,8 +62,24 @@ class Meter:
         self.start_token()
 
     def start_token(self) -> None:
-        self.current = {"requests": Counter(), "subqueries": Counter(), "rounds": Counter(), "seconds": Counter()}
+        self.current = {
+            "requests": Counter(),
+            "subqueries": Counter(),
+            "rounds": Counter(),
+            "seconds": Counter(),
+            "scores": Counter(),
+        }
         self.tokens.append(self.current)
+
+    def scored(self, store: int, memory: int) -> None:
+        """q.k products attention took: `store` from a key search's distances, `memory` computed in numpy."""
+        self.current["scores"].update(store=store, memory=memory)
+
+    def waited(self, seconds: float) -> None:
+        """A search waited for a write to land (kind "wait"): on the critical path, but no request of its own."""
+        with self.lock:
+            self.current["requests"]["wait"] += 1
+            self.current["seconds"]["wait"] += seconds
 
     def round(self, calls: list[tuple[str, object]], background: dict | None = None) -> list:
         """Run (kind, fn) pairs as one round trip, concurrently where the store allows; their results.
@@ -120,12 +137,12 @@ class Metered:
 
 
 def summarize(tokens: list[dict]) -> dict:
-    requests, subqueries, rounds, seconds = Counter(), Counter(), Counter(), Counter()
+    requests, subqueries, rounds, seconds, scores = Counter(), Counter(), Counter(), Counter(), Counter()
     for t in tokens:
         requests.update(t["requests"]), subqueries.update(t["subqueries"])
-        rounds.update(t["rounds"]), seconds.update(t["seconds"])
+        rounds.update(t["rounds"]), seconds.update(t["seconds"]), scores.update(t.get("scores", {}))
     return {
-        "total": sum(requests.values()),
+        "total": sum(n for k, n in requests.items() if k != "wait"),  # requests sent; a wait is none
         "by_kind": {k: requests[k] for k in KINDS if requests[k]},
         "subqueries": sum(subqueries.values()),
         "subqueries_by_kind": {k: subqueries[k] for k in KINDS if subqueries[k]},
@@ -133,4 +150,5 @@ def summarize(tokens: list[dict]) -> dict:
         "round_trips_by_kind": {k: rounds[k] for k in KINDS if rounds[k]},
         "seconds": round(sum(seconds.values()), 6),
         "seconds_by_kind": {k: round(seconds[k], 6) for k in KINDS if seconds[k]},
+        "scores": {"store": scores["store"], "memory": scores["memory"]},
     }

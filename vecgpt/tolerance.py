@@ -94,16 +94,16 @@ class Perturbation:
 
     def searched(self, n: int, m: int) -> int:
         """Of n keys, m of them new, how many a search scores (engine.searched_end); the rest are scored in memory."""
-        return searched_end(n - m)
+        return searched_end(n - m, m)
 
     def searched_scores(self, q, docs, scores):  # q [m, dim] against docs [n, dim], every one searched
         norms2 = np.einsum("ij,ij->i", docs, docs)
         bound = encoding.key_bound(q, norms2, self.metric, self.u, norms2, self.stored)
         return scores + bound * self.signs(scores.shape)
 
-    def scores(self, q, k, scores):  # the last keys are scored in memory (engine.WINDOW): not searched
+    def scores(self, q, k, scores):  # the last query's own key is scored in memory: not searched
         norms2 = np.einsum("ij,ij->i", k, k)
-        end = searched_end(len(k) - len(q))
+        end = searched_end(len(k) - len(q), len(q))
         searched = norms2[:end] if end else norms2
         return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(
             scores.shape

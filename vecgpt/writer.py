@@ -2,7 +2,8 @@
 
 `queue(call)` returns a ticket; `acked(ticket)` says whether that write has landed; `wait(ticket)` blocks until
 it has (None: every write queued so far). Writes queued together go out as one round, and a batch is sent
-only after the previous one returned, so a write that lands has every earlier write landed before it.
+only after the previous one returned, so a write that lands has every earlier write landed before it. Upserts
+queued one after another into one collection go out as one upsert (`merged`).
 
 A store that takes concurrent requests (`concurrent`, e.g. turbopuffer over HTTP) gets the writes from a
 thread of their own: no search waits for them. Any other store gets them with the session's next round
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager, suppress
+
+import numpy as np
 
 from vecgpt.errors import VecgptError
 from vecgpt.meter import Call, Metered
@@ -50,7 +53,7 @@ class Writer:
         if self.background:
             return [], self.landed
         with self.cond:
-            calls, self.queued = [c for c, _ in self.queued], []
+            calls, self.queued = merged([c for c, _ in self.queued]), []
             return calls, self.issued
 
     def done(self, upto: int) -> None:
@@ -97,8 +100,44 @@ class Writer:
                     return
                 tally = self.queued[0][1]  # a batch is counted in one token: the first write's
                 n = next((i for i, (_, t) in enumerate(self.queued) if t is not tally), len(self.queued))
-                batch, self.queued = [c for c, _ in self.queued[:n]], self.queued[n:]
+                batch, self.queued = merged([c for c, _ in self.queued[:n]]), self.queued[n:]
                 upto = self.issued - len(self.queued)
             with suppress(BaseException), self.failing():  # raised by the session's next call
                 self.store.together(*batch, background=tally)
                 self.done(upto)
+
+
+def merged(calls: list[Call]) -> list[Call]:
+    """The calls, with each run of upserts into one collection joined into one upsert of all their rows (the rows
+    of different ids only: a store's last-write-wins within one request is not assumed)."""
+    out: list[Call] = []
+    for call in calls:
+        if out and joinable(out[-1], call):
+            out[-1] = joined(out[-1], call)
+        else:
+            out.append(call)
+    return out
+
+
+def joinable(a: Call, b: Call) -> bool:
+    if a.method != "upsert" or b.method != "upsert" or a.kwargs or b.kwargs or len(a.args) != 5 or len(b.args) != 5:
+        return False
+    (name, ids, _, attrs, payload), (name_b, ids_b, _, attrs_b, payload_b) = a.args, b.args
+    same_attrs = (attrs is None and attrs_b is None) or (
+        attrs is not None and attrs_b is not None and attrs.keys() == attrs_b.keys()
+    )
+    return (
+        name == name_b
+        and same_attrs
+        and (payload is None) == (payload_b is None)
+        and not np.intersect1d(ids, ids_b).size
+    )
+
+
+def joined(a: Call, b: Call) -> Call:
+    (name, ids, vectors, attrs, payload), (_, ids_b, vectors_b, attrs_b, payload_b) = a.args, b.args
+    attrs = None if attrs is None else {k: np.concatenate([attrs[k], attrs_b[k]]) for k in attrs}
+    payload = None if payload is None else np.concatenate([payload, payload_b])
+    return Call(
+        "upsert", (name, np.concatenate([ids, ids_b]), np.concatenate([vectors, vectors_b]), attrs, payload), {}
+    )
