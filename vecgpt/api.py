@@ -144,13 +144,7 @@ def generate_text(
         engine = engine_for_text(config, resume)
         open_text = lambda: Text.resume(engine, resume)  # noqa: E731
     else:
-        m = weights.load(model or config.model)
-        k = config.top_k if top_k is None else top_k
-        ids = tokenizer.encode(prompt or "")
-        check_request(m.hparams, ids, n, k, temperature, seed)
-        config.top_k = max(config.top_k, k)
-        engine = open_engine(config, m, progress=progress, confirm=confirm)
-        open_text = lambda: Text.start(engine, ids, temperature, k, seed)  # noqa: E731
+        engine, open_text = _new_text(config, prompt, n, model, temperature, top_k, seed, progress, confirm)
     try:
         text = open_text()
         if keep or resume:
@@ -164,10 +158,26 @@ def generate_text(
                 text.close()
     finally:
         engine.store.close()
+    return {**out, **_about(engine, text, config)}
+
+
+def _new_text(config, prompt, n, model, temperature, top_k, seed, progress, confirm):
+    """The engine for a new text's request (its model loaded if the store lacks it), and how to start the text."""
+    m = weights.load(model or config.model)
+    k = config.top_k if top_k is None else top_k
+    ids = tokenizer.encode(prompt or "")
+    check_request(m.hparams, ids, n, k, temperature, seed)
+    config.top_k = max(config.top_k, k)
+    engine = open_engine(config, m, progress=progress, confirm=confirm)
+    return engine, lambda: Text.start(engine, ids, temperature, k, seed)
+
+
+def _about(engine: Engine, text: Text, config: Config) -> dict:
+    """What `generate --json` says of the run beside its tokens: where, which model, layout and encoding."""
     return {
-        **out,
         "backend": config.backend,
         "metric": engine.metric,
+        "layout": engine.manifest.get("layout") or "four",
         "model_fingerprint": engine.manifest["model_fingerprint"],
         **settings(text.settings["temperature"], text.settings["top_k"], text.settings["seed"]),
         "store": location(engine.store, config.backend),
@@ -195,7 +205,8 @@ def _run(text: Text, n: int, stop: bool, on_text) -> dict:
         "text": tokenizer.decode([t for t in tokens if t != tokenizer.ENDOFTEXT]),
         "text_tokens": list(text.tokens),
         "steps": steps,
-        "requests": text.session.meter.summary(),
+        "requests": (requests := text.session.meter.summary()),
+        "scores": requests["scores"],  # q.k products over the call: from a key search, from memory (own key)
         "positions_reread": reread,
     }
 

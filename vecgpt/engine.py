@@ -423,13 +423,16 @@ class Session:
         and `also` beside it."""
         m, n_head = q.shape[:2]
         end = searched_end(start, m)
-        self.meter.scored(store=n_head * (m * start + m * (m - 1) // 2), memory=n_head * m)
         if not end:
+            self.meter.scored(store=0, memory=n_head * m)
             return np.zeros((n_head, m, 0)), self.send(*also)
         self.await_layer(layer)
         sent, keys = self.key_searches(q, layer, end)
         *found, hits = self.send(*also, later.search_many(keys))
-        return self.key_columns(sent, hits, layer, end), found
+        scores = self.key_columns(sent, hits, layer, end)
+        used = np.arange(scores.shape[-1]) < np.arange(start, start + m)[:, None]  # each query's earlier keys
+        self.meter.scored(store=n_head * int(used.sum()), memory=n_head * m)
+        return scores, found
 
     def key_columns(self, sent, found, layer, end):  # the key search's hits -> q.k [H, m, end], in position order
         ((ids, dists, _),) = found  # [H, m, n]
