@@ -73,7 +73,7 @@ def check_options(layout, clone_with, replicas, key_replicas, max_top_k, slots, 
     if layout not in LAYOUTS:
         raise VecgptError(
             f"layout {layout!r} is not offered; use {LAYOUTS[0]!r} "
-            f"(namespace per vector length was measured and dropped: see docs/turbopuffer.md)"
+            f"(why not a namespace per vector length: docs/turbopuffer.md)"
         )
     if clone_with not in CLONES:
         raise VecgptError(
