@@ -1,7 +1,7 @@
 """Round trips, seconds and dollars per token through turbopuffer's HTTP API, on the local server.
 
-    python benchmarks/round_trips.py [-n 8] [--latency-ms 25] [--replicas 2] [--key-replicas 2] [--layouts]
-                                     [--layout four|three|five|both]
+    python benchmarks/round_trips.py [-n 8] [--latency-ms 25] [--write-latency-ms 200] [--replicas 2]
+                                     [--key-replicas 2] [--layouts] [--layout four|three|five|both|all]
 
 Starts `vecgpt.backends.turbopuffer.server` in a subprocess with a fixed delay per request (the network; puffergpt sees
 20-30 ms), loads a random GPT-2 small-shaped model (12 layers, 12 heads, 768 wide, 50,257 tokens) through
@@ -9,8 +9,10 @@ the official client, reads a ten-token prompt as one block, generates n tokens, 
 (sequential rounds, as `vecgpt.meter` counts them), requests, subqueries, seconds, and dollars at the
 published prices. `--layouts` also times the two namespace layouts (per matrix vs per vector length).
 `--layout` loads the model in that layout (`vecgpt load --layout`); `both` measures four and three in turn, on a fresh
-server, and prints what layout "three" costs beside what it saves (docs/three-rounds.md).
-Writes benchmarks/results/round_trips.json (--layout both: benchmarks/results/three_rounds.json).
+server, and prints what layout "three" costs beside what it saves (docs/three-rounds.md); `all` measures the three
+layouts in turn and prints, per kind of request, what a ten-token prompt and a generated token send and which sit
+on the critical path, beside the write-up's 76 and 52 requests (benchmarks/results/requests_by_kind.md).
+Writes benchmarks/results/round_trips.json (--layout both: three_rounds.json; all: requests_by_kind.json).
 """
 
 from __future__ import annotations
@@ -50,10 +52,10 @@ def parse_args(argv=None):
     parser.add_argument(
         "--timeout", type=float, default=30.0, help="seconds a request may take (a big round on a busy machine)"
     )
-    parser.add_argument("--layout", choices=[*LAYOUTS, "both"], default="four", help="the model's layout")
+    parser.add_argument("--layout", choices=[*LAYOUTS, "both", "all"], default="four", help="the model's layout")
     parser.add_argument("--out", default=None, help="JSON written (default by --layout, see above)")
     args = parser.parse_args(argv)
-    default = "three_rounds" if args.layout == "both" else "round_trips"
+    default = {"both": "three_rounds", "all": "requests_by_kind"}.get(args.layout, "round_trips")
     args.out = args.out or f"benchmarks/results/{default}.json"
     return args
 
@@ -151,15 +153,17 @@ def measure_layouts(url: str) -> dict:
 def main():
     args = parse_args()
     model = weights.load(model_dir(args.model))
-    if args.layout != "both":
+    if args.layout not in ("both", "all"):
         report(measure(model, args), args.out)
         return
-    both = {
-        layout: measure(model, argparse.Namespace(**{**vars(args), "layout": layout})) for layout in ("four", "three")
-    }
-    for r in both.values():
+    layouts = ("four", "three") if args.layout == "both" else ("four", "three", "five")
+    runs = {layout: measure(model, argparse.Namespace(**{**vars(args), "layout": layout})) for layout in layouts}
+    for r in runs.values():
         report(r, None)
-    compare_layouts(both, args.out)
+    if args.layout == "both":
+        compare_layouts(runs, args.out)
+    else:
+        by_kind_table(runs, args.out)
 
 
 def measure(model, args, prefix: str = "bench-", max_retries: int = 0) -> dict:
@@ -233,14 +237,14 @@ def measure_text(store, model, args, layout: str = "four") -> dict:
             "subqueries": first["subqueries"],
             "by_kind": first["by_kind"],
             "round_trips_by_kind": first["round_trips_by_kind"],
+            "seconds_by_kind": first["seconds_by_kind"],
+            "scores": first["scores"],
             "dollars": tpb.dollars(prompt_used),
         },
         "per_token": {**per_token(toks, decode), "client_cpu_seconds": float(np.median(cpu))},
         "stored_model": stored_model(model, args.replicas, layout),
         "text_bytes_per_position": held[text.name]["bytes"] / text.position,
-        "text_memory_bytes_per_position": text.keys[:, :1].nbytes
-        + text.projected[:, :1].nbytes
-        + text.key_norms[:, :, :1].nbytes,
+        "text_memory_bytes_per_position": text.projected[:, :1].nbytes + text.key_norms[:, :, :1].nbytes,
         "floor_seconds_per_token": result_floor(toks, args.latency_ms),
     }
 
@@ -252,14 +256,20 @@ def per_token(toks, decode) -> dict:
         "seconds": float(np.median([s for s, _ in decode])),
         "requests": float(np.mean([t["total"] for t in toks])),
         "subqueries": float(np.mean([t["subqueries"] for t in toks])),
-        "by_kind": toks[-1]["by_kind"],
-        "round_trips_by_kind": toks[-1]["round_trips_by_kind"],
-        "seconds_by_kind": toks[-1]["seconds_by_kind"],
+        "by_kind": mean_by_kind(toks, "by_kind"),
+        "round_trips_by_kind": mean_by_kind(toks, "round_trips_by_kind"),
+        "seconds_by_kind": mean_by_kind(toks, "seconds_by_kind"),
+        "scores": toks[-1]["scores"],
         "usage": decode[-1][1],
         "dollars_each": dollars,
         "seconds_each": [s for s, _ in decode],
         "dollars": float(np.mean(dollars)),
     }
+
+
+def mean_by_kind(toks, field: str) -> dict:
+    kinds = {k for t in toks for k in t[field]}
+    return {k: float(np.mean([t[field].get(k, 0) for t in toks])) for k in sorted(kinds)}
 
 
 def stored_model(model, replicas: int, layout: str = "four") -> dict:
@@ -340,6 +350,54 @@ def compare_layouts(both: dict, out: str) -> None:
         three = rows["three"][name]
         print(f"{name:28}{four:>14.6g}{three:>14.6g}{three / four if four else float('nan'):>12.3f}")
     write_json({"table": rows, "runs": both}, out)
+
+
+# the write-up vecgpt grew from: requests a generated token and the first token (the prompt), one after another
+WRITE_UP = {"prompt": 52, "token": 76}
+# what each kind of request is, and whether the engine waits for it (the critical path)
+KIND_ROWS = (
+    ("matrix", "weight searches", "yes"),
+    ("key_write", "key writes", "prompt only (a decode step's go from the writer thread)"),
+    ("key_search", "key searches", "yes"),
+    ("token_search", "token search", "yes"),
+    ("lookup", "lookups (embeddings)", "yes, or in the token search's round"),
+    ("open", "opening (layer norms)", "yes"),
+    ("wait", "waits for a write to land", "yes (no request: seconds waited)"),
+)
+
+
+def by_kind_table(runs: dict, out: str) -> None:
+    """Requests (round trips) per kind for a ten-token prompt and a generated token, each layout and the write-up."""
+    head = "| kind | on the critical path | " + " | ".join(f"{lay}: prompt | {lay}: token" for lay in runs)
+    lines = [head + " | write-up: prompt | write-up: token |", "|---" * (4 + 2 * len(runs)) + "|"]
+    for kind, name, critical in KIND_ROWS:
+        cells = [cell(r[part], kind) for r in runs.values() for part in ("prompt", "per_token")]
+        lines.append(f"| {name} | {critical} | " + " | ".join(cells) + " |  |  |")
+    totals = [
+        f"**{r[p]['requests']:.0f} ({r[p]['round_trips']:.0f})**"
+        for r in runs.values()
+        for p in ("prompt", "per_token")
+    ]
+    lines.append(
+        "| all requests (round trips) | | "
+        + " | ".join(totals)
+        + f" | {WRITE_UP['prompt']} ({WRITE_UP['prompt']}) | {WRITE_UP['token']} ({WRITE_UP['token']}) |"
+    )
+    seconds = [f"{r['prompt']['seconds']:.2f} s" for r in runs.values()]
+    table = "\n".join(lines)
+    print("\n" + table + "\n\nprompt seconds: " + ", ".join(seconds))
+    write_json({"table": table, "write_up": WRITE_UP, "runs": runs}, out)
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(table + "\n")
+
+
+def cell(part: dict, kind: str) -> str:
+    """'requests (round trips)', or for waits 'count, seconds'."""
+    if kind == "wait":
+        n = part["by_kind"].get("wait", 0)
+        return f"{n:.0f}, {part['seconds_by_kind'].get('wait', 0.0):.2f} s" if n else "0"
+    n, rounds = part["by_kind"].get(kind, 0), part["round_trips_by_kind"].get(kind, 0)
+    return f"{n:.0f} ({rounds:.0f})" if n else "0"
 
 
 if __name__ == "__main__":

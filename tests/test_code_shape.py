@@ -12,14 +12,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "vecgpt"
 LONGEST = 40
-# Files being reshaped now (issue 38): their offenders are reported as an expected failure, not
-# an error. Empty this list when they are done; then every file is held to both checks.
-LEAD_OWNED = {"vecgpt/api.py", "vecgpt/engine.py", "vecgpt/three_rounds.py", "vecgpt/five_rounds.py"}
 
 
 def module_name(path: Path) -> str:
@@ -101,24 +96,14 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def report(what: str, offenders: list[str], excused: list[str]) -> None:
-    assert not offenders, f"{what}:\n" + "\n".join(offenders + excused)
-    if excused:
-        pytest.xfail(f"{what}, in files listed in LEAD_OWNED:\n" + "\n".join(excused))
-
-
 def test_no_function_is_over_40_lines():
-    found = {path: long_functions(path, tree) for path, tree in sources().values()}
-    excused = [line for path, lines in found.items() if str(path.relative_to(ROOT)) in LEAD_OWNED for line in lines]
-    offenders = [line for lines in found.values() for line in lines if line not in excused]
-    report("functions over 40 lines", offenders, excused)
+    offenders = [line for path, tree in sources().values() for line in long_functions(path, tree)]
+    assert not offenders, "functions over 40 lines:\n" + "\n".join(offenders)
 
 
 def test_the_import_graph_has_no_cycle():
     found = [" <-> ".join(group) for group in cycles(import_graph())]
-    lead_owned = {module_name(ROOT / path) for path in LEAD_OWNED}
-    excused = [line for line in found if set(line.split(" <-> ")) <= lead_owned]
-    report("modules that import each other", [line for line in found if line not in excused], excused)
+    assert not found, "modules that import each other:\n" + "\n".join(found)
 
 
 def test_the_checker_sees_a_long_function_and_a_cycle():

@@ -135,10 +135,9 @@ def generate_text(
     on_kept: Callable[[str], None] | None = None,
 ) -> dict:
     """Generate through a store; the dict of `vecgpt generate --json`. `on_text` as for `generate`.
-
-    keep: leave the text in the store (its id is `text_id`); resume: continue that kept text with the
-    settings it was started with (prompt, model and sampling arguments are then ignored); it stays kept.
-    on_kept(text_id) is called once a kept text exists, before generating."""
+    keep: leave the text in the store (its id is `text_id`); resume: continue that kept text with the settings it
+    was started with (prompt, model and sampling arguments are then ignored); it stays kept. on_kept(text_id) is
+    called once a kept text exists, before generating."""
     config = config or Config()
     if resume:
         engine = engine_for_text(config, resume)

@@ -42,7 +42,7 @@ from vecgpt.writer import Writer
 # (j = i, computed in the same read) in numpy. Which key is scored where depends on positions alone, never on when
 # a write landed, so a text resumed in another process computes what the first one did, bit for bit.
 # Attention converts a chunk of kept values (float32) to float64 at a time: within a core's L2 cache, the chunk is
-# read back from there, not from memory (layout four at 384 positions: 1.4 against 2.7 ms a layer, docs/speed.md).
+# read back from there, not from memory.
 CHUNK_BYTES = 1 << 20
 AHEAD_MOST = 64  # candidates whose rows the token search brings along (Session.gpt2); more: the next read fetches
 

@@ -31,11 +31,16 @@ class FiveRounds(Session):
         return self.hp.n_embd // self.hp.n_head
 
     def scores_and_projections(self, q, v, k32, layer, start):
-        """q.k of every earlier key (one round); the new rows are queued first, so a block's key search sees them."""
-        v32 = v.astype(np.float32)  # as the store holds them
-        self.projected[layer, start : start + len(v)] = v32
-        self.queue_rows(layer, start, k32, v32)
-        return self.key_round(q, layer, start)[0]
+        """q.k of every earlier key (one round); a block's rows are queued first (its key search sees them), a decode
+        step's after (its search needs only earlier rows: it waits for no write of its own)."""
+        m, v32 = len(v), v.astype(np.float32)  # as the store holds them
+        self.projected[layer, start : start + m] = v32
+        if m > 1:
+            self.queue_rows(layer, start, k32, v32)
+        searched = self.key_round(q, layer, start)[0]
+        if m == 1:
+            self.queue_rows(layer, start, k32, v32)
+        return searched
 
     def attention(
         self, q, searched, own, layer, start

@@ -79,7 +79,7 @@ class Writer:
     def failing(self):
         """Around a round that carries writes: if it fails, the writer stops with its error. Cut short (Ctrl-C), some
         of its writes may have landed and others not, and a later round's acknowledgement would count them all as
-        landed (a text's record written then claimed a row that was never stored): the writer stops too."""
+        landed (and a text's record would claim rows never stored): the writer stops too."""
         try:
             yield
         except BaseException as e:
