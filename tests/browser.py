@@ -53,6 +53,7 @@ class Running:
 
         from vecgpt.playground.app import bound_socket, build_app
 
+        self.settings = settings
         self.app = build_app(settings)
         sock = bound_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -74,15 +75,24 @@ class Running:
         self.thread.join(10)
 
 
-def call(url: str, method: str = "GET", body=None, raw: bytes | None = None) -> tuple[int, dict]:
-    """(status, JSON) of one request; a 4xx/5xx is returned, not raised."""
+def call(url: str, method: str = "GET", body=None, raw: bytes | None = None, **headers: str) -> tuple[int, dict]:
+    """(status, JSON) of one request (a command-line client's: JSON, no Origin; `headers` added, e.g.
+    Authorization="token ..."); a 4xx/5xx is returned, not raised."""
+    status, _, answer = request(url, method, body, raw, **{"Content-Type": "application/json", **headers})
+    return status, json.loads(answer)
+
+
+def request(url: str, method: str = "GET", body=None, raw: bytes | None = None, **headers: str):
+    """(status, headers, body bytes) of one request with exactly these headers (and urllib's Host, unless given)."""
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    sent = urllib.request.Request(
+        url, data=data, method=method, headers={k.replace("_", "-"): v for k, v in headers.items()}
+    )
     try:
-        with urllib.request.urlopen(request, timeout=120) as r:
-            return r.status, json.loads(r.read())
+        with urllib.request.urlopen(sent, timeout=120) as r:
+            return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        return e.code, e.headers, e.read()
 
 
 def events(url: str) -> list[tuple[str, dict]]:
@@ -110,18 +120,43 @@ def browser():
     except ImportError:
         need("Playwright for Python (pip install 'vecgpt[test]')")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox"])
+        # evil.example reaches this machine, as a DNS-rebinding attacker's name would
+        rules = "--host-resolver-rules=MAP evil.example 127.0.0.1"
+        b = p.chromium.launch(executable_path=path, headless=True, args=["--no-sandbox", rules])
         yield b
         b.close()
 
 
-@pytest.fixture
-def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+def watch(p) -> list[str]:
+    """The console errors and uncaught exceptions of page `p`, as they come."""
+    errors: list[str] = []
+    p.on("console", lambda m: errors.append(f"{m.text} ({m.location.get('url')})") if m.type == "error" else None)
+    p.on("pageerror", lambda e: errors.append(str(e)))
+    return errors
+
+
+def fresh_page(browser, **options):
+    """A fresh browser page; no page may log a console error, unless its test takes them from
+    `page.console_errors` (clearing the list) where it provokes them."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, **options)
     p = context.new_page()
     p.set_default_timeout(30000)
+    p.console_errors = watch(p)
     yield p
     context.close()
+    assert p.console_errors == [], p.console_errors
+
+
+@pytest.fixture
+def page(browser):
+    """A page whose tests may evaluate JavaScript strings (wait_for_function), which the pages' Content
+    Security Policy forbids: it is set aside here; `strict_page` keeps it."""
+    yield from fresh_page(browser, bypass_csp=True)
+
+
+@pytest.fixture
+def strict_page(browser):
+    yield from fresh_page(browser)
 
 
 @pytest.fixture(scope="session")

@@ -138,6 +138,8 @@ def test_a_store_error_is_one_line_on_the_page_and_the_server_lives_on(tmp_path,
         page.wait_for_selector("body[data-ready]")
         shown = page.inner_text("#error")
         assert shown.startswith("store error: ") and "\n" not in shown and key not in page.content()
+        assert [e for e in page.console_errors if "status of 503" not in e] == []  # the failed call, only
+        page.console_errors.clear()
         assert call(f"{server.url}/api/attention-memory?heads=12&context=1024")[1]["full"] == 50_331_648
     finally:
         server.stop()

@@ -15,7 +15,9 @@ import threading
 from dataclasses import asdict
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
+from vecgpt.playground.guard import Guard
 from vecgpt.playground.routes import ROUTES
 from vecgpt.playground.server import Library, Settings
 
@@ -35,7 +37,7 @@ def build_app(settings: Settings) -> Starlette:
             stop.set()
             library.close()
 
-    return Starlette(routes=ROUTES, lifespan=lifespan)
+    return Starlette(routes=ROUTES, lifespan=lifespan, middleware=[Middleware(Guard, settings=settings)])
 
 
 def collector(library: Library, stop: threading.Event) -> None:
@@ -64,22 +66,34 @@ def bound_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+def serve(settings: Settings, port: int = 8000, show_token: bool = False) -> None:
     """Bind (port 0: any free port), say where, and serve until interrupted."""
     import uvicorn
 
-    sock = bound_socket(host, port)
-    where = sock.getsockname()
-    shown = f"[{where[0]}]" if ":" in where[0] else where[0]
-    print(
-        f"vecgpt serve: http://{shown}:{where[1]}/ ({workers} worker{'s' * (workers > 1)})", file=sys.stderr, flush=True
-    )
+    sock = bound_socket(settings.host, port)
+    print(f"vecgpt serve: {address(settings, sock.getsockname()[1], show_token)}", file=sys.stderr, flush=True)
     os.environ[ENV] = json.dumps(asdict(settings))
     uvicorn.run(  # uvicorn binds nothing: it serves the socket above (in each worker, for --workers)
         "vecgpt.playground.app:from_env",
         factory=True,
         fd=sock.fileno(),
-        workers=workers,
+        workers=settings.workers,
         log_level="warning",
+        access_log=False,  # an address may carry ?token=
+        server_header=False,
         timeout_graceful_shutdown=2,
     )
+
+
+def address(settings: Settings, port: int, show_token: bool) -> str:
+    """The line saying where to point a browser: the only place a token made here is ever shown."""
+    host = settings.host
+    wildcard = host in ("0.0.0.0", "::")
+    shown = ("127.0.0.1" if host == "0.0.0.0" else "[::1]") if wildcard else f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/" + (f"?token={settings.token}" if show_token else "")
+    notes = [f"{settings.workers} worker{'s' * (settings.workers > 1)}"]
+    if settings.token and not show_token:
+        notes.append("open it once with ?token=<your token>")
+    if wildcard:
+        notes.append(f"listening on every address ({host}): from another machine use this one's")
+    return f"{url} ({'; '.join(notes)})"

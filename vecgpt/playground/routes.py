@@ -7,6 +7,7 @@ running). A message never carries a config's DSN or key: `clean` strips them and
 from __future__ import annotations
 
 import json
+import math
 import queue
 import re
 import threading
@@ -15,7 +16,7 @@ from importlib import resources
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
@@ -36,7 +37,8 @@ def clean(message: str, secrets: list[str]) -> str:
 
 def failure(e: Exception, library: Library) -> JSONResponse:
     if isinstance(e, Refused):
-        return JSONResponse({"error": clean(e, library.secrets())}, e.status)
+        wait = {"Retry-After": str(math.ceil(e.retry_after_s))} if e.retry_after_s else None
+        return JSONResponse({"error": clean(e, library.secrets())}, e.status, headers=wait)
     return JSONResponse({"error": f"store error: {clean(e, library.secrets())}"}, 503)
 
 
@@ -91,6 +93,11 @@ def field(body: dict, name: str, kind, default=None):
 
 def stores(library, request, body):
     return {"stores": views.stores_view(library.shelves)}
+
+
+def spending(library, request, body):
+    """This process's dollars in the last hour on stores that charge, and its limit."""
+    return library.budget.view()
 
 
 def start(library, request, body):
@@ -206,6 +213,7 @@ def produce(library: Library, entry, n: int, events: queue.Queue, hook) -> None:
         for _ in range(n):
             if hook is not None:
                 hook(len(t.tokens))
+            library.within_budget(entry.store)
             with shelf.measured(t) as cost:
                 drawn = t.generate(1)
                 position = len(t.tokens) - 1
@@ -273,10 +281,16 @@ def page(name: str):
     return endpoint
 
 
+async def favicon(request: Request):
+    return Response((STATIC / "favicon.svg").read_bytes(), media_type="image/svg+xml")
+
+
 ROUTES = [
     Route("/", page("playground.html")),
     Route("/attention", page("attention.html")),
+    Route("/favicon.ico", favicon),
     Route("/api/stores", guarded(stores)),
+    Route("/api/spending", guarded(spending)),
     Route("/api/texts", guarded(start), methods=["POST"]),
     Route("/api/texts/{text_id}", guarded(show)),
     Route("/api/texts/{text_id}", guarded(close), methods=["DELETE"]),

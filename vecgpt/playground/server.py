@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from vecgpt import api, tokenizer
 from vecgpt.config import Config, load_config, open_store
 from vecgpt.errors import VecgptError
+from vecgpt.playground.budget import Budget
 
 SECRET_KEYS = ("dsn", "api_key", "password", "key", "token")
 
@@ -28,15 +29,22 @@ class Settings:
     max_texts: int = 64  # texts open in this process at once
     max_prompt_chars: int = 4000
     max_body_bytes: int = 16384
+    host: str = "127.0.0.1"  # the address listened on: its name is one the Host header may carry
+    token: str | None = None  # when set, every request but /static/ needs it (header, cookie or ?token=)
+    allow_hosts: list[str] = field(default_factory=list)  # more names the Host header may carry
+    max_dollars_per_hour: float = 1.0  # over every store that charges, all workers together
+    workers: int = 1  # processes sharing the port: each may spend its share of the dollars
+    rate_per_s: float = 10.0  # requests a second per client address, on average
+    burst: float = 100.0  # requests a client may make at once
 
 
 class Refused(VecgptError):
     """A request over a limit or naming nothing known: a 4xx with a one-line message. Any other error is the
     store's (a 503)."""
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, retry_after_s: float | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.retry_after_s = status, retry_after_s
 
 
 def check_request(hp, tokens: list[int], n: int, top_k: int, temperature: float, seed: int) -> None:
@@ -96,7 +104,6 @@ class Shelf:
         """Hold the store for operations on `text`; the dict yielded gets what they cost: the meter's summary
         (requests, subqueries, round trips and seconds, by kind), positions read and, where the store keeps a
         usage tally (turbopuffer), dollars at the published prices."""
-        from vecgpt.backends.base import extra
         from vecgpt.meter import summarize
 
         with self.lock:
@@ -106,9 +113,19 @@ class Shelf:
             yield cost
             after = summarize(session.meter.tokens)
             cost.update(difference(before, after), positions_read=session.positions_read - read)
-            price = extra(self.config.backend, "dollars") if hasattr(self.store, "usage") else None
+            price = self.price()
             if price is not None:
                 cost["dollars"] = price(self.store.usage) - price(usage)
+
+    def price(self):
+        """The dollars of a usage tally where the store charges and keeps one (turbopuffer), else None."""
+        from vecgpt.backends.base import extra
+
+        return extra(self.config.backend, "dollars") if hasattr(self.store, "usage") else None
+
+    def dollars(self) -> float:
+        """What this process's store object has spent since it opened."""
+        return self.price()(self.store.usage)
 
     def current(self, text) -> None:
         """Catch up with what another process wrote to the text (an operation that draws nothing)."""
@@ -135,6 +152,16 @@ class Library:
         self.lock = threading.Lock()
         for shelf in self.shelves:
             ensure_model(shelf)
+        charging = [shelf.dollars for shelf in self.shelves if shelf.price() is not None]
+        self.budget = Budget(settings.max_dollars_per_hour / settings.workers, charging)
+
+    def within_budget(self, index: int) -> None:
+        """A 429 for an operation on a store that charges once this process's dollars for the hour are spent."""
+        if self.shelves[index].price() is None:
+            return
+        line = self.budget.over()
+        if line is not None:
+            raise Refused(line, 429, self.budget.wait_s())
 
     def close(self) -> None:
         for shelf in self.shelves:
@@ -163,6 +190,7 @@ class Library:
                     429,
                 )
         shelf = self.shelf(store)
+        self.within_budget(store)
         with shelf.lock:
             if model and shelf.store.read_manifest(model) is None:
                 raise Refused(f"store {store} holds no model {model}; /api/stores lists what it holds")
@@ -186,6 +214,7 @@ class Library:
         if found is None:
             found = self.resume(text_id)
         found.used = time.monotonic()
+        self.within_budget(found.store)
         return found
 
     def resume(self, text_id: str) -> Entry:
@@ -223,7 +252,8 @@ class Library:
         return closed
 
     def secrets(self) -> list[str]:
-        return [s for shelf in self.shelves for s in shelf.secrets()]
+        token = [self.settings.token] if self.settings.token else []
+        return [s for shelf in self.shelves for s in shelf.secrets()] + token
 
 
 def difference(before: dict, after: dict) -> dict:

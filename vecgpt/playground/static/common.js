@@ -13,7 +13,7 @@ function human(n) {
 
 async function call(method, url, body) {
   const init = { method, headers: {} };
-  if (body !== undefined) { init.body = JSON.stringify(body); init.headers["Content-Type"] = "application/json"; }
+  if (method !== "GET") { init.body = JSON.stringify(body ?? {}); init.headers["Content-Type"] = "application/json"; }
   let response;
   try { response = await fetch(url, init); } catch (e) { throw new Error("the server cannot be reached"); }
   const data = await response.json().catch(() => ({ error: `the server answered ${response.status}` }));

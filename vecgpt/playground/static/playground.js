@@ -4,6 +4,17 @@
 const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search"];
 let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null, retries = 0;
 
+let charging = true;  // until the server says none of its stores charges
+
+async function showSpending() {
+  if (!charging) return;
+  try {
+    const s = await call("GET", "/api/spending");
+    charging = s.charging;
+    $("#spending").textContent = charging ? `spent $${s.spent.toFixed(4)} of $${s.limit.toFixed(2)} this hour` : "";
+  } catch (e) { showError("#error", e); }
+}
+
 async function loadStores() {
   stores = (await call("GET", "/api/stores")).stores;
   $("#store").innerHTML = "";
@@ -77,7 +88,7 @@ function stream() {
     $("#text").appendChild(tokenSpan(t, false));
     renderRequests();
   });
-  const end = () => { source.close(); source = null; $("#generate").disabled = $("#continue").disabled = false; };
+  const end = () => { source.close(); source = null; $("#generate").disabled = $("#continue").disabled = false; showSpending(); };
   source.addEventListener("done", () => { end(); refresh(); });
   source.addEventListener("error", (ev) => {
     let message = "the server stopped the stream";
@@ -142,6 +153,7 @@ async function act(kind, body, from) {
   const line = `${kind}: ${costLine(v.cost)}`;
   for (const p of Object.keys(costs)) if (Number(p) >= body.position) delete costs[p];
   setView(v, kind === "branch");
+  showSpending();
   $("#details").innerHTML = "";
   const p = document.createElement("p");
   p.className = "cost"; p.id = "action-cost"; p.textContent = line;
@@ -196,6 +208,7 @@ async function runCheck() {
 
 async function main() {
   try { await loadStores(); } catch (e) { showError("#error", e); }
+  await showSpending();
   const id = new URLSearchParams(location.search).get("text");
   if (id) {
     try {
