@@ -1,6 +1,6 @@
 """README's speed table in one command: every store against numpy float32 in the same run.
 
-    python benchmarks/speed_table.py [--stores faiss faiss-ip memory pgvector pgvector-ip lancedb turbopuffer] [-n 16] [--repeat 1]
+    python benchmarks/speed_table.py [--stores faiss faiss-l2 memory pgvector pgvector-l2 lancedb turbopuffer] [-n 16] [--repeat 1]
                                      [--threads 2] [--latency-ms 25] [--model DIR] [--out benchmarks/results/speed]
                                      [--layout four|three|five ...]
 
@@ -41,7 +41,7 @@ from vecgpt import tokenizer  # noqa: E402
 from vecgpt.config import LAYOUTS, load_config  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STORES = ["faiss", "faiss-ip", "memory", "pgvector", "pgvector-ip", "lancedb", "turbopuffer"]
+STORES = ["faiss", "faiss-l2", "memory", "pgvector", "pgvector-l2", "lancedb", "turbopuffer"]
 
 
 def parse_args(argv=None):

@@ -84,7 +84,9 @@ def test_load_is_idempotent_and_a_second_model_sits_beside_the_first(capsys, sto
     assert code == 0 and len(lines) == 2, out
     for model in (str(tiny_model_dir), other):
         line = next(x for x in lines if f"  {model}  " in x)
-        assert line.startswith(weights.load(model).fingerprint + "-e") and "metric=l2" in line and " docs " in line
+        # the default encoding and layout for FAISS: inner products (its fastest exact one), five (in process)
+        assert line.startswith(weights.load(model).fingerprint + "-e") and "metric=ip  layout=five" in line
+        assert " docs " in line
         assert " MB " in line and "loaded 20" in line
     code, out, _ = run(capsys, "drop", *store_args, "--model", other)
     assert code == 0 and out.startswith("dropped " + weights.load(other).fingerprint)
@@ -101,7 +103,7 @@ def test_store_option_names_the_location(capsys, tmp_path, tiny_model_dir):
         if where == "a":
             assert run(capsys, "load", *args, "--model", str(tiny_model_dir))[0] == 0
         out = run(capsys, "ls", *args)[1]
-        assert ("metric=l2" in out) == (where == "a") and (tmp_path / where).exists() == (where == "a")
+        assert ("metric=" in out) == (where == "a") and (tmp_path / where).exists() == (where == "a")
 
 
 def test_a_store_in_the_previous_layout_is_one_line(capsys, store_args, tmp_path, tiny_model_dir):
@@ -221,18 +223,18 @@ def test_ls_into_a_reader_that_closes_early_exits_quietly(tmp_path):
 
 
 def test_both_encodings_of_one_model_sit_side_by_side(capsys, store_args, tiny_model_dir):
-    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0
+    assert run(capsys, "load", *store_args, "--model", str(tiny_model_dir))[0] == 0  # FAISS's default: ip
     code, out, _ = run(
-        capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "ip", "hi", "-n", "1", "--json"
+        capsys, "generate", *store_args, "--model", str(tiny_model_dir), "--metric", "l2", "hi", "-n", "1", "--json"
     )
-    assert code == 0 and json.loads(out)["metric"] == "ip"
+    assert code == 0 and json.loads(out)["metric"] == "l2"
     assert sorted(line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()) == [
         "ip",
         "l2",
     ]
-    code, out, _ = run(capsys, "drop", *store_args, "--model", str(tiny_model_dir), "--metric", "ip")
-    assert code == 0 and out.strip().endswith("-ip")
-    assert [line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()] == ["l2"]
+    code, out, _ = run(capsys, "drop", *store_args, "--model", str(tiny_model_dir), "--metric", "l2")
+    assert code == 0 and out.strip().endswith("-l2-five")
+    assert [line.split("metric=")[1][:2] for line in run(capsys, "ls", *store_args)[1].splitlines()] == ["ip"]
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])

@@ -11,6 +11,7 @@ import pytest
 
 from vecgpt import tokenizer, tolerance, weights
 from vecgpt.api import generate
+from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import drop, drop_old_layout, models, push, store_fingerprint
@@ -145,11 +146,11 @@ def test_two_processes_loading_two_models_at_once_both_land_whole(
     for proc in loads:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
-    store = make_store(backend)
-    keys = [store_fingerprint(m, "l2") for m in models64]
+    store, loaded = make_store(backend), load_config(config)  # the backend's default encoding and layout
+    keys = [store_fingerprint(m, loaded.metric, loaded.layout) for m in models64]
     assert sorted(x["fingerprint"] for x in models(store)) == sorted(keys)
     for m, key in zip(models64, keys):
-        assert not agrees_with_numpy(Engine(store, model=key), m, backend, "l2"), key
+        assert not agrees_with_numpy(Engine(store, model=key), m, backend, loaded.metric), key
 
 
 def test_store_option_sets_each_backends_location():

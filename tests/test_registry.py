@@ -57,7 +57,7 @@ def test_in_tree_stores_are_the_modules_with_connect():
 
 def test_every_shipped_config_names_an_in_tree_store_and_only_options_its_connect_takes():
     configs = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
-    assert {"faiss.toml", "faiss-ip.toml", "pgvector.toml", "pgvector-ip.toml"} <= {p.name for p in configs}
+    assert {"faiss.toml", "faiss-l2.toml", "pgvector.toml", "pgvector-l2.toml"} <= {p.name for p in configs}
     for path in configs:
         config = load_config(path)
         assert config.backend in in_tree(), path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,13 +18,17 @@ else:  # pragma: no cover
 # "four": a layer is four rounds (engine.Session); "three": weight products made at load, three (vecgpt.three_rounds);
 # "five": the textbook order, attention's c_proj one search of the whole matrix (vecgpt.five_rounds)
 LAYOUTS = ("four", "three", "five")
+# "auto" (the default) picks one for the store (auto_layout): a store behind a network pays for each round trip,
+# an in-process one for each request (docs/layouts.md has both counts for each layout)
+AUTO = "auto"
 
 
 @dataclass
 class Config:
     backend: str = "faiss"  # a module in vecgpt/backends
-    metric: str = "l2"  # "l2": padded documents under squared L2; "ip": plain inner product
-    layout: str = "four"  # "four" rounds a layer; "three": weight products made at load; "five": see LAYOUTS
+    # "l2": padded documents under squared L2; "ip": plain inner product; unset: the backend's fastest exact one
+    metric: str | None = None
+    layout: str = AUTO  # "four" rounds a layer; "three": weight products made at load; "five"; "auto": see AUTO
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
     prompt_block: bool = True  # read a prompt as one block of queries per search
@@ -31,14 +36,37 @@ class Config:
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
     def __post_init__(self):
+        self.metric = self.metric or preferred_metric(self.backend)
         if self.metric not in ("l2", "ip"):
             raise VecgptError(f"metric must be 'l2' or 'ip', not {self.metric!r}")
-        if self.layout not in LAYOUTS:
-            raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
+        if self.layout not in (*LAYOUTS, AUTO):
+            raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)} or {AUTO}, not {self.layout!r}")
+        if self.layout == AUTO:
+            self.layout = auto_layout(self.backend, self.store)
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
         if self.tile < 0:
             raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
+
+
+def preferred_metric(backend: str) -> str:
+    """The encoding a backend runs fastest exactly (its module's PREFERRED_METRIC, docs/speed.md); else l2, which
+    every store ranks by. An unknown or uninstalled backend: l2 (opening the store says what is wrong)."""
+    from vecgpt.backends.base import extra
+
+    try:
+        return extra(backend, "PREFERRED_METRIC") or "l2"
+    except (VecgptError, KeyError):
+        return "l2"
+
+
+def auto_layout(backend: str, store: dict) -> str:
+    """The layout "auto" picks: behind a network (turbopuffer; pgvector given a DSN) the fewest round trips, three;
+    in process (memory, FAISS, LanceDB, pgvector's own local server) the fewest requests, five."""
+    networked = backend == "turbopuffer" or (
+        backend == "pgvector" and bool(store.get("dsn") or os.environ.get("VECGPT_PG_DSN"))
+    )
+    return "three" if networked else "five"
 
 
 TYPES = {

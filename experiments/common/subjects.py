@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # the repository's configs/
-DEFAULT_CONFIGS = [str(CONFIGS / name) for name in ("memory.toml", "faiss.toml", "faiss-ip.toml")]
+DEFAULT_CONFIGS = [str(CONFIGS / name) for name in ("memory.toml", "faiss.toml", "faiss-l2.toml")]
 RANDOM_SMALL = "random-small"  # alias: random weights at GPT-2 small shape (as benchmarks/per_token.py)
 GPT2_SMALL = dict(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
 
@@ -178,7 +178,7 @@ def add_common_arguments(p: argparse.ArgumentParser, name: str) -> None:
         "--configs",
         nargs="+",
         default=DEFAULT_CONFIGS,
-        help="store configs (TOML), one subject each (default: configs/memory, faiss, faiss-ip)",
+        help="store configs (TOML), one subject each (default: configs/memory, faiss, faiss-l2)",
     )
     p.add_argument(
         "--model",

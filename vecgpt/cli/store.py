@@ -7,7 +7,7 @@ import inspect
 import json
 import sys
 
-from vecgpt.config import LAYOUTS
+from vecgpt.config import AUTO, LAYOUTS
 from vecgpt.errors import VecgptError
 
 
@@ -89,7 +89,8 @@ def cmd_ls(args) -> int:
         print("no model")
     for m in held:
         print(
-            f"{m['fingerprint']}  {m['source']}  metric={m['metric']}  {m.get('documents', 0):,} docs  "
+            f"{m['fingerprint']}  {m['source']}  metric={m['metric']}  layout={m.get('layout') or 'four'}  "
+            f"{m.get('documents', 0):,} docs  "
             f"{m['bytes'] / 1e6:.1f} MB  loaded {m.get('loaded_at', '?')}"
         )
     return 0
@@ -148,7 +149,8 @@ def implicit_load(args, config):
             return
         if not sys.stdin.isatty():
             raise VecgptError(
-                f"{config.backend} bills this load; pass --yes to load the model, or run `vecgpt load` first"
+                f"{config.backend} bills this load; pass --yes to load the model, or run "
+                f"`vecgpt load --config CONFIG --layout {config.layout}` first"
             )
         print("load it? [y/N] ", end="", file=sys.stderr, flush=True)  # stdout carries only the result
         if sys.stdin.readline().strip().lower() not in ("y", "yes"):
@@ -244,9 +246,9 @@ def cmd_compare(args) -> int:
 def add_layout_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layout",
-        choices=LAYOUTS,
-        help="four rounds a layer (default); three, with weight products made at load (docs/three-rounds.md); "
-        "or five, the textbook order, fewer queries for embedded stores (docs/five-rounds.md)",
+        choices=(*LAYOUTS, AUTO),
+        help="auto (default): three behind a network (turbopuffer, pgvector with a DSN), five in process; four "
+        "rounds a layer; three, with weight products made at load; five, the textbook order (docs/layouts.md)",
     )
 
 

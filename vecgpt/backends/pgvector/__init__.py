@@ -20,6 +20,7 @@ from vecgpt.backends.pgvector.server import local_server
 from vecgpt.backends.pgvector.store import PgStore
 from vecgpt.errors import VecgptError
 
+PREFERRED_METRIC = "ip"  # <#> has no pad and no decoding arithmetic: faster than <->, as exact (docs/speed.md)
 MAX_CONNECTIONS = 64  # one server backend each; a scan gains nothing from more than the server's cores
 
 __all__ = ["ENV_DSN", "PgStore", "connect", "describe_dsn", "dsn_params", "local_server", "scrub"]
