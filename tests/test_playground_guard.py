@@ -6,6 +6,7 @@ Policy, with and without a token, and logs no console error."""
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import http.server
 import re
 import subprocess
@@ -252,6 +253,22 @@ def test_the_token_in_the_address_becomes_a_cookie(guarded, page):
     assert page.inner_text("#error") == "" and TOKEN not in page.content()
     status, _, body = request(url + "/api/stores", Cookie=f"{cookie['name']}={cookie['value']}")
     assert status == 200
+
+
+def test_the_redirect_keeps_the_rest_of_the_address_and_stays_here(guarded):
+    def login(path: str, headers: dict | None = None) -> tuple[str, str]:
+        connection = http.client.HTTPConnection("127.0.0.1", port(guarded.url), timeout=30)
+        connection.request("GET", path, headers=headers or {})
+        answer = connection.getresponse()
+        connection.close()
+        assert answer.status == 303, answer.status
+        return answer.getheader("Location"), answer.getheader("Set-Cookie")
+
+    where, cookie = login(f"/?text=abc&token={TOKEN}")
+    assert where == "/?text=abc" and "HttpOnly" in cookie and "SameSite=strict" in cookie and "Secure" not in cookie
+    assert TOKEN not in cookie
+    assert login(f"//evil.example/?token={TOKEN}")[0] == "/evil.example/"  # a path, never another host
+    assert "Secure" in login(f"/?token={TOKEN}", {"X-Forwarded-Proto": "https"})[1]  # behind a TLS proxy on loopback
 
 
 def test_beyond_loopback_a_token_is_required(capsys, monkeypatch):

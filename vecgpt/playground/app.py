@@ -95,5 +95,5 @@ def address(settings: Settings, port: int, show_token: bool) -> str:
     if settings.token and not show_token:
         notes.append("open it once with ?token=<your token>")
     if wildcard:
-        notes.append(f"listening on every address ({host}): from another machine use this one's")
+        notes.append(f"listening on {host}: other machines use this one's IP address, or a name given to --allow-host")
     return f"{url} ({'; '.join(notes)})"
