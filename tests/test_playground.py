@@ -144,3 +144,19 @@ def test_a_store_error_is_one_line_on_the_page_and_the_server_lives_on(tmp_path,
     finally:
         server.stop()
         service.stop()
+
+
+def test_each_tokens_scores_are_counted_where_they_were_taken(playground, page):
+    """The requests table shows each token's q.k products: from the store, every earlier position's key; from
+    memory, each read position's own. A generated token at p read position p - 1 (the first: the whole prompt)."""
+    from vecgpt import weights
+
+    hp = weights.load("shakespeare").hparams
+    view = generate(page, playground.url, "ROMEO:", 4)
+    per_position, prompt_len = hp.n_layer * hp.n_head, view["prompt_len"]
+    for p, _ in generated(view):
+        read = range(prompt_len) if p == prompt_len else [p - 1]
+        row = page.locator(f"#requests tr[data-requests-position='{p}']")
+        assert int(row.get_attribute("data-scores-store")) == per_position * sum(read)
+        assert int(row.get_attribute("data-scores-memory")) == per_position * len(read)
+        assert row.locator("td").nth(5).inner_text() == f"{per_position * sum(read)} / {per_position * len(read)}"

@@ -350,6 +350,7 @@ def operation_cost(before: dict, after: dict, positions_read: int) -> dict:
         "round_trips": after["round_trips"] - before["round_trips"],
         "by_kind": {k: n for k, n in kinds.items() if n},
         "seconds": round(after["seconds"] - before["seconds"], 6),
+        "scores": {k: n - before["scores"][k] for k, n in after["scores"].items()},
         "positions_read": positions_read,
     }
 

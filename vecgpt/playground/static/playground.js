@@ -1,7 +1,7 @@
 // The playground: start a text, watch its tokens arrive (server-sent events), click one for its candidates,
 // step back, branch, retry; requests per token; the text's id in the URL so a reload finds it again.
 "use strict";
-const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search"];
+const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search", "wait"];
 let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null, retries = 0;
 
 let charging = true;  // until the server says none of its stores charges
@@ -166,12 +166,14 @@ function waterfall(c) {
   f.className = "fall";
   const secs = c.seconds_by_kind || {}, rounds = c.round_trips_by_kind || {};
   const total = Object.values(secs).reduce((a, b) => a + b, 0) || 1;
+  const waits = (c.by_kind || {}).wait || 0;  // a search waited for a write to land: time, but no round trip
   for (const k of KINDS) {
-    if (!rounds[k]) continue;
+    if (!rounds[k] && !(k === "wait" && waits)) continue;
     const s = document.createElement("span");
     s.className = `k-${k}`;
     s.style.width = `${Math.max(2, Math.round(90 * (secs[k] || 0) / total))}px`;
-    s.title = `${k}: ${rounds[k]} rounds, ${(1000 * (secs[k] || 0)).toFixed(1)} ms`;
+    const what = k === "wait" ? `${waits} waits for a write` : `${rounds[k]} rounds`;
+    s.title = `${k}: ${what}, ${(1000 * (secs[k] || 0)).toFixed(1)} ms`;
     f.appendChild(s);
   }
   return f;
@@ -185,13 +187,20 @@ function renderRequests() {
     const c = costs[t.position], tr = body.insertRow();
     tr.dataset.requestsPosition = t.position;
     const kinds = c ? Object.entries(c.by_kind || {}).map(([k, n]) => `${k} ${n}`).join(", ") : "";
+    const scores = (c && c.scores) || {};
     const cells = [t.position, JSON.stringify(t.text), c ? c.total : "", c ? c.subqueries : "", c ? c.round_trips : "",
+      c ? `${scores.store ?? 0} / ${scores.memory ?? 0}` : "",
       c ? (1000 * c.seconds).toFixed(1) : "", "", c && c.dollars != null ? Number(c.dollars).toPrecision(3) : "",
       checks[t.position] != null ? checks[t.position].toExponential(2) : ""];
     cells.forEach((x) => { tr.insertCell().textContent = x; });
     tr.cells[2].title = kinds;
-    if (c) tr.cells[6].appendChild(waterfall(c));
-    tr.cells[8].className = "check";
+    if (c) {
+      tr.dataset.scoresStore = scores.store ?? 0;
+      tr.dataset.scoresMemory = scores.memory ?? 0;
+      tr.cells[5].title = "q.k products: from a key search of the store / from memory (each position's own key)";
+      tr.cells[7].appendChild(waterfall(c));
+    }
+    tr.cells[9].className = "check";
   }
 }
 
