@@ -129,7 +129,7 @@ def timed(store):
 
 # Functions whose wall time a token --parts reports, each whole (what it calls included: a layer's search_many
 # inside scores_and_projections, say): the pieces the engine and the in-process stores spend a token on,
-# without cProfile's cost on every call (docs/speed.md, "Round 7").
+# without cProfile's cost on every call.
 PARTS = [
     (
         "vecgpt.engine",
@@ -190,7 +190,7 @@ def matrix(collection: str) -> str:
 
 # OpenBLAS's idle workers spin for 2^28 cycles (0.13 s at 2.1 GHz) after numpy's last call before they sleep.
 # Taken straight after numpy's token, the store's token shared the cores with them: its scans ran 1.5-2x slower
-# than alone (docs/speed.md, "Round 4"). A pause before each token lets them sleep.
+# than alone (docs/notes.md, 2026-12-02). A pause before each token lets them sleep.
 SETTLE_S = 0.2
 
 
