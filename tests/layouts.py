@@ -95,7 +95,8 @@ def cli_runs(capsys, tmp_path, tiny_model_dir, model64, layout: str) -> dict:
     assert capsys.readouterr().out.strip().endswith(f"-l2-{layout})")
     runs = {}
     for name in (layout, "four"):
-        assert main(["generate", *store, "--layout", name, "Hello", "-n", "4", "--json", "--yes"]) == 0
+        greedy = ["--temperature", "0"]  # the CLI samples by default
+        assert main(["generate", *store, "--layout", name, "Hello", "-n", "4", "--json", "--yes", *greedy]) == 0
         runs[name] = json.loads(capsys.readouterr().out)
     ids, tokens = runs[layout]["prompt_tokens"], runs[layout]["tokens"]
     exact = tolerance.forced_logits(model64, ids, tokens)

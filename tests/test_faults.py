@@ -31,6 +31,7 @@ pytestmark = pytest.mark.fault
 
 LONG = weights.HParams(n_layer=4, n_head=4, n_embd=64, n_ctx=256, n_vocab=50257)  # a text that takes a moment
 PROMPT = "Hello world"  # numpy's top-2 gaps on the tiny model: >= 0.048 for 3 steps
+GREEDY = ("--temperature", "0")  # the CLI samples by default; these runs are compared with greedy api runs
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +180,17 @@ def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_i
         path = write_config(tmp_path / "s.toml", "pgvector", {**options, "timeout": 1.0, "max_retries": 6})
         api.open_engine(load_config(path), weights.load(str(long_model)), progress=False).store.close()
         proc = cli(
-            "generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop", "--json", PROMPT
+            "generate",
+            "--config",
+            str(path),
+            "--model",
+            str(long_model),
+            "-n",
+            "40",
+            "--no-stop",
+            "--json",
+            *GREEDY,
+            PROMPT,
         )
         wait_for_text(proc, "pgvector", options)
         pg_ctl(server, "restart")
@@ -189,7 +200,17 @@ def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_i
         assert json.loads(out)["tokens"] == alone["tokens"]
         # a crash (immediate stop, WAL replayed at restart) keeps every key whose write returned: same tokens
         proc = cli(
-            "generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop", "--json", PROMPT
+            "generate",
+            "--config",
+            str(path),
+            "--model",
+            str(long_model),
+            "-n",
+            "40",
+            "--no-stop",
+            "--json",
+            *GREEDY,
+            PROMPT,
         )
         wait_for_text(proc, "pgvector", options)
         pg_ctl(server, "restart", "immediate")
@@ -235,7 +256,18 @@ def test_two_generations_at_once_each_get_the_tokens_they_get_alone(backend, tmp
         options.pop("max_retries")  # the defaults: 429s are expected here
         write_config(path, backend, options)
         api.open_engine(load_config(path), weights.load(str(tiny_model_dir)), progress=False)
-    argv = ("generate", "--config", str(path), "--model", str(tiny_model_dir), "-n", "8", "--no-stop", "--json")
+    argv = (
+        "generate",
+        "--config",
+        str(path),
+        "--model",
+        str(tiny_model_dir),
+        "-n",
+        "8",
+        "--no-stop",
+        "--json",
+        *GREEDY,
+    )
     # prompt blocks of 20+ tokens: 20+ kNN subqueries per matrix search, more slots than a namespace has
     prompts = (
         "But soft, what light through yonder window breaks? It is the east, and Juliet is the sun.",

@@ -91,6 +91,52 @@ def decoded(cands: Candidates) -> list[list]:
     return [[int(i), float(x), tokenizer.decode([int(i)])] for i, x in zip(*cands)]
 
 
+def probabilities(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
+    """What `sampling.choose` draws from: softmax(logits / temperature) over the first top_k, 0 beyond;
+    greedy (temperature 0) puts all of it on the first."""
+    p = np.zeros(len(logits))
+    if temperature <= 0:
+        p[0] = 1.0
+        return p
+    z = logits[:top_k] / temperature
+    w = np.exp(z - z.max())
+    p[: len(w)] = w / w.sum()
+    return p
+
+
+def candidate_rows(text: Text, position: int) -> list[dict] | None:
+    """What a generated position was drawn from, best first: id, text, logit, probability, chosen."""
+    rows = text.candidates(position)
+    if rows is None:
+        return None
+    s, chosen = text.settings, text.tokens[position]
+    p = probabilities(np.array([r[1] for r in rows], np.float64), s["temperature"], s["top_k"])
+    return [
+        {"id": int(i), "text": t, "logit": float(x), "probability": float(q), "chosen": int(i) == chosen}
+        for (i, x, t), q in zip(rows, p)
+    ]
+
+
+def text_json(text: Text) -> dict:
+    """A text as `vecgpt texts show --json` prints it and the playground's export downloads it: its tokens,
+    settings, each generated position's candidates, and what its operations have sent (`spent`, the record's)."""
+    generated = range(text.prompt_len, len(text.tokens))
+    return {
+        "id": text.id,
+        "model": text.record["model"],
+        "prompt_len": text.prompt_len,
+        "prompt": tokenizer.decode(text.tokens[: text.prompt_len]),
+        "text": tokenizer.decode(text.tokens[text.prompt_len :]),
+        "tokens": [{"position": p, "id": t, "text": tokenizer.decode([t])} for p, t in enumerate(text.tokens)],
+        "settings": {k: text.settings[k] for k in ("temperature", "top_k", "seed")},
+        "candidates": [{"position": p, "rows": candidate_rows(text, p)} for p in generated],
+        "spent": text.record.get("spent") or {},
+        "created": text.record["created"],
+        "updated": text.record["updated"],
+        "version": __version__,
+    }
+
+
 def settings(temperature: float, top_k: int, seed: int) -> dict:
     return {"seed": seed, "temperature": temperature, "top_k": top_k, "version": __version__}
 

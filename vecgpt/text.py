@@ -3,9 +3,9 @@
 Its keys and values are rows of the collection text-<id> (the engine's Session writes them as it reads);
 the candidates each generated position was drawn from are rows of text-<id>.c (one row a position,
 appended, never rewritten). Beside them the store files the text's small record: its model, sampling
-settings, tokens, `written` (positions < written have their keys and values in the store) and `scored`
-(generated positions < scored have their candidates there). A record claims only rows that were
-acknowledged before it was sent, so after kill -9 it never names what the store lacks.
+settings, tokens, `written` (positions < written have their keys and values in the store), `scored`
+(generated positions < scored have their candidates there) and `spent` (what its operations sent). A record
+claims only rows that were acknowledged before it was sent, so after kill -9 it never names what the store lacks.
 
 Every operation takes the text (a lock where the store has one), first catches up with what another
 process wrote, and leaves the store complete; each record write is conditional on the version read, so two
@@ -97,6 +97,22 @@ class Text:
         self.scored: int = record["scored"]  # candidates of generated positions below it are in the store
         self._candidates: dict[int, Candidates] = {}
         self._queued: dict[int, int] = {}  # position -> the ticket of its candidates row's write (Session.write)
+        self._spent = (dict(record.get("spent") or {}), self._sent())  # the record's tally, and this meter's then
+
+    def _sent(self) -> dict:
+        s = summarize(self.session.meter.tokens)
+        return {
+            "requests": s["total"],
+            "round_trips": s["round_trips"],
+            "seconds": s["seconds"],
+            "positions_read": self.session.positions_read,
+        }
+
+    def spent(self) -> dict:
+        """What the text's operations have sent, in every process that ran them (the record's `spent`: up to
+        its own write)."""
+        base, then = self._spent
+        return {k: round(base.get(k, 0) + n - then[k], 6) for k, n in self._sent().items()}
 
     # ------------------------------------------------------------ reading
 
@@ -202,6 +218,7 @@ class Text:
             **self.record,
             "tokens": self.tokens[:p] + [int(token)],
             "settings": dict(self.settings),
+            "spent": {},
             "written": min(self.session.written, p) if cloned else 0,
             "scored": min(self._landed(), p + 1) if cloned else self.prompt_len,
             "created": now,
@@ -282,6 +299,7 @@ class Text:
             "settings": dict(self.settings),
             "written": self.session.written,
             "scored": self.scored,
+            "spent": self.spent(),
             "updated": time.time(),
         }
         self.record.pop("version", None)

@@ -76,7 +76,7 @@ COMMANDS = (
     ),
     Command(
         "texts",
-        "list the texts a store keeps; gc or close them",
+        "the texts a store keeps: list, show, step back, retry, branch, gc, close",
         "vecgpt.cli.texts:add_arguments",
         "vecgpt.cli.texts:run",
     ),
@@ -128,7 +128,10 @@ COMMANDS = (
 
 def parser(only: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand; with `only`, the arguments of that one alone (the others are not imported)."""
+    from vecgpt import __version__
+
     root = argparse.ArgumentParser(prog="vecgpt", description="GPT-2 where every matrix multiply is a vector search")
+    root.add_argument("--version", action="version", version=f"vecgpt {__version__}")
     sub = root.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_to(sub, with_arguments=only is None or only == command.name)

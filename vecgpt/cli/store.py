@@ -168,7 +168,7 @@ def cmd_generate(args) -> int:
         model=args.model or config.model,
         temperature=args.temperature,
         top_k=config.top_k if args.top_k is None else args.top_k,
-        seed=args.seed,
+        seed=seed_of(args),
         stop=not args.no_stop,
         on_text=None if args.json else Echo(args.prompt),
     )
@@ -196,6 +196,17 @@ def cmd_generate(args) -> int:
     else:
         common["on_text"].end()
     return 0
+
+
+def seed_of(args) -> int:
+    """--seed, or for a new sampled text a fresh one, said on stderr so that the run can be repeated."""
+    if args.seed is not None or args.resume or args.temperature == 0:
+        return 0 if args.seed is None else args.seed
+    import os
+
+    seed = int.from_bytes(os.urandom(4), "big") >> 1
+    print(f"vecgpt: seed: {seed} (--seed {seed} draws these tokens again)", file=sys.stderr, flush=True)
+    return seed
 
 
 def kept_notice(text_id: str) -> None:
@@ -265,9 +276,9 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume", metavar="TEXT_ID", help="continue a kept text (with its own model and sampling settings)"
     )
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--temperature", type=float, default=0.8, help="0.8 by default; 0 is greedy")
     p.add_argument("--top-k", type=int, default=None, help="candidates to sample from (default 40)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="the draws' seed (default: a new one, said on stderr)")
     p.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")

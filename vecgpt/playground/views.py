@@ -1,9 +1,7 @@
-"""The JSON the pages read: a text, a position's candidates, the stores, the numpy check. Never a DSN or key:
-a store is described by `api.location` (backend and where it keeps its data)."""
+"""The JSON the pages read: a text, a position's candidates, the stores, the numpy check; a text's export is
+`api.text_json`. Never a DSN or key: a store is described by `api.location` (backend and where it keeps its data)."""
 
 from __future__ import annotations
-
-import numpy as np
 
 from vecgpt import api, tokenizer
 from vecgpt.playground.server import Entry, Refused, Shelf
@@ -29,37 +27,21 @@ def text_view(entry: Entry, shelf: Shelf) -> dict:
     }
 
 
-def probabilities(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
-    """What `sampling.choose` draws from: softmax(logits / temperature) over the first top_k, 0 beyond;
-    greedy (temperature 0) puts all of it on the first."""
-    p = np.zeros(len(logits))
-    if temperature <= 0:
-        p[0] = 1.0
-        return p
-    z = logits[:top_k] / temperature
-    w = np.exp(z - z.max())
-    p[: len(w)] = w / w.sum()
-    return p
+probabilities = api.probabilities  # what sampling draws from, as the page shows it
 
 
 def candidates_view(entry: Entry, position: int) -> dict:
     t = entry.text
     if not t.prompt_len <= position < len(t.tokens):
         raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
-    rows = t.candidates(position)
+    rows = api.candidate_rows(t, position)
     if rows is None:
         raise Refused(f"position {position} has no candidates stored", 404)
-    settings = t.settings
-    p = probabilities(np.array([r[1] for r in rows], np.float64), settings["temperature"], settings["top_k"])
-    chosen = t.tokens[position]
     return {
         "position": position,
-        "chosen": chosen,
-        **{k: settings[k] for k in ("temperature", "top_k")},
-        "rows": [
-            {"id": int(i), "text": text, "logit": float(x), "probability": float(q), "chosen": int(i) == chosen}
-            for (i, x, text), q in zip(rows, p)
-        ],
+        "chosen": t.tokens[position],
+        **{k: t.settings[k] for k in ("temperature", "top_k")},
+        "rows": rows,
     }
 
 
