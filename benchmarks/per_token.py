@@ -30,6 +30,7 @@ from vecgpt.config import LAYOUTS, load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import drop, push, store_fingerprint  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
+from vecgpt.sampling import Candidates  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 from common.subjects import place  # noqa: E402 (the experiments' helpers)
@@ -63,6 +64,36 @@ def per_token_seconds(reader, ids, n):
         cands = reader.read([int(cands.ids[0])])
         times.append(time.perf_counter() - t)
     return first, float(np.median(times)), times
+
+
+class Transformers:
+    """GPT2LMHeadModel with its KV cache, read like a vecgpt Session: read(ids) -> the best next tokens."""
+
+    def __init__(self, folder: str, threads: int):
+        import torch
+        from transformers import GPT2LMHeadModel
+
+        torch.set_num_threads(threads)
+        self.torch, self.model = torch, GPT2LMHeadModel.from_pretrained(folder).eval()
+        self.past = None
+
+    def read(self, ids, k: int = 40) -> Candidates:
+        with self.torch.inference_mode():
+            out = self.model(self.torch.tensor([list(ids)]), past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        logits = out.logits[0, -1].double().numpy()
+        top = np.argsort(-logits)[:k]
+        return Candidates(top, logits[top])
+
+
+def transformers_row(folder: str, ids, n: int, threads: int) -> dict | None:
+    """Hugging Face transformers on the same checkpoint, timed as a store is; None without the [transformers] extra."""
+    try:
+        reader = Transformers(folder, threads)
+    except ImportError:
+        return None
+    first, tok, _ = per_token_seconds(reader, ids, n)
+    return {"store": "transformers (torch, KV cache)", "prompt_s": first, "per_token_s": tok}
 
 
 def reference_row(model, ids, n) -> dict:

@@ -121,6 +121,9 @@ def measure_once(model, ids, args) -> list[dict]:
     against that (the machine this runs on drifts by a third from one minute to the next)."""
     progress(f"numpy reference (float32): {len(ids)}-token prompt, {args.n} tokens, again before each store")
     rows, numpy_s = [per_token.reference_row(model, ids, args.n)], []
+    hf = per_token.transformers_row(model.source, ids, args.n, args.threads)
+    if hf is not None:  # the row each store's "x transformers" is against
+        rows.append({**hf, "ratio": hf["per_token_s"] / rows[0]["per_token_s"]})
     root = tempfile.mkdtemp(prefix="vecgpt-speed-")
     try:
         for name in args.stores:
@@ -135,6 +138,8 @@ def measure_once(model, ids, args) -> list[dict]:
                     else embedded_row(name, model, ids, args, root, layout)
                 )
                 rows[-1].update(numpy_per_token_s=numpy_s[-1], ratio=rows[-1]["per_token_s"] / numpy_s[-1])
+                if hf is not None:
+                    rows[-1]["vs_transformers"] = rows[-1]["per_token_s"] / hf["per_token_s"]
                 rows[-1]["settled_s"] = waited
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -147,7 +152,7 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
     rows = []
     for i, row in enumerate(runs[0]):
         row = dict(row)
-        for key in ("per_token_s", "prompt_s", "load_s", "ratio", "numpy_per_token_s"):
+        for key in ("per_token_s", "prompt_s", "load_s", "ratio", "numpy_per_token_s", "vs_transformers"):
             if key in row:
                 row[f"{key}_runs"] = [run[i][key] for run in runs]
                 row[key] = float(np.median(row[f"{key}_runs"]))
@@ -189,15 +194,18 @@ def markdown(result) -> str:
     m = result["machine"]
     lines = [
         f"Per generated token after a {result['prompt_tokens']}-token prompt, median of {result['n']} tokens{runs_note(result)}; "
-        "× numpy: against numpy's tokens timed just before the row's; "
+        "× numpy: against numpy's tokens timed just before the row's; × transformers: against Hugging Face "
+        "transformers' (torch, KV cache, the same threads) timed once a run; "
         f"{result['shape']}; {m['cpu']}, {m['cores']} cores, {m['threads']} threads, {m['blas']}; "
         f"commit {m['commit'][:12]}, {m['date']}.",
         "",
-        "| store | layout | ms/token | × numpy | requests/token | round trips/token | load | documents | stored | $/token |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| store | layout | ms/token | × numpy | × transformers | requests/token | round trips/token | load | documents "
+        "| stored | $/token |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         cells = [r["store"], r.get("layout", ""), f"{r['per_token_s'] * 1e3:,.1f}", cell_ratio(r["ratio"])]
+        cells.append(cell_ratio(r["vs_transformers"]) if "vs_transformers" in r else "")
         if "load_s" in r:
             cells += [f"{r['requests_per_token']:.0f}", f"{r['round_trips_per_token']:.0f}", f"{r['load_s']:.1f} s"]
             cells += [f"{r['stored_documents']:,}", f"{r['stored_bytes'] / 1e6:,.0f} MB"]

@@ -6,7 +6,7 @@
 Random weights at GPT-2 small shape unless --model (a GPT-2 folder in Hugging Face's format). Each reads the same
 ten-token prompt, then n greedy tokens. A round times n tokens of each, one after another (the store, transformers,
 numpy float32), so a slow stretch of the machine slows all three; each round's ratios are taken within it and the
-figures are the medians over rounds. Needs `pip install -e '.[transformers]'`. The store is loaded fresh into a
+figures are the medians over rounds (after one untimed round of 4 tokens). Needs `pip install -e '.[transformers]'`. The store is loaded fresh into a
 temporary folder (a config with a `path`). Writes benchmarks/results/vs_transformers.json.
 """
 
@@ -31,7 +31,6 @@ from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.api import open_engine  # noqa: E402
 from vecgpt.config import load_config  # noqa: E402
 from vecgpt.reference import Reference  # noqa: E402
-from vecgpt.sampling import Candidates  # noqa: E402
 
 PROMPT = "The history of the vector database begins in the nineteen"  # ten GPT-2 tokens
 
@@ -45,26 +44,6 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP/torch threads (pinned before loading)")
     parser.add_argument("--out", default="benchmarks/results/vs_transformers.json")
     return parser.parse_args(argv)
-
-
-class Transformers:
-    """GPT2LMHeadModel with its KV cache, read like a vecgpt Session: read(ids) -> the best next tokens."""
-
-    def __init__(self, folder: str, threads: int):
-        import torch
-        from transformers import GPT2LMHeadModel
-
-        torch.set_num_threads(threads)
-        self.torch, self.model = torch, GPT2LMHeadModel.from_pretrained(folder).eval()
-        self.past = None
-
-    def read(self, ids, k: int = 40) -> Candidates:
-        with self.torch.inference_mode():
-            out = self.model(self.torch.tensor([list(ids)]), past_key_values=self.past, use_cache=True)
-        self.past = out.past_key_values
-        logits = out.logits[0, -1].double().numpy()
-        top = np.argsort(-logits)[:k]
-        return Candidates(top, logits[top])
 
 
 def one_round(readers: dict, ids, n: int) -> dict:
@@ -85,9 +64,10 @@ def main() -> None:
         load_s = time.perf_counter() - started
         readers = {
             "store": engine.open,
-            "transformers": lambda: Transformers(folder, args.threads),
+            "transformers": lambda: per_token.Transformers(folder, args.threads),
             "numpy": lambda: Reference(model, np.float32),
         }
+        one_round(readers, ids, 4)  # untimed: each reader's first pages of memory, torch's first calls
         rounds = [one_round(readers, ids, args.n) for _ in range(args.rounds)]
         engine.store.close()
     finally:
@@ -101,7 +81,7 @@ def report(args, config, rounds: list[dict], load_s: float) -> None:
     vs_numpy = float(np.median([r["store"] / r["numpy"] for r in rounds]))
     what = f"{config.backend} ({config.metric}, layout {config.layout})"
     print(
-        f"\nGPT-2 small shape, {args.threads} thread(s) each, {args.rounds} rounds of {args.n} tokens, in turn:\n"
+        f"\n{Path(args.model or 'GPT-2 small shape, random weights').name}, {args.threads} thread(s) each, {args.rounds} rounds of {args.n} tokens, in turn:\n"
         f"  {what}: {ms['store']:.1f} ms a token\n"
         f"  transformers (torch, KV cache): {ms['transformers']:.1f} ms\n"
         f"  numpy float32: {ms['numpy']:.1f} ms\n"

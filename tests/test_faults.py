@@ -39,21 +39,22 @@ def long_model(tmp_path_factory) -> Path:
     return weights.save(tmp_path_factory.mktemp("long"), LONG, tiny_params(LONG))
 
 
-def expected_rows(model: weights.Model) -> dict[str, np.ndarray]:
-    """Every collection a load of `model` writes ("l2"), as float32 rows, by the name the store gives it."""
+def expected_rows(model: weights.Model, layout: str) -> dict[str, np.ndarray]:
+    """Every collection a load of `model` writes ("l2", in `layout`), as float32 rows, by the name the store gives it."""
     out = {}
-    for name in matrices(model.hparams):
+    for name in matrices(model.hparams, layout):
         p = get(model.params, name, model.hparams.n_head)
         out[name] = encoding.encode_rows(p["weight"].T if name == "wte" else p["weight"], p.get("bias"), "l2")[0]
     out["wpe"], out["ln"] = model.params["wpe"]["weight"], ln_table(model)
-    key = store_fingerprint(model, "l2")
+    key = store_fingerprint(model, "l2", layout)
     return {collection(key, name): np.asarray(rows, np.float32) for name, rows in out.items()}
 
 
-def assert_holds_exactly(store, model: weights.Model) -> None:
+def assert_holds_exactly(store, model: weights.Model, layout: str) -> None:
     """The store holds the model's full encoding, row for row, and not a row more."""
-    assert sorted(n for n in store.collections() if not n.startswith("text-")) == sorted(expected_rows(model))
-    for name, rows in expected_rows(model).items():
+    expected = expected_rows(model, layout)
+    assert sorted(n for n in store.collections() if not n.startswith("text-")) == sorted(expected)
+    for name, rows in expected.items():
         assert store.count(name) == len(rows), name
         np.testing.assert_array_equal(store.fetch(name, np.arange(len(rows))), rows, err_msg=name)
 
@@ -102,7 +103,7 @@ def test_a_load_killed_midway_serves_no_model_and_the_same_load_then_completes(b
     assert rc == 0, err
     store = get_store(backend, **options)
     try:
-        assert_holds_exactly(store, weights.load(str(tiny_model_dir)))
+        assert_holds_exactly(store, weights.load(str(tiny_model_dir)), load_config(path).layout)
     finally:
         store.close()
     assert_greedy_matches_numpy(load_config(path), tiny_model_dir)

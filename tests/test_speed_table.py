@@ -1,5 +1,6 @@
 """benchmarks/speed_table.py end to end on the shipped model: the JSON, the README table and the plot appear."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -39,18 +40,19 @@ def test_speed_table_writes_json_markdown_and_plot(tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads((tmp_path / "speed.json").read_text())
     stores = [(r["store"], r.get("layout")) for r in result["rows"]]
-    assert stores == [("numpy reference (float32)", None)] + [
-        (s, layout) for s in ("memory (l2)", "faiss (l2)") for layout in ("four", "five")
-    ]
+    hf = [("transformers (torch, KV cache)", None)] if importlib.util.find_spec("transformers") else []
+    assert stores == [("numpy reference (float32)", None), *hf] + [
+        (s, layout) for s in ("memory (l2)", "faiss (ip)") for layout in ("four", "five")
+    ]  # each config's encoding: FAISS's fastest, inner products
     assert result["machine"]["threads"] == 1 and result["machine"]["cores"] >= 1 and result["machine"]["commit"]
-    for row in result["rows"][1:]:
+    for row in result["rows"][1 + len(hf) :]:
         assert row["load_s"] > 0 and row["stored_documents"] > 0 and row["round_trips_per_token"] > 0
         assert row["ratio"] == pytest.approx(row["per_token_s"] / row["numpy_per_token_s"])  # numpy timed beside it
     numpy_row = result["rows"][0]
     assert len(numpy_row["numpy_runs"]) == 4 and min(numpy_row["numpy_runs"]) <= numpy_row["per_token_s"]
     table = (tmp_path / "speed.md").read_text()
-    assert "| store | layout | ms/token | × numpy |" in table and "| faiss (l2) | five |" in table
-    four, five = (r for r in result["rows"] if r["store"] == "faiss (l2)")
+    assert "| store | layout | ms/token | × numpy | × transformers |" in table and "| faiss (ip) | five |" in table
+    four, five = (r for r in result["rows"] if r["store"] == "faiss (ip)")
     assert five["requests_per_token"] < four["requests_per_token"]  # one c_proj search a layer, not one per head
     assert table in run.stdout
     assert (tmp_path / "speed.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
