@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from vecgpt import tokenizer
+from vecgpt import api, tokenizer
 from vecgpt.playground import views
 from vecgpt.playground.server import Library, Refused, check_request
 
@@ -129,6 +129,7 @@ def current(make):
 show = current(lambda entry, shelf, request: views.text_view(entry, shelf))
 candidates = current(lambda entry, shelf, request: views.candidates_view(entry, int(request.path_params["position"])))
 check = current(lambda entry, shelf, request: views.check_view(entry, shelf))
+export = current(lambda entry, shelf, request: api.text_json(entry.text))  # `vecgpt texts show ID --json`
 
 
 def step_back(library, request, body):
@@ -254,7 +255,18 @@ def attention_memory(library, request, body):
             raise Refused(f"{name} must be between 1 and {top:,}, not {value}")
     if not 1 <= tile <= context or dtype not in ("float32", "float64"):
         raise Refused("tile must be between 1 and the context; dtype float32 or float64")
-    return memory_rows(heads, [context], head_dim, block or None, tile, dtype)[0]
+    return {**memory_rows(heads, [context], head_dim, block or None, tile, dtype)[0], "weights": GPT2_SMALL}
+
+
+def gpt2_small() -> dict:
+    """GPT-2 small's weights in float32: the scale the page draws the attention memory against."""
+    from vecgpt import weights
+
+    n = weights.parameter_count(weights.HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257))
+    return {"name": "GPT-2 small", "parameters": n, "bytes": 4 * n, "dtype": "float32"}
+
+
+GPT2_SMALL = gpt2_small()
 
 
 def softmax_walk(library, request, body):
@@ -300,6 +312,7 @@ ROUTES = [
     Route("/api/texts/{text_id}/branch", guarded(branch), methods=["POST"]),
     Route("/api/texts/{text_id}/retry", guarded(retry), methods=["POST"]),
     Route("/api/texts/{text_id}/check", guarded(check)),
+    Route("/api/texts/{text_id}/export", guarded(export)),
     Route("/api/attention-memory", guarded(attention_memory)),
     Route("/api/softmax-walk", guarded(softmax_walk), methods=["POST"]),
     Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),

@@ -16,12 +16,64 @@ async function updateMemory() {
     $("#stream-bytes").textContent = fmtInt(r.streaming); $("#stream-human").textContent = human(r.streaming);
     $("#tile-bytes").textContent = fmtInt(r.tile_scores);
     $("#ratio").textContent = r.ratio.toFixed(1);
-    const scale = (b) => Math.max(1, 40 * Math.log10(Math.max(b, 1))) + "px";  // log scale: both stay visible
-    $("#full-bar").style.width = scale(r.full); $("#stream-bar").style.width = scale(r.streaming);
+    drawBars(r);
     $("#memory-note").textContent =
       `${fmtInt(r.n_ctx)} positions, ${fmtInt(r.n_query)} queries; the table is ${r.ratio.toFixed(1)} times the streaming working set.`;
     document.body.dataset.memoryReady = `${r.n_ctx}:${$("#heads").value}:${r.full}`;
   } catch (e) { if (asked === memoryAsked) showError("#memory-error", e); }
+}
+
+// A linear scale, so that the table's growth with the context shows as it is; the model's weights for scale.
+// Each track's width stands for the axis's top (data-axis-bytes); each bar's width for its data-bytes.
+let lastMemory = null;
+
+function niceAxis(top) {
+  const units = [["B", 1], ["KiB", 1024], ["MiB", 1024 ** 2], ["GiB", 1024 ** 3], ["TiB", 1024 ** 4]];
+  let [unit, size] = units[0];
+  for (const [u, s] of units) if (top >= s) [unit, size] = [u, s];
+  const raw = top / size / 4, pow = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * pow).find((m) => m >= raw);
+  const ticks = Math.max(1, Math.ceil(top / size / step - 1e-9));
+  return { unit, size, step, ticks, bytes: ticks * step * size };
+}
+
+function drawBars(r) {
+  lastMemory = r;
+  const w = r.weights, axis = niceAxis(Math.max(r.full, r.streaming, w.bytes, 1));
+  $("#weights-name").textContent = `${w.name}'s weights (${(w.parameters / 1e6).toFixed(0)}M parameters, ${w.dtype})`;
+  const bars = [["#full-bar", "#full-label", r.full], ["#stream-bar", "#stream-label", r.streaming],
+    ["#weights-bar", "#weights-label", w.bytes]];
+  const width = $("#full-bar").parentElement.clientWidth;
+  for (const [bar, label, bytes] of bars) {
+    $(bar).dataset.bytes = bytes;
+    $(bar).style.width = `${Math.max(1, width * bytes / axis.bytes)}px`;  // 1 px: a tiny set stays visible
+    $(label).textContent = `: ${human(bytes)}`;
+  }
+  document.querySelectorAll("#chart .track").forEach((t) => { t.dataset.axisBytes = axis.bytes; });
+  const ax = $("#axis");
+  ax.textContent = "";
+  for (let i = 0; i <= axis.ticks; i++) {
+    const tick = document.createElement("span");
+    const value = +(i * axis.step).toFixed(6);
+    tick.textContent = i === 0 ? "0" : `${value} ${axis.unit}`;
+    tick.dataset.bytes = value * axis.size;
+    tick.style.left = `${(width * i) / axis.ticks}px`;
+    tick.className = i === 0 ? "first" : i === axis.ticks ? "last" : "";
+    ax.appendChild(tick);
+  }
+}
+
+window.addEventListener("resize", () => { if (lastMemory) drawBars(lastMemory); });
+
+// /attention?scores=1.5,-0.3,2.8&tile=2 walks those scores: the link an attention view of the playground makes
+async function walkFromAddress() {
+  const q = new URLSearchParams(location.search);
+  if (!q.get("scores")) return;
+  $("#scores").value = q.get("scores").split(",").join(" ");
+  if (q.get("tile")) $("#walk-tile").value = q.get("tile");
+  await startWalk();
+  stepWalk();
+  $("#walk-it").scrollIntoView();
 }
 
 // the slider moves along log2(context), so 1 to 131,072 positions all get room
@@ -80,3 +132,4 @@ $("#walk-start").addEventListener("click", startWalk);
 $("#walk-step").addEventListener("click", stepWalk);
 $("#walk-all").addEventListener("click", () => { while (walkData && walkShown < walkData.steps.length) stepWalk(); });
 updateMemory();
+walkFromAddress().finally(() => { document.body.dataset.ready = "1"; });

@@ -1,5 +1,6 @@
 // The playground: start a text, watch its tokens arrive (server-sent events), click one for its candidates,
-// step back, branch, retry; requests per token; the text's id in the URL so a reload finds it again.
+// step back, branch, retry, export; requests per token; the text's id in the URL so a reload finds it again.
+// Ctrl+Enter (Cmd+Enter) generates; a progress bar counts the tokens while they arrive.
 "use strict";
 const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search", "wait"];
 let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null, retries = 0;
@@ -46,7 +47,7 @@ function setView(v, fresh) {
   url.searchParams.set("text", v.id);
   history.replaceState(null, "", url);
   $("#text-id").textContent = `text ${v.id}`;
-  $("#continue").disabled = false;
+  $("#continue").disabled = $("#export").disabled = false;
   renderText();
   renderRequests();
 }
@@ -56,6 +57,7 @@ function tokenSpan(t, prompt) {
   span.textContent = t.text;
   span.dataset.position = t.position;
   if (prompt) { span.className = "prompt"; return span; }
+  if (t.text.includes("\n")) span.textContent = t.text.replace(/\n/g, "\u21b5\n");  // a line break you can click
   span.dataset.token = t.id;
   if (changedFrom !== null && t.position >= changedFrom) span.classList.add("changed");
   span.addEventListener("click", () => showCandidates(t.position));
@@ -76,19 +78,33 @@ async function generate() {
   stream();
 }
 
+function progress(done, n) {
+  const busy = n !== null;
+  $("#progress-line").hidden = !busy;
+  $("#text").classList.toggle("busy", busy);
+  $("#generate").disabled = $("#continue").disabled = busy;
+  if (!busy) { delete document.body.dataset.generating; return; }
+  $("#progress").max = n; $("#progress").value = done;
+  $("#progress-text").textContent = `generating: ${done} of ${n} tokens`;
+  document.body.dataset.generating = `${done}/${n}`;
+}
+
 function stream() {
   if (source) source.close();
   showError("#error", null);
-  $("#generate").disabled = $("#continue").disabled = true;
-  source = new EventSource(`/api/texts/${view.id}/generate?n=${Number($("#n").value)}`);
+  const n = Number($("#n").value);
+  let done = 0;
+  progress(0, n);
+  source = new EventSource(`/api/texts/${view.id}/generate?n=${n}`);
   source.addEventListener("token", (ev) => {
     const t = JSON.parse(ev.data);
     costs[t.position] = t.cost;
     view.tokens = view.tokens.slice(0, t.position).concat([t]);
     $("#text").appendChild(tokenSpan(t, false));
+    progress(++done, n);
     renderRequests();
   });
-  const end = () => { source.close(); source = null; $("#generate").disabled = $("#continue").disabled = false; showSpending(); };
+  const end = () => { source.close(); source = null; progress(0, null); showSpending(); };
   source.addEventListener("done", () => { end(); refresh(); });
   source.addEventListener("error", (ev) => {
     let message = "the server stopped the stream";
@@ -141,8 +157,36 @@ async function showCandidates(position) {
   const p = document.createElement("p");
   p.className = "cost"; p.id = "action-cost";
   d.appendChild(p);
+  d.appendChild(walkLink(c));
   $("#step-back").addEventListener("click", () => act("step-back", { position }, null));
   $("#retry").addEventListener("click", () => act("retry", { position, seed: Number($("#seed").value) + ++retries }, position));
+}
+
+// The probabilities above are a softmax of logit / temperature: the attention page walks that same softmax.
+function walkLink(c) {
+  const drawn = c.rows.slice(0, c.temperature > 0 ? c.top_k : 1);
+  const scores = drawn.map((r) => (c.temperature > 0 ? r.logit / c.temperature : r.logit));
+  const p = document.createElement("p");
+  p.className = "muted";
+  const a = document.createElement("a");
+  a.id = "walk-link";
+  a.href = `/attention?${new URLSearchParams({ scores: scores.join(",") })}#walk-it`;
+  a.textContent = "walk this softmax step by step";
+  p.append("The probabilities are softmax(logit / temperature): ", a, " (the streaming softmax attention uses).");
+  return p;
+}
+
+async function exportText() {
+  showError("#error", null);
+  let data;
+  try { data = await call("GET", `/api/texts/${view.id}/export`); } catch (e) { showError("#error", e); return; }
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)], { type: "application/json" }));
+  a.download = `vecgpt-text-${data.id}.json`;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 10000);
 }
 
 async function act(kind, body, from) {
@@ -227,6 +271,8 @@ async function main() {
       $("#prompt").value = v.tokens.slice(0, v.prompt_len).map((t) => t.text).join("");
       setView(v, true);
     } catch (e) { showError("#error", e); }
+  } else {
+    $("#seed").value = Math.floor(Math.random() * 2 ** 31);  // sampling by default: a new seed, shown, to repeat
   }
   document.body.dataset.ready = "1";
 }
@@ -234,5 +280,9 @@ async function main() {
 $("#store").addEventListener("change", fillModels);
 $("#generate").addEventListener("click", generate);
 $("#continue").addEventListener("click", stream);
+$("#export").addEventListener("click", exportText);
+document.addEventListener("keydown", (e) => {
+  if ((e.ctrlKey || e.metaKey) && e.key === "Enter" && !$("#generate").disabled) { e.preventDefault(); generate(); }
+});
 $("#check").addEventListener("change", () => { if ($("#check").checked) runCheck(); else { checks = {}; renderRequests(); } });
 main();
