@@ -15,7 +15,7 @@ from vecgpt import tokenizer
 from vecgpt.cli import main
 from vecgpt.cli.attention import parse_scores, walk
 
-from browser import IMAGES, call, watch
+from browser import IMAGES, call, events, watch
 
 PHONE = {"width": 390, "height": 844}
 
@@ -166,3 +166,28 @@ def test_an_operation_on_a_closed_text_is_a_message_on_the_page(playground, page
         "status of 404" in e for e in page.console_errors
     )
     page.console_errors.clear()
+
+
+def test_the_export_api_against_numpy_and_a_closed_text(playground):
+    import numpy as np
+
+    from vecgpt import api, weights
+    from vecgpt.reference import Reference
+
+    url = playground.url
+    view = call(f"{url}/api/texts", "POST", {"prompt": "ROMEO:", "temperature": 0.8, "top_k": 40, "seed": 2})[1]
+    assert [kind for kind, _ in events(f"{url}/api/texts/{view['id']}/generate?n=3")][-1] == "done"
+    status, d = call(f"{url}/api/texts/{view['id']}/export")
+    assert status == 200 and d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 2}
+    ids = [t["id"] for t in d["tokens"]]
+    logits = Reference(weights.load("shakespeare", dtype=np.float64), np.float64).logits(ids[:-1])
+    for c in d["candidates"]:
+        rows, p = c["rows"], c["position"]
+        assert max(abs(r["logit"] - logits[p - 1, r["id"]]) for r in rows) < 1e-4  # float32 store, float64 numpy
+        want = api.probabilities(np.array([r["logit"] for r in rows]), 0.8, 40)
+        assert np.abs(np.array([r["probability"] for r in rows]) - want).max() < 1e-12
+        assert [r["id"] for r in rows if r["chosen"]] == [ids[p]]
+    assert call(f"{url}/api/texts/{view['id']}", "DELETE")[0] == 200
+    for path in (f"{view['id']}/export", "nosuchtext0/export"):
+        status, body = call(f"{url}/api/texts/{path}")
+        assert status == 404 and "no text" in body["error"] and "\n" not in body["error"]
