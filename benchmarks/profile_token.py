@@ -134,7 +134,7 @@ PARTS = [
     (
         "vecgpt.engine",
         "Session",
-        "linear scatter search_of weighted_values key_searches key_columns memory_scores key_rows gpt2".split(),
+        "linear scatter search_of weighted_values key_searches key_columns key_round key_rows gpt2".split(),
     ),
     ("vecgpt.engine", None, ["layer_norm", "gelu"]),
     ("vecgpt.backends._in_process", "InProcessStore", ["upsert", "_col"]),  # searches: the meter's line above

@@ -22,7 +22,7 @@ q_s = s (x, 1, 0). Multiplying a float32 by a power of two is exact, so q_s is t
 only of length near M, and
     y_j = (M^2 + |q_s|^2 - dist_j) / (2 s),   s read back from the sent query's bias coordinate,
 whose error is about eps (M + |q_s|)^2 / (2 s) ~ 2 eps M |q| instead of eps (M^2 + |q|^2) / 2:
-much smaller when M and |q| differ by a lot (see benchmarks/query_scaling.py). Inner-product
+much smaller when M and |q| differ by a lot (docs/accuracy.md). Inner-product
 documents are left unscaled (s = 1): a float32 inner product's error is already relative to
 |q| M, and scaling by a power of two changes nothing there.
 

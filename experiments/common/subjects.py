@@ -152,7 +152,7 @@ def open_engine(variant: Variant, model, progress: bool = False):
 
     store = open_store(variant.config)
     t = time.perf_counter()
-    key = push(store, model, variant.config.metric, progress=progress)["fingerprint"]
+    key = push(store, model, variant.config.metric, progress=progress, layout=variant.config.layout)["fingerprint"]
     variant.stats["push_s"] = time.perf_counter() - t
     c = variant.config
     return Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile, model=key)
@@ -165,6 +165,7 @@ def describe_variant(v: Variant) -> dict:
         "config": v.config_path,
         "backend": c.backend,
         "metric": c.metric,
+        "layout": c.layout,
         "store": c.store,
         "top_k": c.top_k,
         "prompt_block": c.prompt_block,
