@@ -191,3 +191,34 @@ def test_the_export_api_against_numpy_and_a_closed_text(playground):
     for path in (f"{view['id']}/export", "nosuchtext0/export"):
         status, body = call(f"{url}/api/texts/{path}")
         assert status == 404 and "no text" in body["error"] and "\n" not in body["error"]
+
+
+def test_stop_ends_a_generation_on_the_server_too(playground, page):
+    n, released, seen = 40, threading.Event(), []
+    second = len(tokenizer.encode("JULIET:")) + 1
+
+    def hold(position: int) -> None:
+        seen.append(position)
+        if position == second:
+            released.wait(60)
+
+    playground.app.state.before_token = hold
+    try:
+        page.goto(playground.url)
+        page.wait_for_selector("body[data-ready]")
+        page.fill("#prompt", "JULIET:")
+        page.fill("#n", str(n))
+        page.fill("#seed", "1")
+        page.click("#generate")
+        page.wait_for_selector(f"body[data-generating='1/{n}']")  # the second token is held back
+        page.click("#stop")
+        page.wait_for_selector("#generate:not([disabled])")
+        assert not page.is_visible("#progress")
+        released.set()
+        page.wait_for_timeout(1500)  # the server sees the stream closed at its next event, then stops
+        drawn = len(seen)
+        page.wait_for_timeout(1000)
+        assert len(seen) == drawn < n  # it stopped: no token drawn in the last second, far fewer than n
+    finally:
+        released.set()
+        playground.app.state.before_token = None

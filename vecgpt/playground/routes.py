@@ -202,16 +202,19 @@ async def generate(request: Request):
     except Exception as e:  # noqa: BLE001
         return failure(e, library)
     events: queue.Queue = queue.Queue()
-    hook = getattr(request.app.state, "before_token", None)
-    threading.Thread(target=produce, args=(library, entry, n, events, hook), daemon=True).start()
-    return StreamingResponse(relay(events), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+    hook, gone = getattr(request.app.state, "before_token", None), threading.Event()
+    threading.Thread(target=produce, args=(library, entry, n, events, hook, gone), daemon=True).start()
+    return StreamingResponse(relay(events, gone), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
-def produce(library: Library, entry, n: int, events: queue.Queue, hook) -> None:
-    """Draw n tokens one at a time (each its own operation and cost; other texts on the store interleave)."""
+def produce(library: Library, entry, n: int, events: queue.Queue, hook, gone: threading.Event) -> None:
+    """Draw n tokens one at a time (each its own operation and cost; other texts on the store interleave),
+    stopping early once the page has gone (its Stop button, or closed)."""
     t, shelf = entry.text, library.shelf(entry.store)
     try:
         for _ in range(n):
+            if gone.is_set():
+                break
             if hook is not None:
                 hook(len(t.tokens))
             library.within_budget(entry.store)
@@ -231,12 +234,16 @@ def produce(library: Library, entry, n: int, events: queue.Queue, hook) -> None:
         entry.used = time.monotonic()
 
 
-async def relay(events: queue.Queue):
-    while True:
-        kind, data = await run_in_threadpool(events.get)
-        yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
-        if kind in ("done", "error"):
-            return
+async def relay(events: queue.Queue, gone: threading.Event):
+    """The events as they come; when the reader goes away (this generator is closed or cancelled), `gone`."""
+    try:
+        while True:
+            kind, data = await run_in_threadpool(events.get)
+            yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+            if kind in ("done", "error"):
+                return
+    finally:
+        gone.set()
 
 
 # ----------------------------------------------------------------------------- streaming attention

@@ -104,8 +104,9 @@ function stream() {
     progress(++done, n);
     renderRequests();
   });
-  const end = () => { source.close(); source = null; progress(0, null); showSpending(); };
+  const end = () => { if (!source) return; source.close(); source = null; progress(0, null); showSpending(); };
   source.addEventListener("done", () => { end(); refresh(); });
+  $("#stop").onclick = () => { end(); refresh(); };  // the server stops once it sees the stream closed
   source.addEventListener("error", (ev) => {
     let message = "the server stopped the stream";
     try { message = JSON.parse(ev.data).error; } catch (_) { /* a dropped connection has no data */ }
