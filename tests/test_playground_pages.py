@@ -56,6 +56,12 @@ def test_ctrl_enter_generates_and_a_progress_bar_counts_the_tokens(playground, p
         assert not page.is_visible("#progress") and page.locator("#text [data-token]").count() == n
         view = call(f"{playground.url}/api/texts/{text_id(page)}")[1]
         assert view["settings"]["temperature"] == 0.8 and view["settings"]["seed"] == int(page.input_value("#seed"))
+        page.wait_for_function(
+            f"document.querySelector('#status').dataset.spentRequests === '{view['spent']['requests']}'"
+        )
+        assert view["spent"]["positions_read"] == len(tokenizer.encode("JULIET:")) + n - 1 and "spent so far" in (
+            page.inner_text("#status")
+        )
     finally:
         released.set()
         playground.app.state.before_token = None

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from vecgpt import api, tokenizer
 from vecgpt.playground.server import Entry, Refused, Shelf
 
@@ -22,6 +24,7 @@ def text_view(entry: Entry, shelf: Shelf) -> dict:
         "tokens": token_rows(t.tokens),
         "text": tokenizer.decode(t.tokens[t.prompt_len :]),
         "settings": t.settings,
+        "spent": t.record.get("spent") or {},  # what the text's operations have sent, in every process
         "n_ctx": hp.n_ctx,
         "n_vocab": hp.n_vocab,
     }
@@ -86,3 +89,33 @@ def check_view(entry: Entry, shelf: Shelf) -> dict:
             diff = max((abs(x - float(logits[p - 1, i])) for i, x, _ in cands), default=None)
             rows.append({"position": p, "max_abs_diff": diff})
     return {"id": t.id, "positions": rows}
+
+
+def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
+    """A position read again (vecgpt.engine.Inspection): attention's q.k and weights of `layers` (None: none),
+    each head's over the positions 0..position, and the logit lens after every layer."""
+    t, (n_layer, n_head, n) = entry.text, found.weights.shape
+    top = t.candidates(found.position + 1)
+    return {
+        "id": t.id,
+        "position": found.position,
+        "token": token_rows([found.token], found.position)[0],
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "scale": 1 / math.sqrt(t.engine.hparams.n_embd // n_head),  # weight = softmax(q.k * scale)
+        "keys": token_rows(t.tokens[:n]),
+        "attention": [
+            {"layer": i, "head": h, "scores": found.scores[i, h].tolist(), "weights": found.weights[i, h].tolist()}
+            for i in layers or []
+            for h in range(n_head)
+        ],
+        "lens": [
+            {
+                "layer": i,
+                "tokens": [{"id": int(k), "text": tokenizer.decode([int(k)]), "logit": float(x)} for k, x in zip(*c)],
+            }
+            for i, c in enumerate(found.lens)
+        ],
+        "lens_searches": len(found.lens),
+        "next": None if top is None else {"id": top[0][0], "logit": top[0][1], "text": top[0][2]},
+    }

@@ -3,7 +3,7 @@
 // Ctrl+Enter (Cmd+Enter) generates; a progress bar counts the tokens while they arrive.
 "use strict";
 const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search", "wait"];
-let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null, retries = 0;
+let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null;
 
 let charging = true;  // until the server says none of its stores charges
 
@@ -47,6 +47,8 @@ function setView(v, fresh) {
   url.searchParams.set("text", v.id);
   history.replaceState(null, "", url);
   $("#text-id").textContent = `text ${v.id}`;
+  // the fields say the text's settings (a retry moves its seed)
+  $("#temperature").value = v.settings.temperature; $("#top-k").value = v.settings.top_k; $("#seed").value = v.settings.seed;
   $("#continue").disabled = $("#export").disabled = false;
   renderText();
   renderRequests();
@@ -67,7 +69,10 @@ function tokenSpan(t, prompt) {
 function renderText() {
   $("#text").textContent = "";
   view.tokens.forEach((t) => $("#text").appendChild(tokenSpan(t, t.position < view.prompt_len)));
-  $("#status").textContent = `${view.tokens.length - view.prompt_len} generated after a ${view.prompt_len}-token prompt; context ${view.n_ctx}`;
+  const s = view.spent || {}, spent = s.requests === undefined ? "" :
+    `; spent so far ${fmtInt(s.requests)} requests, ${fmtInt(s.round_trips)} round trips, ${fmtInt(s.positions_read)} positions read`;
+  $("#status").textContent = `${view.tokens.length - view.prompt_len} generated after a ${view.prompt_len}-token prompt; context ${view.n_ctx}${spent}`;
+  $("#status").dataset.spentRequests = s.requests ?? "";
 }
 
 async function generate() {
@@ -160,7 +165,7 @@ async function showCandidates(position) {
   d.appendChild(p);
   d.appendChild(walkLink(c));
   $("#step-back").addEventListener("click", () => act("step-back", { position }, null));
-  $("#retry").addEventListener("click", () => act("retry", { position, seed: Number($("#seed").value) + ++retries }, position));
+  $("#retry").addEventListener("click", () => act("retry", { position, seed: Number($("#seed").value) + 1 }, position));
 }
 
 // The probabilities above are a softmax of logit / temperature: the attention page walks that same softmax.
@@ -268,7 +273,6 @@ async function main() {
     try {
       const v = await call("GET", `/api/texts/${encodeURIComponent(id)}`);
       $("#store").value = v.store; fillModels(); $("#model").value = v.model;
-      $("#temperature").value = v.settings.temperature; $("#top-k").value = v.settings.top_k; $("#seed").value = v.settings.seed;
       $("#prompt").value = v.tokens.slice(0, v.prompt_len).map((t) => t.text).join("");
       setView(v, true);
     } catch (e) { showError("#error", e); }
