@@ -154,6 +154,21 @@ class Ahead(NamedTuple):
     wpe: np.ndarray  # [1, d]
 
 
+class Inspection(NamedTuple):
+    """What reading one position again computed (Session.inspect): attention's q.k and weights as the text's
+    own read had them, the residual after each layer, and the logit lens."""
+
+    position: int
+    token: int
+    scores: np.ndarray  # [L, H, position + 1]: q.k of each key up to the position (before the 1/sqrt(hd))
+    weights: np.ndarray  # [L, H, position + 1]: softmax(q.k / sqrt(hd)), each head's summing to 1
+    residuals: np.ndarray  # [L, d]: the residual stream after each layer
+    lens: list[Candidates]  # per layer: the top LENS_K tokens of ln_f(residual) @ wte.T, each a top-k search
+
+
+LENS_K = 5  # the logit lens's tokens a layer
+
+
 def only_model(store: Store) -> str:
     check_layout(store)
     keys = sorted(store.manifests())
@@ -176,6 +191,7 @@ class Session:
         str  # the model's layout (vecgpt.config.LAYOUTS), set by `layout`: tolerance derives its bound in that order
     )
     kept = np.float32  # `projected` in memory: each value is a float32 (as stored) in either
+    capture: list | None = None  # set by `inspect`: weighted_values appends (q.k, weights) of each layer
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -311,10 +327,13 @@ class Session:
         scores = np.empty((n_head, m, n))
         scores[..., : n - 1] = searched
         scores[:, rows, start + rows] = own
+        raw = scores.copy() if self.capture is not None else None  # an inspection keeps q.k and the weights
         scores /= math.sqrt(hd)  # in place, as the softmax below: a block's table is the largest array a read holds
         if m > 1:  # a block's later keys are masked
             np.copyto(scores, -np.inf, where=np.arange(n) > (start + rows)[:, None])
         weights, chunk = softmax_in_place(scores), self.chunk(m)
+        if raw is not None:
+            self.capture.append((raw, weights.copy()))
         out = weights[..., :chunk] @ self.values_at(layer, 0, min(chunk, n))
         for t in range(chunk, n, chunk):  # the values in float64 a chunk at a time, while in cache
             out += weights[..., t : t + chunk] @ self.values_at(layer, t, min(t + chunk, n))
@@ -454,6 +473,8 @@ class Session:
     def queue_rows(self, layer, start, vectors, payload) -> None:
         """A layer's rows of the positions being read: a block's are written at once (its key search waits for
         them); a decode step's go out at the layers of `writes_at`, with the layers read since the last write."""
+        if self.capture is not None:  # an inspection writes nothing
+            return
         self.pending.append((layer, start, vectors, np.asarray(payload, np.float32)))
         if len(vectors) > 1 or layer in self.writes_at:
             ticket = self.write(later.upsert(*self.key_rows(self.pending)))
@@ -527,3 +548,55 @@ class Session:
         """Start from another session's first n positions, whose keys and values this text's collection holds."""
         self.projected[:, :n], self.key_norms[:, :, :n] = other.projected[:, :n], other.key_norms[:, :, :n]
         self.tokens, self._written, self._key_writes, self.layer_ticket = other.tokens[:n], n, [], {}
+
+    # ------------------------------------------------------------ a position read again, to look inside
+
+    def inspect(self, position: int, token: int) -> Inspection:
+        """Read `token` at `position` again as a decode step reads it, every layer's searches sent, writing
+        nothing: its scores of the keys before it come from the store's key search, its own from memory, as in
+        the first read (which key is scored where depends on positions alone), so the weights are the ones the
+        text used. Then the logit lens: one round of a top-LENS_K token search per layer."""
+        self.check_inspectable(position)
+        kept = self.projected[:, position].copy(), self.key_norms[:, :, position].copy()
+        if any(self.meter.current["rounds"].values()):  # the inspection's requests make a meter entry of their own
+            self.meter.start_token()
+        self.capture = []
+        try:
+            residuals = self.read_again(position, token)
+            captured = self.capture
+        finally:  # a re-read overwrites the position's kept value and key norm: the same bits, or a later read's
+            self.capture = None
+            self.projected[:, position], self.key_norms[:, :, position] = kept
+        scores, weights = (np.stack([pair[i][:, 0] for pair in captured]) for i in (0, 1))
+        return Inspection(position, token, scores, weights, residuals, self.lens(residuals))
+
+    def check_inspectable(self, position: int) -> None:
+        """A position this session has read up to: the keys before it are in the store (or queued for it)."""
+        if not 0 <= position <= min(self.position, self.hp.n_ctx - 1):
+            raise VecgptError(
+                f"position {position} cannot be inspected: this text has read positions 0 to {self.position}"
+            )
+        self.check_written(position)
+
+    def read_again(self, position: int, token: int) -> np.ndarray:  # -> the residual after each layer [L, d]
+        d = self.hp.n_embd
+        wte, wpe = self.send(
+            later.fetch(self.engine.name("wte"), np.asarray([token])),
+            later.fetch(self.engine.name("wpe"), np.arange(position, position + 1)),
+        )
+        x, out = wte[:, :d].astype(np.float64) + wpe.astype(np.float64), []
+        for layer in range(self.hp.n_layer):
+            x = self.transformer_block(x, layer, position)
+            out.append(x[0])
+        return np.stack(out)
+
+    def lens(self, residuals: np.ndarray, k: int = LENS_K) -> list[Candidates]:
+        """Each residual [L, d] through ln_f, then a top-k search of the token table (gpt2's, a row at a time, so
+        the last layer's is bit for bit the text's own token search): L searches in one round."""
+        m2, name = self.engine.m2["wte"], self.engine.name("wte")
+        rows = [layer_norm(r[None], **self.ln_f, eps=self.hp.eps) for r in residuals]
+        qs = [encoding.encode_queries(h, self.metric, m2) for h in rows]
+        (found,) = self.send(later.search_many([Search(name, q, k=k) for q in qs]))
+        return [
+            ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, m2, self.metric)[0]) for q, hits in zip(qs, found)
+        ]

@@ -24,7 +24,7 @@ from contextlib import contextmanager, nullcontext, suppress
 import numpy as np
 
 from vecgpt import tokenizer
-from vecgpt.engine import Engine, Session
+from vecgpt.engine import Engine, Inspection, Session
 from vecgpt.errors import VecgptError
 from vecgpt.meter import SESSION_PREFIX, later, summarize
 from vecgpt.sampling import Candidates, choose, draw
@@ -166,6 +166,25 @@ class Text:
             self._candidates[p] = cands
             self._queue(p)
         return self._candidates[p]
+
+    def inspect(self, p: int) -> Inspection:
+        """Attention's weights and the logit lens at position p (0-based, prompt included): the token read again
+        as the text read it, nothing written (Session.inspect). Its requests are counted in `cost`."""
+        with self._operation():
+            if not 0 <= p < len(self.tokens):
+                raise VecgptError(f"position {p} is beyond the text: its positions are 0 to {len(self.tokens) - 1}")
+            self._read_to(p)
+            return self.session.inspect(p, self.tokens[p])
+
+    def _read_to(self, p: int) -> None:
+        """Positions before p read in this process: a resumed text reads again those it lacks, as `generate`
+        would (the prompt as one block), their candidates as they were."""
+        if p > self.session.position:
+            q = max(p, self.prompt_len)
+            known = self._candidates.pop(q, None)
+            self._scores(q)
+            if known is not None:
+                self._candidates[q] = known
 
     def _draw(self, p: int) -> float:
         return draw(self.settings["seed"], p)
