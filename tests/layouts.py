@@ -90,7 +90,7 @@ def cli_runs(capsys, tmp_path, tiny_model_dir, model64, layout: str) -> dict:
     """`vecgpt load --layout <layout>` into FAISS, then `generate` in that layout and in "four" (loaded by
     generate): greedy, the layout draws numpy's tokens wherever the derived tolerance fixes them; both
     generate runs' JSON by layout."""
-    store = ["--backend", "faiss", "--store", str(tmp_path / "faiss"), "--model", str(tiny_model_dir)]
+    store = ["--backend", "faiss", "--metric", "l2", "--store", str(tmp_path / "faiss"), "--model", str(tiny_model_dir)]
     assert main(["load", *store, "--layout", layout]) == 0
     assert capsys.readouterr().out.strip().endswith(f"-l2-{layout})")
     runs = {}

@@ -143,6 +143,7 @@ def count(v, model, ids, args) -> list[dict]:
                     "subject": v.label,
                     "config": v.config_path,
                     "metric": v.config.metric,
+                    "layout": v.config.layout,
                     "prompt_mode": "prompt as a block" if block else "prompt token by token",
                     "tokens": gen.tokens,
                     **per_token_counts(session.meter.summary()),
