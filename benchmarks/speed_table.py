@@ -15,7 +15,8 @@ second): what a row before left running (PostgreSQL's checkpoint, a server's shu
 turbopuffer runs through the official client against the local server with a fixed simulated latency
 per request. --layout loads the model in each layout given into the embedded stores, a row each (default: each
 config's layout; turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
-speed.md (the table as README shows it) and speed.png; progress goes to stderr.
+speed.md (every column), readme.md (README's table) and speed.png; progress goes to stderr. --render writes the
+tables and plot again from speed.json.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def parse_args(argv=None):
         help="the model's layouts in the embedded stores, a row each (default: each config's)",
     )
     parser.add_argument("--out", default="benchmarks/results/speed", help="folder for speed.json, .md and .png")
+    parser.add_argument(
+        "--render", action="store_true", help="measure nothing: write the tables and plot of --out's speed.json"
+    )
     return parser.parse_args(argv)
 
 
@@ -216,6 +220,25 @@ def markdown(result) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compact(result) -> str:
+    """README's table: a row a store, in its config's layout and encoding."""
+    m = result["machine"]
+    lines = [
+        f"{result['shape']}; {m['cpu']}, {m['cores']} cores, {m['threads']} threads; commit {m['commit'][:7]}, "
+        f"{m['date'][:10]}; `{result['command']}`",
+        "",
+        "| store | layout | ms a token | × numpy | × transformers | round trips a token | $ a token |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        cells = [r["store"], r.get("layout", ""), f"{r['per_token_s'] * 1e3:,.1f}", cell_ratio(r["ratio"])]
+        cells.append(cell_ratio(r["vs_transformers"]) if "vs_transformers" in r else "")
+        cells.append(f"{r['round_trips_per_token']:.0f}" if "round_trips_per_token" in r else "")
+        cells.append(f"${r['dollars_per_token']:.5f}" if "dollars_per_token" in r else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(result, path: Path) -> None:
     import matplotlib
 
@@ -243,12 +266,13 @@ def plot(result, path: Path) -> None:
 
 def main():
     args = parse_args()
-    result = measure(args)
     out = Path(args.out)
+    result = json.loads((out / "speed.json").read_text()) if args.render else measure(args)
     out.mkdir(parents=True, exist_ok=True)
     (out / "speed.json").write_text(json.dumps(result, indent=1, default=float))
     table = markdown(result)
     (out / "speed.md").write_text(table)
+    (out / "readme.md").write_text(compact(result))
     plot(result, out / "speed.png")
     progress(f"wrote {out / 'speed.json'}, {out / 'speed.md'}, {out / 'speed.png'}")
     print(table)
