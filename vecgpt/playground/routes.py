@@ -178,6 +178,42 @@ def check_position(entry, position: int, end: int | None = None) -> None:
         raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
 
 
+def inspected(lens_only: bool):
+    """GET /api/texts/{id}/attention/{position}[?layer=L]: attention's q.k and weights at a position (every
+    layer's, or layer L's) and the logit lens; /lens/{position}: the lens alone. Both read the position again."""
+
+    def handler(library, request, body):
+        from vecgpt.errors import VecgptError
+
+        entry, position, layer = inspect_request(library, request)
+        t, shelf = entry.text, library.shelf(entry.store)
+        try:
+            with shelf.measured(t) as cost:
+                found = t.inspect(position)
+        except VecgptError:
+            if shelf.store.read_text(t.id) is None:  # closed by another process
+                library.forget(t.id)
+                raise Refused(f"text {t.id} is closed; start a new one", 404) from None
+            raise
+        layers = None if lens_only else ([layer] if layer is not None else list(range(t.engine.hparams.n_layer)))
+        return {**views.inspection_view(entry, found, layers), "cost": cost}
+
+    return handler
+
+
+def inspect_request(library, request):
+    """(the text's entry, a position within it, the ?layer= asked for or None), or a one-line 4xx."""
+    entry, query = library.entry(request.path_params["text_id"]), dict(request.query_params)
+    position, t = field(request.path_params, "position", int), entry.text
+    n_layer = t.engine.hparams.n_layer
+    layer = field(query, "layer", int) if "layer" in query else None
+    if layer is not None and not 0 <= layer < n_layer:
+        raise Refused(f"layer {layer} is out of range: this model's layers are 0 to {n_layer - 1}")
+    if not 0 <= position < len(t.tokens):
+        raise Refused(f"position {position} is beyond the text: its positions are 0 to {len(t.tokens) - 1}")
+    return entry, position, layer
+
+
 def close(library, request, body):
     entry = library.entry(request.path_params["text_id"])
     with library.shelf(entry.store).lock:
@@ -319,6 +355,8 @@ ROUTES = [
     Route("/api/texts/{text_id}/branch", guarded(branch), methods=["POST"]),
     Route("/api/texts/{text_id}/retry", guarded(retry), methods=["POST"]),
     Route("/api/texts/{text_id}/check", guarded(check)),
+    Route("/api/texts/{text_id}/attention/{position}", guarded(inspected(lens_only=False))),
+    Route("/api/texts/{text_id}/lens/{position}", guarded(inspected(lens_only=True))),
     Route("/api/texts/{text_id}/export", guarded(export)),
     Route("/api/attention-memory", guarded(attention_memory)),
     Route("/api/softmax-walk", guarded(softmax_walk), methods=["POST"]),
