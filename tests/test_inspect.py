@@ -4,7 +4,9 @@ after the last layer against the text's own top candidate; then the JSON API and
 
 from __future__ import annotations
 
+import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -80,11 +82,20 @@ def test_inspect_is_what_the_text_computed(memory_engines, model64, layout):
             if nxt is not None and p >= len(PROMPT):  # read as a decode step the first time: the same bits
                 assert (int(found.lens[-1].ids[0]), float(found.lens[-1].logits[0])) == tuple(nxt[0][:2])
         assert engine.store.stats()[text.session.name]["documents"] == rows
+        again = Text.resume(engine, text.id)  # as another process finds it: the keys the store holds
+        assert np.array_equal(again.inspect(len(PROMPT) + 1).weights, text.inspect(len(PROMPT) + 1).weights)
         text.generate(3)  # the text goes on as if never inspected
         with Text.start(engine, PROMPT, temperature=0.8, seed=3) as plain:
             plain.generate(7)
             assert plain.tokens == text.tokens
             assert all(plain.candidates(p) == text.candidates(p) for p in range(len(PROMPT), len(text.tokens)))
+
+
+def test_inspect_a_prompt_not_read_yet(memory_engines, model64):
+    with Text.start(memory_engines["four"], PROMPT) as text:  # nothing read: the prompt is read first
+        found = text.inspect(2)
+        check_weights(model64, text.tokens, 2, found.scores, found.weights)
+        assert text.cost["positions_read"] == len(PROMPT)
 
 
 def test_inspect_refuses_positions_outside_the_text_and_closed_texts(memory_engines):
@@ -191,8 +202,10 @@ def test_click_a_token_shows_its_attention_and_lens(playground, page):
     cell.hover()
     row = next(r for r in want["attention"] if (r["layer"], r["head"]) == (1, 2))
     hover = page.inner_text("#inspect-hover")
-    assert want["keys"][p - 1]["text"].strip() in hover and f"{row['weights'][p - 1]:.6g}"[:6] in hover
-    assert "q.k" in hover and cell.get_attribute("title") == hover
+    assert json.dumps(want["keys"][p - 1]["text"], ensure_ascii=False) in hover and cell.get_attribute("title") == hover
+    shown_score, shown_weight = (float(re.search(rf"{w} (\S+)", hover)[1].rstrip(",")) for w in ("q.k", "weight"))
+    assert shown_score == pytest.approx(row["scores"][p - 1], rel=1e-5)  # six digits
+    assert shown_weight == pytest.approx(row["weights"][p - 1], rel=1e-5)
     page.screenshot(path=str(IMAGES / "inspect.png"), full_page=True)
 
     page.click("#text .prompt[data-position='0']")  # a prompt token too
