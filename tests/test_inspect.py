@@ -273,3 +273,22 @@ def test_the_page_says_what_went_wrong(playground, page):
     page.wait_for_selector("body[data-inspected='error:1']")
     assert "no text" in page.inner_text("#inspect-error")
     page.console_errors.clear()  # the browser logs the 404 it was answered
+
+
+def test_a_phone_scrolls_the_inspection_not_the_page(playground, browser):
+    from browser import watch
+
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    page = context.new_page()
+    errors = watch(page)
+    try:
+        view = started(playground.url, n=3)
+        open_text(page, playground.url, view)
+        p = view["prompt_len"] + 1
+        page.click(f"#text [data-token][data-position='{p}']")
+        page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        page.locator("#inspect").screenshot(path=str(IMAGES / "inspect-390.png"))
+    finally:
+        context.close()
+    assert errors == []

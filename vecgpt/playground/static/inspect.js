@@ -51,6 +51,7 @@ function renderInspection(box, a) {
 
 function lensTable(a) {
   const wrap = document.createElement("div");
+  wrap.className = "scroll";
   const t = document.createElement("table");
   t.id = "lens";
   t.innerHTML = "<tr><th>after layer</th><th class='txt' colspan=5>top 5 next tokens of ln_f(residual) (logit)</th></tr>";
