@@ -91,6 +91,20 @@ def test_inspect_is_what_the_text_computed(memory_engines, model64, layout):
             assert all(plain.candidates(p) == text.candidates(p) for p in range(len(PROMPT), len(text.tokens)))
 
 
+def test_inspect_on_every_backend(make_store, backend, tiny_model, model64):
+    """The same on each store (a server's writes land behind its searches: an inspection waits for them)."""
+    store = make_store(backend)
+    push(store, tiny_model, "l2", progress=False, layout="four")
+    engine = Engine(store, model=store_fingerprint(tiny_model, "l2", "four"))
+    with Text.start(engine, PROMPT, temperature=0.8, seed=3) as text:
+        text.generate(3)
+        for p in (len(PROMPT), len(text.tokens) - 1):
+            found = text.inspect(p)
+            check_weights(model64, text.tokens, p, found.scores, found.weights)
+            assert "key_write" not in text.cost["by_kind"]
+        assert int(text.inspect(len(PROMPT)).lens[-1].ids[0]) == text.candidates(len(PROMPT) + 1)[0][0]
+
+
 def test_inspect_a_prompt_not_read_yet(memory_engines, model64):
     with Text.start(memory_engines["four"], PROMPT) as text:  # nothing read: the prompt is read first
         found = text.inspect(2)

@@ -14,7 +14,8 @@ Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64.
 `--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
-Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter.
+Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter. `Session.inspect` reads a
+position again, writing nothing, for what attention weighed there and the logit lens (the playground's token click).
 """
 
 from __future__ import annotations
