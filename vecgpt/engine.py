@@ -575,7 +575,7 @@ class Session:
         """A position this session has read up to: the keys before it are in the store (or queued for it)."""
         if not 0 <= position <= min(self.position, self.hp.n_ctx - 1):
             raise VecgptError(
-                f"position {position} cannot be inspected: this text has read positions 0 to {self.position}"
+                f"position {position} cannot be inspected: positions 0 to {self.position} can (read the text first)"
             )
         self.check_written(position)
 
