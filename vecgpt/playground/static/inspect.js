@@ -136,7 +136,7 @@ function drawHeatmap(a, layer) {
   for (const k of a.keys) {
     const s = document.createElement("span");
     s.className = "hm-key";
-    s.textContent = wide ? k.text : (k.position % 16 === 0 ? String(k.position) : "");
+    s.textContent = wide ? k.text.replace(/\n/g, "\u21b5") : (k.position % 16 === 0 ? String(k.position) : "");
     s.title = `${k.position} ${JSON.stringify(k.text)}`;
     head.appendChild(s);
   }
