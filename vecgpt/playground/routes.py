@@ -132,6 +132,23 @@ check = current(lambda entry, shelf, request: views.check_view(entry, shelf))
 export = current(lambda entry, shelf, request: api.text_json(entry.text))  # `vecgpt texts show ID --json`
 
 
+def compare(library, request, body):
+    """GET /api/texts/{id}/compare?store=LABEL: the text's tokens read again on store LABEL (another store, or
+    the same model in another encoding), its candidates beside the text's; both stores held, in index order."""
+    entry, label = library.entry(request.path_params["text_id"]), request.query_params.get("store")
+    if not label:
+        raise Refused("name a store to compare with: ?store=LABEL (/api/stores lists the labels)")
+    index = library.labeled(label)
+    library.within_budget(index)
+    shelf, other = library.shelf(entry.store), library.shelf(index)
+    with library.holding(entry.store, index):
+        shelf.current(entry.text)
+        t = entry.text
+        key = other.same_model(shelf.engine(entry.model).manifest)
+        found, cost = other.forced(key, t.tokens, t.prompt_len, t.settings["top_k"])
+        return {**views.compare_view(entry, shelf, other, key, found), "cost": cost}
+
+
 def step_back(library, request, body):
     """Step back to a generated token: drop it and what follows."""
     entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
@@ -355,6 +372,7 @@ ROUTES = [
     Route("/api/texts/{text_id}/branch", guarded(branch), methods=["POST"]),
     Route("/api/texts/{text_id}/retry", guarded(retry), methods=["POST"]),
     Route("/api/texts/{text_id}/check", guarded(check)),
+    Route("/api/texts/{text_id}/compare", guarded(compare)),
     Route("/api/texts/{text_id}/attention/{position}", guarded(inspected(lens_only=False))),
     Route("/api/texts/{text_id}/lens/{position}", guarded(inspected(lens_only=True))),
     Route("/api/texts/{text_id}/export", guarded(export)),

@@ -127,6 +127,49 @@ class Shelf:
         """What this process's store object has spent since it opened."""
         return self.price()(self.store.usage)
 
+    def same_model(self, manifest: dict) -> str:
+        """This store's key for the weights of `manifest` (another store's model): its own key where held (the same
+        encoding), else one of this config's encoding, loaded from the model's source where missing (as a store
+        holding no model gets one), unless its service bills the load."""
+        from vecgpt import weights
+        from vecgpt.backends.base import extra
+        from vecgpt.loading import push, store_fingerprint
+
+        if self.store.read_manifest(manifest["fingerprint"]) is not None:
+            return manifest["fingerprint"]
+        model = weights.load(manifest["source"])
+        if model.fingerprint != manifest["model_fingerprint"]:
+            raise VecgptError(f"{manifest['source']} is no longer the model the text runs; cannot compare")
+        key = store_fingerprint(model, self.config.metric, self.config.layout)
+        if self.store.read_manifest(key) is None:
+            if extra(self.config.backend, "estimate_cost") is not None:
+                raise Refused(f"store {self.label} does not hold the text's model; run `vecgpt load` with its config")
+            push(self.store, model, self.config.metric, progress=False, layout=self.config.layout)
+        return key
+
+    def forced(self, key: str, tokens: list[int], prompt_len: int, top_k: int) -> tuple[list, dict]:
+        """The candidates of each position from prompt_len to len(tokens) - 1 with `tokens` teacher-forced, read
+        as a text reads them (the prompt as one block, then a token at a time) in a session of its own on model
+        `key`, dropped after; and what that cost (as `measured` reports it)."""
+        from vecgpt.meter import summarize
+
+        if len(tokens) <= prompt_len:
+            return [], {}
+        usage = dict(getattr(self.store, "usage", None) or {})
+        session = self.engine(key).session()
+        try:
+            found = [session.read(tokens[:prompt_len], top_k)]
+            for t in tokens[prompt_len:-1]:
+                session.meter.start_token()
+                found.append(session.read([t], top_k))
+        finally:
+            session.close()
+        cost = {**summarize(session.meter.tokens), "positions_read": session.positions_read}
+        price = self.price()
+        if price is not None:
+            cost["dollars"] = price(self.store.usage) - price(usage)
+        return found, cost
+
     def current(self, text) -> None:
         """Catch up with what another process wrote to the text (an operation that draws nothing)."""
         with self.lock:
@@ -171,6 +214,22 @@ class Library:
         if not 0 <= index < len(self.shelves):
             raise Refused(f"store {index} is not one of this server's {len(self.shelves)} stores")
         return self.shelves[index]
+
+    def labeled(self, label: str) -> int:
+        """The index of the store with this label (a config's path, or "default")."""
+        for index, shelf in enumerate(self.shelves):
+            if shelf.label == label:
+                return index
+        names = ", ".join(repr(s.label) for s in self.shelves)
+        raise Refused(f"no store {label!r}: this server's stores are {names} (/api/stores lists them)", 404)
+
+    @contextlib.contextmanager
+    def holding(self, *indexes: int):
+        """The locks of these stores, taken in index order (two requests holding two stores never deadlock)."""
+        with contextlib.ExitStack() as stack:
+            for index in sorted(set(indexes)):
+                stack.enter_context(self.shelves[index].lock)
+            yield
 
     def start(self, store: int, model: str | None, prompt: str, temperature: float, top_k: int, seed: int) -> Entry:
         from vecgpt.text import Text

@@ -1,4 +1,5 @@
-"""The JSON the pages read: a text, a position's candidates, the stores, the numpy check; a text's export is
+"""The JSON the pages read: a text, a position's candidates, the stores, the numpy check, the comparison with
+another store; a text's export is
 `api.text_json`. Never a DSN or key: a store is described by `api.location` (backend and where it keeps its data)."""
 
 from __future__ import annotations
@@ -89,6 +90,44 @@ def check_view(entry: Entry, shelf: Shelf) -> dict:
             diff = max((abs(x - float(logits[p - 1, i])) for i, x, _ in cands), default=None)
             rows.append({"position": p, "max_abs_diff": diff})
     return {"id": t.id, "positions": rows}
+
+
+def compare_view(entry: Entry, shelf: Shelf, other: Shelf, key: str, found: list) -> dict:
+    """Each generated position's candidates beside those another store (or encoding) read with the same tokens
+    (`found`, Shelf.forced): the largest |logit difference| over the ids both have, and whether the ids differ
+    in order or set."""
+    t, rows = entry.text, []
+    for p, theirs in zip(range(t.prompt_len, len(t.tokens)), found):
+        mine = t.candidates(p)
+        if mine is None:
+            rows.append({"position": p, "max_abs_diff": None, "order_differs": None, "shared": 0})
+            continue
+        a, b = {i: x for i, x, _ in mine}, dict(zip(theirs.ids.tolist(), theirs.logits.tolist()))
+        both = a.keys() & b.keys()
+        rows.append(
+            {
+                "position": p,
+                "max_abs_diff": max((abs(a[i] - b[i]) for i in both), default=None),
+                "order_differs": [i for i, _, _ in mine] != theirs.ids.tolist(),
+                "shared": len(both),
+            }
+        )
+    return {
+        "id": t.id,
+        "this": encoding_view(shelf, entry.model),
+        "other": encoding_view(other, key),
+        "positions": rows,
+    }
+
+
+def encoding_view(shelf: Shelf, key: str) -> dict:
+    manifest = shelf.engine(key).manifest
+    return {
+        "label": shelf.label,
+        "model": key,
+        "metric": manifest["metric"],
+        "layout": manifest.get("layout") or "four",
+    }
 
 
 def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
