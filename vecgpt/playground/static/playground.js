@@ -3,7 +3,7 @@
 // Ctrl+Enter (Cmd+Enter) generates; a progress bar counts the tokens while they arrive.
 "use strict";
 const KINDS = ["open", "lookup", "matrix", "key_write", "key_search", "token_search", "wait"];
-let stores = [], view = null, costs = {}, checks = {}, source = null, changedFrom = null;
+let stores = [], view = null, costs = {}, checks = {}, compares = {}, source = null, changedFrom = null;
 
 let charging = true;  // until the server says none of its stores charges
 
@@ -19,7 +19,12 @@ async function showSpending() {
 async function loadStores() {
   stores = (await call("GET", "/api/stores")).stores;
   $("#store").innerHTML = "";
-  for (const s of stores) $("#store").add(new Option(`${s.label} (${s.location.backend})`, s.index));
+  $("#compare-store").innerHTML = "";
+  for (const s of stores) {
+    $("#store").add(new Option(`${s.label} (${s.location.backend})`, s.index));
+    $("#compare-store").add(new Option(`${s.label} (${s.location.backend})`, s.label));
+  }
+  if (stores.length > 1) $("#compare-store").selectedIndex = 1;
   fillModels();
 }
 
@@ -42,14 +47,14 @@ function settingsBody() {
 
 function setView(v, fresh) {
   view = v;
-  if (fresh) { costs = {}; checks = {}; }
+  if (fresh) { costs = {}; checks = {}; compares = {}; $("#compare-info").textContent = ""; }
   const url = new URL(location.href);
   url.searchParams.set("text", v.id);
   history.replaceState(null, "", url);
   $("#text-id").textContent = `text ${v.id}`;
   // the fields say the text's settings (a retry moves its seed)
   $("#temperature").value = v.settings.temperature; $("#top-k").value = v.settings.top_k; $("#seed").value = v.settings.seed;
-  $("#continue").disabled = $("#export").disabled = false;
+  $("#continue").disabled = $("#export").disabled = $("#compare").disabled = false;
   renderText();
   renderRequests();
 }
@@ -202,6 +207,7 @@ async function act(kind, body, from) {
   changedFrom = from;
   const line = `${kind}: ${costLine(v.cost)}`;
   for (const p of Object.keys(costs)) if (Number(p) >= body.position) delete costs[p];
+  for (const p of Object.keys(compares)) if (Number(p) >= body.position) delete compares[p];
   setView(v, kind === "branch");
   showSpending();
   $("#details").innerHTML = "";
@@ -241,7 +247,7 @@ function renderRequests() {
     const cells = [t.position, JSON.stringify(t.text), c ? c.total : "", c ? c.subqueries : "", c ? c.round_trips : "",
       c ? `${scores.store ?? 0} / ${scores.memory ?? 0}` : "",
       c ? (1000 * c.seconds).toFixed(1) : "", "", c && c.dollars != null ? Number(c.dollars).toPrecision(3) : "",
-      checks[t.position] != null ? checks[t.position].toExponential(2) : ""];
+      checks[t.position] != null ? checks[t.position].toExponential(2) : "", compareCell(compares[t.position])];
     cells.forEach((x) => { tr.insertCell().textContent = x; });
     tr.cells[2].title = kinds;
     if (c) {
@@ -251,6 +257,11 @@ function renderRequests() {
       tr.cells[7].appendChild(waterfall(c));
     }
     tr.cells[9].className = "check";
+    tr.cells[10].className = "compare";
+    if (compares[t.position]) {
+      tr.dataset.compareDiff = compares[t.position].max_abs_diff ?? "";
+      tr.dataset.compareOrder = compares[t.position].order_differs ? "differs" : "same";
+    }
   }
 }
 
@@ -262,6 +273,28 @@ async function runCheck() {
     for (const row of r.positions) checks[row.position] = row.max_abs_diff;
     renderRequests();
     document.body.dataset.checked = view.id;
+  } catch (e) { showError("#error", e); }
+}
+
+function compareCell(r) {
+  if (!r) return "";
+  return `${r.max_abs_diff == null ? "-" : r.max_abs_diff.toExponential(2)}${r.order_differs ? " *" : ""}`;
+}
+
+const encoding = (e) => `${e.label} (${e.metric}, ${e.layout})`;
+
+// The text's tokens read again on another store (or encoding): per token, how far its candidates' logits moved.
+async function runCompare() {
+  if (!view) return;
+  showError("#error", null);
+  try {
+    const r = await call("GET", `/api/texts/${view.id}/compare?${new URLSearchParams({ store: $("#compare-store").value })}`);
+    compares = {};
+    for (const row of r.positions) compares[row.position] = row;
+    const moved = r.positions.filter((row) => row.order_differs).length;
+    $("#compare-info").textContent = `${encoding(r.this)} vs ${encoding(r.other)}: order differs at ${moved} of ${r.positions.length} tokens; ${costLine(r.cost)}`;
+    renderRequests();
+    document.body.dataset.compared = view.id;
   } catch (e) { showError("#error", e); }
 }
 
@@ -286,6 +319,7 @@ $("#store").addEventListener("change", fillModels);
 $("#generate").addEventListener("click", generate);
 $("#continue").addEventListener("click", stream);
 $("#export").addEventListener("click", exportText);
+$("#compare").addEventListener("click", runCompare);
 document.addEventListener("keydown", (e) => {
   if ((e.ctrlKey || e.metaKey) && e.key === "Enter" && !$("#generate").disabled) { e.preventDefault(); generate(); }
 });
