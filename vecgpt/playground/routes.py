@@ -21,6 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from vecgpt import api, tokenizer
+from vecgpt.errors import VecgptError
 from vecgpt.playground import views
 from vecgpt.playground.server import Library, Refused, check_request
 
@@ -142,7 +143,11 @@ def compare(library, request, body):
     library.within_budget(index)
     shelf, other = library.shelf(entry.store), library.shelf(index)
     with library.holding(entry.store, index):
-        shelf.current(entry.text)
+        try:
+            shelf.current(entry.text)
+        except VecgptError:
+            refuse_if_closed(library, shelf, entry.text)
+            raise
         t = entry.text
         key = other.same_model(shelf.engine(entry.model).manifest)
         found, cost = other.forced(key, t.tokens, t.prompt_len, t.settings["top_k"])
@@ -195,22 +200,25 @@ def check_position(entry, position: int, end: int | None = None) -> None:
         raise Refused(f"position {position} is not a generated token (those are {t.prompt_len}..{len(t.tokens) - 1})")
 
 
+def refuse_if_closed(library, shelf, t) -> None:
+    """After an operation on text `t` failed: a 404 if another process closed it (its record is gone)."""
+    if shelf.store.read_text(t.id) is None:
+        library.forget(t.id)
+        raise Refused(f"text {t.id} is closed; start a new one", 404) from None
+
+
 def inspected(lens_only: bool):
     """GET /api/texts/{id}/attention/{position}[?layer=L]: attention's q.k and weights at a position (every
     layer's, or layer L's) and the logit lens; /lens/{position}: the lens alone. Both read the position again."""
 
     def handler(library, request, body):
-        from vecgpt.errors import VecgptError
-
         entry, position, layer = inspect_request(library, request)
         t, shelf = entry.text, library.shelf(entry.store)
         try:
             with shelf.measured(t) as cost:
                 found = t.inspect(position)
         except VecgptError:
-            if shelf.store.read_text(t.id) is None:  # closed by another process
-                library.forget(t.id)
-                raise Refused(f"text {t.id} is closed; start a new one", 404) from None
+            refuse_if_closed(library, shelf, t)
             raise
         layers = None if lens_only else ([layer] if layer is not None else list(range(t.engine.hparams.n_layer)))
         return {**views.inspection_view(entry, found, layers), "cost": cost}
