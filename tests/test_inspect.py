@@ -220,7 +220,7 @@ def test_click_a_token_shows_its_attention_and_lens(playground, page):
     shown_score, shown_weight = (float(re.search(rf"{w} (\S+)", hover)[1].rstrip(",")) for w in ("q.k", "weight"))
     assert shown_score == pytest.approx(row["scores"][p - 1], rel=1e-5)  # six digits
     assert shown_weight == pytest.approx(row["weights"][p - 1], rel=1e-5)
-    page.screenshot(path=str(IMAGES / "inspect.png"), full_page=True)
+    page.locator("#inspect").screenshot(path=str(IMAGES / "inspect.png"))  # README's picture
 
     page.click("#text .prompt[data-position='0']")  # a prompt token too
     page.wait_for_selector(f"body[data-inspected='{view['id']}:0']")
