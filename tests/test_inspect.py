@@ -306,3 +306,23 @@ def test_a_phone_scrolls_the_inspection_not_the_page(playground, browser):
     finally:
         context.close()
     assert errors == []
+
+
+def test_a_heads_label_walks_its_softmax_on_the_attention_page(playground, page):
+    """From the attention view, a head's row label opens the streaming-attention page on that head's softmax inputs:
+    its walk ends on the weights the text used."""
+    from vecgpt.cli.attention import parse_scores, walk
+
+    url = playground.url
+    view = started(url)
+    open_text(page, url, view)
+    p = view["prompt_len"] + 1
+    page.click(f"#text [data-token][data-position='{p}']")
+    page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']")
+    want = next(r for r in call(f"{url}/api/texts/{view['id']}/attention/{p}")[1]["attention"] if r["layer"] == 1)
+    page.click(f"#heatmap a.hm-label:text-is('L1 H{want['head']}')")
+    page.wait_for_selector("#walk tr[data-step='1']")
+    walked = walk(parse_scores(page.input_value("#scores").split()), 1)
+    assert page.url.endswith("#walk-it") and len(walked["weights"]) == p + 1
+    for got, weight in zip(walked["weights"], want["weights"]):  # float64 both ways, summed in another order
+        assert abs(got - weight) < 1e-12

@@ -148,17 +148,22 @@ function drawHeatmap(a, layer) {
   box.appendChild(grid);
 }
 
-function hmLabel(text) {
-  const s = document.createElement("span");
+function hmLabel(text, href) {
+  const s = document.createElement(href ? "a" : "span");
   s.className = "hm-label";
   s.textContent = text;
+  if (href) { s.href = href; s.title = "walk this head's softmax step by step on the attention page"; }
   return s;
+}
+
+function walkHref(a, r) {  // the head's softmax inputs, q.k x scale, on the streaming-attention page
+  return `/attention?${new URLSearchParams({ scores: r.scores.map((x) => String(x * a.scale)).join(",") })}#walk-it`;
 }
 
 function heatmapRow(a, r) {
   const row = document.createElement("div");
   row.className = r.head === 0 ? "hm-row hm-layer" : "hm-row";
-  row.appendChild(hmLabel(`L${r.layer} H${r.head}`));
+  row.appendChild(hmLabel(`L${r.layer} H${r.head}`, walkHref(a, r)));
   const most = Math.max(...r.weights) || 1;
   r.weights.forEach((w, j) => {
     const s = document.createElement("span");
