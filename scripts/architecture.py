@@ -66,9 +66,9 @@ BOXES = {
     ),
 }
 LAYOUTS = [  # inside the engine's box
-    ("four", "engine.Session, the default:\nc_attn | keys, per-head\nc_proj | c_fc | c_proj"),
-    ("three", "three_rounds.py\nW_v W_o and W_q k\nmade at load"),
-    ("five", "five_rounds.py\nthe textbook order:\none c_proj search"),
+    ("four", "engine.Session:\nc_attn | keys, per-head\nc_proj | c_fc | c_proj"),
+    ("three", "three_rounds.py\nproducts made at load;\nauto's behind a network"),
+    ("five", "five_rounds.py, the textbook\norder; auto's in process"),
 ]
 STORES = [
     ("memory", "numpy, float64\ndistances"),
