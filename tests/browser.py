@@ -135,10 +135,10 @@ def watch(p) -> list[str]:
     return errors
 
 
-def fresh_page(browser, **options):
-    """A fresh browser page; no page may log a console error, unless its test takes them from
-    `page.console_errors` (clearing the list) where it provokes them."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, **options)
+def fresh_page(browser, viewport=None, **options):
+    """A fresh browser page (1280 x 800 unless `viewport`); no page may log a console error, unless its test takes
+    them from `page.console_errors` (clearing the list) where it provokes them."""
+    context = browser.new_context(viewport=viewport or {"width": 1280, "height": 800}, **options)
     p = context.new_page()
     p.set_default_timeout(30000)
     p.console_errors = watch(p)

@@ -180,19 +180,9 @@ def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_i
     try:  # restarted within the retries (6: up to 15.75 s of backoff): the text goes on where it was
         path = write_config(tmp_path / "s.toml", "pgvector", {**options, "timeout": 1.0, "max_retries": 6})
         api.open_engine(load_config(path), weights.load(str(long_model)), progress=False).store.close()
-        proc = cli(
-            "generate",
-            "--config",
-            str(path),
-            "--model",
-            str(long_model),
-            "-n",
-            "40",
-            "--no-stop",
-            "--json",
-            *GREEDY,
-            PROMPT,
-        )
+        generation = ("generate", "--config", str(path), "--model", str(long_model), "-n", "40", "--no-stop")
+        generation += ("--json", *GREEDY, PROMPT)
+        proc = cli(*generation)
         wait_for_text(proc, "pgvector", options)
         pg_ctl(server, "restart")
         rc, out, err = finish(proc)
@@ -200,19 +190,7 @@ def test_postgresql_restarted_mid_text_loses_no_token_crashed_or_stopped_fails_i
         alone = api.generate_text(PROMPT, n=40, config=load_config(path), model=str(long_model), stop=False)
         assert json.loads(out)["tokens"] == alone["tokens"]
         # a crash (immediate stop, WAL replayed at restart) keeps every key whose write returned: same tokens
-        proc = cli(
-            "generate",
-            "--config",
-            str(path),
-            "--model",
-            str(long_model),
-            "-n",
-            "40",
-            "--no-stop",
-            "--json",
-            *GREEDY,
-            PROMPT,
-        )
+        proc = cli(*generation)
         wait_for_text(proc, "pgvector", options)
         pg_ctl(server, "restart", "immediate")
         rc, out, err = finish(proc)

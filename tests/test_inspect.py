@@ -189,13 +189,18 @@ def open_text(page, url: str, view: dict) -> None:
     page.wait_for_selector("body[data-ready]")
 
 
+def inspect_at(page, view: dict, p: int, timeout: float = 30000) -> None:
+    """Click the generated token at p and wait until the page shows its inspection."""
+    page.click(f"#text [data-token][data-position='{p}']")
+    page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']", timeout=timeout)
+
+
 def test_click_a_token_shows_its_attention_and_lens(playground, page):
     url = playground.url
     view = started(url)
     open_text(page, url, view)
     p = view["prompt_len"] + 2
-    page.click(f"#text [data-token][data-position='{p}']")
-    page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']")
+    inspect_at(page, view, p)
     want = call(f"{url}/api/texts/{view['id']}/attention/{p}")[1]
     cells = page.eval_on_selector_all(
         "#heatmap .hm-cell",
@@ -233,8 +238,7 @@ def test_a_long_text_stays_usable(playground, page):
     view = started(url, prompt=prompt, n=4)
     open_text(page, url, view)
     p = len(view["tokens"]) - 1
-    page.click(f"#text [data-token][data-position='{p}']")
-    page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']")
+    inspect_at(page, view, p)
     assert page.locator("#heatmap.narrow").count() == 1
     box = page.locator("#heatmap-box").bounding_box()
     assert box["width"] <= 1280 and box["height"] <= 480  # the detail scrolls inside its box
@@ -267,8 +271,7 @@ def test_1024_positions_at_gpt2_small_shape(wide, page):
     view = started(wide.url, prompt=" the king" * 511, n=2)  # 1,022 prompt tokens and 2 drawn
     open_text(page, wide.url, view)
     p = len(view["tokens"]) - 1
-    page.click(f"#text [data-token][data-position='{p}']")
-    page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']", timeout=120000)
+    inspect_at(page, view, p, timeout=120000)
     assert page.locator("#attention-summary td[data-summary-layer]").count() == 144  # every head, summarized
     assert page.input_value("#heatmap-layer") == "0"  # the detail: one layer at a time
     assert page.locator("#heatmap .hm-cell").count() == 12 * 1024
@@ -299,8 +302,7 @@ def test_a_phone_scrolls_the_inspection_not_the_page(playground, browser):
         view = started(playground.url, n=3)
         open_text(page, playground.url, view)
         p = view["prompt_len"] + 1
-        page.click(f"#text [data-token][data-position='{p}']")
-        page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']")
+        inspect_at(page, view, p)
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
         page.locator("#inspect").screenshot(path=str(IMAGES / "inspect-390.png"))
     finally:
@@ -317,8 +319,7 @@ def test_a_heads_label_walks_its_softmax_on_the_attention_page(playground, page)
     view = started(url)
     open_text(page, url, view)
     p = view["prompt_len"] + 1
-    page.click(f"#text [data-token][data-position='{p}']")
-    page.wait_for_selector(f"body[data-inspected='{view['id']}:{p}']")
+    inspect_at(page, view, p)
     want = next(r for r in call(f"{url}/api/texts/{view['id']}/attention/{p}")[1]["attention"] if r["layer"] == 1)
     page.click(f"#heatmap a.hm-label:text-is('L1 H{want['head']}')")
     page.wait_for_selector("#walk tr[data-step='1']")

@@ -15,7 +15,7 @@ from vecgpt import tokenizer
 from vecgpt.cli import main
 from vecgpt.cli.attention import parse_scores, walk
 
-from browser import IMAGES, call, events, watch
+from browser import IMAGES, call, events, fresh_page
 
 PHONE = {"width": 390, "height": 844}
 
@@ -23,13 +23,7 @@ PHONE = {"width": 390, "height": 844}
 @pytest.fixture
 def phone(browser):
     """A page on a phone's screen (browser.fresh_page's, at 390 px)."""
-    context = browser.new_context(viewport=PHONE, device_scale_factor=2, bypass_csp=True)
-    p = context.new_page()
-    p.set_default_timeout(30000)
-    p.console_errors = watch(p)
-    yield p
-    context.close()
-    assert p.console_errors == [], p.console_errors
+    yield from fresh_page(browser, viewport=PHONE, device_scale_factor=2, bypass_csp=True)
 
 
 def test_ctrl_enter_generates_and_a_progress_bar_counts_the_tokens(playground, page):
