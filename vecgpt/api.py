@@ -197,13 +197,13 @@ def generate_text(
             if on_kept:
                 on_kept(text.id)
         try:
-            out = _run(text, n, stop, on_text)
+            out = run_text(text, n, stop, on_text)
         finally:
             if not text.kept:
                 text.close()
     finally:
         engine.store.close()
-    return {**out, **_about(engine, text, config)}
+    return {**out, **about(engine, text, config)}
 
 
 def _new_text(config, prompt, n, model, temperature, top_k, seed, progress, confirm):
@@ -217,7 +217,7 @@ def _new_text(config, prompt, n, model, temperature, top_k, seed, progress, conf
     return engine, lambda: Text.start(engine, ids, temperature, k, seed)
 
 
-def _about(engine: Engine, text: Text, config: Config) -> dict:
+def about(engine: Engine, text: Text, config: Config) -> dict:
     """What `generate --json` says of the run beside its tokens: where, which model, layout and encoding."""
     return {
         "backend": config.backend,
@@ -231,7 +231,7 @@ def _about(engine: Engine, text: Text, config: Config) -> dict:
     }
 
 
-def _run(text: Text, n: int, stop: bool, on_text) -> dict:
+def run_text(text: Text, n: int, stop: bool, on_text) -> dict:
     """Generate n tokens of a text, saying the text as it is made; what `generate --json` reports of it."""
     say, stream, steps = on_text or (lambda piece: None), tokenizer.TextStream(), []
     for t in text.tokens[text.prompt_len :]:  # a resumed text: a character may span the last token and the next

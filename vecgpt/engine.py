@@ -193,6 +193,7 @@ class Session:
     )
     kept = np.float32  # `projected` in memory: each value is a float32 (as stored) in either
     capture: list | None = None  # set by `inspect`: weighted_values appends (q.k, weights) of each layer
+    company = None  # set by vecgpt.company.Company.join: each read's rounds go out with other texts'
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -290,9 +291,10 @@ class Session:
         if getattr(self.engine.store, "local", False) and self.engine.dropped():
             raise self.model_dropped()
         try:
-            for block in [ids] if self.engine.prompt_block else [[i] for i in ids]:
-                h = self.hidden(block)
-            return self.gpt2(h[-1:], k or self.engine.top_k)
+            with self.company.read(self.store) if self.company else nullcontext():
+                for block in [ids] if self.engine.prompt_block else [[i] for i in ids]:
+                    h = self.hidden(block)
+                return self.gpt2(h[-1:], k or self.engine.top_k)
         except VecgptError:
             if self.engine.dropped():
                 raise self.model_dropped() from None

@@ -97,6 +97,18 @@ class Meter:
                 self.current["seconds"][calls[-1][0]] += time.perf_counter() - start
         return results
 
+    def shared_round(self, kind: str, seconds: float) -> None:
+        """A round trip this text waited for, sent with other texts' (vecgpt.company)."""
+        with self.lock:
+            self.current["rounds"][kind] += 1
+            self.current["seconds"][kind] += seconds
+
+    def shared_requests(self, kind: str, counts: dict, share: float) -> None:
+        """This text's share of a call sent for several texts: its part of the call's requests and subqueries."""
+        with self.lock:
+            self.current["requests"][kind] += share * (counts["requests"] or 1)
+            self.current["subqueries"][kind] += share * counts["subqueries"]
+
     def _counted(self, kind: str, fn, into: dict):
         with tally() as counts:
             result = fn()
@@ -114,9 +126,12 @@ class Metered:
 
     def __init__(self, store, meter: Meter | None = None):
         self.inner, self.meter = store, meter or Meter(store)
+        self.company = None  # vecgpt.company.Company: while set, a read's rounds go out with other texts'
 
     def together(self, *calls: Call, background: dict | None = None) -> list:
         """Send the calls as one round trip; their results in order (background: see Meter.round)."""
+        if background is None and self.company is not None and self.company.stepping(self):
+            return self.company.round(self, calls)
         return self.meter.round([(c.kind, self._bound(c)) for c in calls], background)
 
     def _bound(self, c: Call):
@@ -142,13 +157,18 @@ def summarize(tokens: list[dict]) -> dict:
         requests.update(t["requests"]), subqueries.update(t["subqueries"])
         rounds.update(t["rounds"]), seconds.update(t["seconds"]), scores.update(t.get("scores", {}))
     return {
-        "total": sum(n for k, n in requests.items() if k != "wait"),  # requests sent; a wait is none
-        "by_kind": {k: requests[k] for k in KINDS if requests[k]},
-        "subqueries": sum(subqueries.values()),
-        "subqueries_by_kind": {k: subqueries[k] for k in KINDS if subqueries[k]},
+        "total": exact(sum(n for k, n in requests.items() if k != "wait")),  # requests sent; a wait is none
+        "by_kind": {k: exact(requests[k]) for k in KINDS if requests[k]},
+        "subqueries": exact(sum(subqueries.values())),
+        "subqueries_by_kind": {k: exact(subqueries[k]) for k in KINDS if subqueries[k]},
         "round_trips": sum(rounds.values()),
         "round_trips_by_kind": {k: rounds[k] for k in KINDS if rounds[k]},
         "seconds": round(sum(seconds.values()), 6),
         "seconds_by_kind": {k: round(seconds[k], 6) for k in KINDS if seconds[k]},
         "scores": {"store": scores["store"], "memory": scores["memory"]},
     }
+
+
+def exact(n: float) -> float | int:
+    """A count: a whole number as an int; a share of requests sent for several texts (vecgpt.company) rounded."""
+    return int(n) if float(n).is_integer() else round(n, 4)

@@ -46,7 +46,7 @@ class Table:
     def vectors(self, slots: np.ndarray) -> np.ndarray: ...
     def all_dists(
         self, queries: np.ndarray, slots: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray | None]: ...  # dists, slots [m, n] (None: every row in slot order, one query)
+    ) -> tuple[np.ndarray, np.ndarray | None]: ...  # dists, slots [m, n] (None: every row, in slot order)
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
     def all_dists_groups(self, queries: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """queries [G, m, dim], each group's over its own rows (slots [G, n]) -> dists [G, m, n]: a layer's heads."""
@@ -259,9 +259,9 @@ class InProcessStore(FolderStore):
             dists, found = np.zeros((len(queries), 0)), np.zeros((len(queries), 0), np.int64)
         else:
             dists, found = col.table.topk(queries, k, slots)
-        hits = Hits(col.ids_in_slot_order()[None] if found is None else col.ids[found], dists)
+        hits = Hits(np.broadcast_to(col.ids_in_slot_order(), dists.shape) if found is None else col.ids[found], dists)
         if s.vectors:
-            rows = np.arange(col.table.n)[None] if found is None else found
+            rows = np.broadcast_to(np.arange(col.table.n), dists.shape) if found is None else found
             hits = hits._replace(vectors=col.table.vectors(rows.ravel()).reshape(*rows.shape, col.table.dim))
         return hits
 

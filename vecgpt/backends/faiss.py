@@ -32,6 +32,11 @@ def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
 
 
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
+# A search of every row with several queries (a prompt block; texts sharing a round, vecgpt.company) scans the rows
+# a block at a time, each block for every query while it is in a core's L2 cache: the rows are read from memory
+# once for all the queries, and each query's sums are FAISS's one-query kernel's, whatever else is searched with it.
+BLOCK_BYTES = 1 << 20
+INVARIANT = [True]  # False: several queries take FAISS's own search (BLAS: faster; a query's bits depend on the rest)
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
 _WORKERS: dict[int, Worker] = {}  # in_threads' workers, by number
@@ -228,6 +233,12 @@ def on_openmp(q: np.ndarray, rows: np.ndarray, numbers: np.ndarray, metric: str)
     return out.ravel()[: len(rows)]
 
 
+def nearest(d: np.ndarray, k: int) -> np.ndarray:
+    """The k smallest of d's entries, nearest first, ties by row."""
+    best = np.argpartition(d, k - 1)[:k] if k < len(d) else np.arange(len(d))
+    return best[np.lexsort((best, d[best]))]
+
+
 def selector(slots: np.ndarray | None):
     if slots is None:
         return None
@@ -269,9 +280,33 @@ class FaissTable(Table):
             return dists, np.broadcast_to(slots, dists.shape)
         if len(queries) == 1:
             return self.every_row(queries), None  # every row, in slot order
-        threads_for(queries, self.n, self.dim)  # every row for a block of queries (a prompt)
+        if INVARIANT[0]:
+            return self.every_row_many(queries), None
+        threads_for(queries, self.n, self.dim)  # FAISS's own search of every row: BLAS for 20 queries or more
         _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric])
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
+
+    def every_row_many(self, queries) -> np.ndarray:
+        """Several queries against every row [m, n]: FAISS's by-index kernel (the one-query kernel's sums) over
+        blocks of rows that stay in cache while every query scans them, the rows split over the threads."""
+        q = np.ascontiguousarray(queries, np.float32)
+        out, block = np.empty((len(q), self.n), np.float32), max(1, BLOCK_BYTES // (4 * self.dim))
+        kernel, xb = BY_INDEX[self.metric], self.index.get_xb()
+
+        def scan(a, b):
+            def run():
+                faiss.omp_set_num_threads(1)
+                for s in range(a, b, block):
+                    e = min(b, s + block)
+                    ids = np.ascontiguousarray(np.broadcast_to(np.arange(s, e), (len(q), e - s)))
+                    part = np.empty(ids.shape, np.float32)
+                    kernel(faiss.swig_ptr(part), faiss.swig_ptr(q), xb, faiss.swig_ptr(ids), self.dim, *ids.shape)
+                    out[:, s:e] = part
+
+            return run
+
+        in_threads([scan(a, b) for a, b in row_chunks(self.n, self.dim * len(q))])
+        return np.negative(out, out=out) if self.metric == "ip" else out
 
     def every_row(self, queries) -> np.ndarray:
         """One query against every row: FAISS's one-query kernel (inner products, or squared L2 distances) over the
@@ -319,11 +354,10 @@ class FaissTable(Table):
     def topk(self, queries, k, slots):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        if slots is None and len(queries) == 1:  # the token search: the scan split over threads
-            d = self.every_row(queries)[0]
-            best = np.argpartition(d, k - 1)[:k] if k < self.n else np.arange(self.n)
-            best = best[np.lexsort((best, d[best]))]  # nearest first, ties by row
-            return d[best][None], best[None]
+        if slots is None and (len(queries) == 1 or INVARIANT[0]):  # the token search: the scan split over threads
+            d = self.every_row(queries) if len(queries) == 1 else self.every_row_many(queries)
+            found = [nearest(row, k) for row in d]
+            return np.stack([row[best] for row, best in zip(d, found)]), np.stack(found)
         threads_for(queries, self.n if slots is None else len(slots), self.dim)
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
@@ -344,7 +378,10 @@ class FaissStore(InProcessStore):
     backend = "faiss"
 
 
-def connect(path: str | None = None, threads: int | None = None) -> FaissStore:
+def connect(path: str | None = None, threads: int | None = None, invariant: bool = True) -> FaissStore:
+    """invariant=False: several queries take FAISS's own search (BLAS), so a query's result depends on the others
+    sent with it (texts sharing rounds then differ from alone in the last bits; docs/batching.md)."""
     if threads:
         THREADS[0] = threads
+    INVARIANT[0] = invariant
     return FaissStore(path)

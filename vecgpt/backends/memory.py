@@ -33,14 +33,17 @@ class NumpyTable(Table):
         return self._data[slots].astype(np.float32)
 
     def all_dists(self, queries, slots):
+        # A query at a time (BLAS's matrix-vector product): a query's sums never depend on the queries beside it,
+        # as a matrix-matrix product's would (texts sharing a round, vecgpt.company; a prompt block alone)
         data, norms = (
             (self._data[: self.n], self._norms[: self.n]) if slots is None else (self._data[slots], self._norms[slots])
         )
         q = queries.astype(np.float64)
         chosen = np.broadcast_to(np.arange(self.n) if slots is None else slots, (len(q), len(data)))
+        products = np.stack([data @ row for row in q]) if len(q) else np.zeros((0, len(data)))
         if self.metric == "ip":
-            return -(q @ data.T), chosen
-        return np.maximum(norms[None, :] + np.einsum("ij,ij->i", q, q)[:, None] - 2 * (q @ data.T), 0.0), chosen
+            return -products, chosen
+        return np.maximum(norms[None, :] + np.einsum("ij,ij->i", q, q)[:, None] - 2 * products, 0.0), chosen
 
     def topk(self, queries, k, slots):
         dists, chosen = self.all_dists(queries, slots)  # [m, n]

@@ -172,6 +172,8 @@ def cmd_generate(args) -> int:
         stop=not args.no_stop,
         on_text=None if args.json else Echo(args.prompt),
     )
+    if args.batch is not None:
+        return generate_batch(args, config, common)
     if args.prompt is None and not args.resume:
         raise VecgptError("give a prompt, or --resume TEXT_ID to continue a kept text")
     if args.reference:
@@ -196,6 +198,69 @@ def cmd_generate(args) -> int:
     else:
         common["on_text"].end()
     return 0
+
+
+def generate_batch(args, config, common: dict) -> int:
+    """--batch FILE: a text for each line, sharing their rounds; printed in the file's order as they are ready."""
+    from tqdm import tqdm
+
+    from vecgpt import batch
+
+    clash = [
+        flag
+        for flag, on in (
+            ("a prompt", args.prompt),
+            ("--keep", args.keep),
+            ("--resume", args.resume),
+            ("--reference", args.reference),
+        )
+        if on
+    ]
+    if clash:
+        raise VecgptError(f"--batch reads its prompts from the file; drop {', '.join(clash)}")
+    prompts = batch.read_prompts(args.batch)
+    common.pop("on_text")
+    printer = InOrder(len(prompts), args.json)
+    with tqdm(total=len(prompts), unit="text", desc="vecgpt", disable=None, file=sys.stderr) as bar:
+        printer.bar = bar
+        outs = batch.generate_many(
+            prompts,
+            config=config,
+            at_once=args.at_once,
+            progress=True,
+            confirm=implicit_load(args, config),
+            on_result=printer,
+            where=args.batch,
+            **common,
+        )
+    failed = [i + 1 for i, out in enumerate(outs) if "error" in out]
+    for i in failed:
+        print(f"vecgpt: {args.batch}:{i}: {outs[i - 1]['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+class InOrder:
+    """Each text printed once every text before it in the file has been: a JSON line, or prompt and text."""
+
+    def __init__(self, n: int, as_json: bool):
+        import threading
+
+        self.ready: dict[int, dict] = {}
+        self.next, self.as_json, self.lock, self.bar = 0, as_json, threading.Lock(), None
+
+    def __call__(self, i: int, out: dict) -> None:
+        from vecgpt import tokenizer
+
+        with self.lock:
+            self.ready[i] = out
+            self.bar and self.bar.update(1)
+            while self.next in self.ready:
+                out = self.ready.pop(self.next)
+                if self.as_json:
+                    print(json.dumps(out), flush=True)
+                elif "error" not in out:
+                    print(tokenizer.decode(out["prompt_tokens"]) + out["text"] + "\n", flush=True)
+                self.next += 1
 
 
 def seed_of(args) -> int:
@@ -282,6 +347,10 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")
+    p.add_argument(
+        "--batch", metavar="FILE", help="a text for each line of FILE, sharing their rounds (--json: a line each)"
+    )
+    p.add_argument("--at-once", type=int, default=16, help="with --batch: texts reading at a time (default 16)")
     add_yes(p)
 
 

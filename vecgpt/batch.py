@@ -1,0 +1,132 @@
+"""Many texts at once: each in a thread of its own, all sharing their rounds (vecgpt.company).
+
+>>> from vecgpt import batch
+>>> outs = batch.generate_many(["ROMEO:", "JULIET:"], n=8)   # each: what `generate --json` gives for it alone
+
+`vecgpt generate --batch FILE` reads one prompt a line (`read_prompts`). A text's tokens and logits are those it
+computes alone, whatever else runs beside it; a text that fails gives {"error": ...} in its place and the others
+go on. At most `at_once` texts read at a time; the next starts as one finishes (it joins at the next step).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from vecgpt import api, tokenizer, weights
+from vecgpt.company import Company
+from vecgpt.config import Config
+from vecgpt.errors import VecgptError
+from vecgpt.text import Text
+
+AT_ONCE = 16  # texts reading at a time by default: turbopuffer's multi_query takes 16 subqueries a request
+
+
+def read_prompts(path: str) -> list[str]:
+    """A batch file's prompts, one a line ("\\n" inside a prompt: a backslash-n); errors name the line."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise VecgptError(f"cannot read the batch file {path}: {e.strerror or e}") from None
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the newline ending the last line
+    if not lines:
+        raise VecgptError(f"{path} holds no prompt; give one prompt a line")
+    prompts = []
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8").removesuffix("\r")
+        except UnicodeDecodeError as e:
+            raise VecgptError(f"{path}:{number}: not UTF-8 (byte {e.start + 1}); save the file as UTF-8") from None
+        if not line.strip():
+            raise VecgptError(f"{path}:{number}: an empty line; give one prompt a line, none empty")
+        prompts.append(line.replace("\\n", "\n"))
+    return prompts
+
+
+def check_prompts(hp, prompts: list[str], n: int, top_k: int, temperature: float, seed: int, where: str) -> list:
+    """Each prompt's tokens, or a one-line error naming the first bad one (`where`:line), before any search."""
+    out = []
+    for number, prompt in enumerate(prompts, 1):
+        ids = tokenizer.encode(prompt)
+        try:
+            api.check_request(hp, ids, n, top_k, temperature, seed)
+        except VecgptError as e:
+            raise VecgptError(f"{where}:{number}: {e}") from None
+        out.append(ids)
+    return out
+
+
+def generate_many(
+    prompts: list[str],
+    n: int = 8,
+    config: Config | None = None,
+    model: str | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int = 0,
+    stop: bool = True,
+    at_once: int = AT_ONCE,
+    progress: bool = False,
+    confirm=None,
+    on_result: Callable[[int, dict], None] | None = None,
+    where: str = "prompt",
+) -> list[dict]:
+    """Generate a text for each prompt, the texts sharing their rounds; their `generate --json` dicts in order.
+    on_result(i, dict) is called as text i finishes (from its thread)."""
+    if at_once < 1:
+        raise VecgptError(f"--at-once must be 1 or more, not {at_once}")
+    config = config or Config()
+    m = weights.load(model or config.model)
+    k = config.top_k if top_k is None else top_k
+    ids = check_prompts(m.hparams, prompts, n, k, temperature, seed, where)
+    config.top_k = max(config.top_k, k)
+    engine = api.open_engine(config, m, progress=progress, confirm=confirm)
+    try:
+        return Batch(engine, config, Company(engine.store), at_once).run(ids, n, temperature, k, seed, stop, on_result)
+    finally:
+        engine.store.close()
+
+
+class Batch:
+    """Texts of one engine generated in threads, at most `at_once` at a time, in one company."""
+
+    def __init__(self, engine, config: Config, company: Company, at_once: int):
+        self.engine, self.config, self.company = engine, config, company
+        self.slots = threading.Semaphore(at_once)
+
+    def run(self, ids: list, n: int, temperature: float, k: int, seed: int, stop: bool, on_result=None) -> list:
+        results: list = [None] * len(ids)
+
+        def one(i: int) -> None:
+            with self.slots:
+                results[i] = self.text(ids[i], n, temperature, k, seed, stop)
+            if on_result is not None:
+                on_result(i, results[i])
+
+        threads = [
+            threading.Thread(target=one, args=(i,), name=f"vecgpt-text-{i}", daemon=True) for i in range(len(ids))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool) -> dict:
+        """One text generated in company: what `generate --json` gives, or {"error": one line}."""
+        try:
+            text = Text.start(self.engine, ids, temperature, k, seed)
+        except VecgptError as e:
+            return {"error": str(e), "prompt_tokens": ids}
+        self.company.join(text.session)
+        try:
+            out = api.run_text(text, n, stop, None)
+            return {**out, **api.about(self.engine, text, self.config)}
+        except Exception as e:  # this text fails; the others go on
+            return {"error": str(e) or type(e).__name__, "prompt_tokens": ids, "text_id": text.id}
+        finally:
+            self.company.leave(text.session)
+            text.close()
