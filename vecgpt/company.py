@@ -45,6 +45,7 @@ class Company:
         self.reading: set = set()  # ... reading in this step
         self.handed: dict = {}  # member -> its round's calls
         self.answers: dict = {}  # member -> its calls' results, or the error they raised
+        self.ended = time.monotonic()  # when the last step ended
         self.rounds = Counter()  # rounds sent, by the number of texts in them (the throughput experiment's)
 
     # ------------------------------------------------------------ membership and steps
@@ -75,20 +76,22 @@ class Company:
         with self.cond:
             self.waiting.add(member)
             self.cond.notify_all()
-            began = time.monotonic()
             while member not in self.reading:
-                if not self.reading and self._ready(began):
+                if not self.reading and self._ready():
                     self.reading, self.waiting = set(self.waiting), set()
                     self.cond.notify_all()
                     continue
-                self.cond.wait(max(0.001, GRACE_S - (time.monotonic() - began)) if not self.reading else None)
+                self.cond.wait(max(0.001, GRACE_S - (time.monotonic() - self.ended)) if not self.reading else None)
 
-    def _ready(self, began: float) -> bool:
-        return self.waiting >= self.members or time.monotonic() - began >= GRACE_S
+    def _ready(self) -> bool:
+        """A step starts once every member waits for it, or GRACE_S after the last step ended."""
+        return self.waiting >= self.members or time.monotonic() - self.ended >= GRACE_S
 
     def _exit(self, member) -> None:
         with self.cond:
             self.reading.discard(member)
+            if not self.reading:
+                self.ended = time.monotonic()
             self.handed.pop(member, None)
             self.cond.notify_all()
             ready = self._full()
@@ -190,6 +193,10 @@ class Plan:
         self._merge_searches(searches)
 
     def _place(self, member, i: int, c: Call, searches: dict, fetches: dict):
+        if c.method == "search":  # Store.search(name, queries, k=None, where=None): one Search
+            s = Search(*c.args, **c.kwargs)
+            searches.setdefault(search_key(s), []).append((member, i, 0, s))
+            return ("search", 1)
         if c.method == "search_many" and not c.kwargs:
             for j, s in enumerate(c.args[0]):
                 searches.setdefault(search_key(s), []).append((member, i, j, s))
@@ -252,7 +259,8 @@ class Plan:
                 found = outcomes[index]
                 out.append(tuple(a[rows] for a in found) if isinstance(found, tuple) else found[rows])
             else:
-                out.append([self._hits(outcomes, self.searched[member, i, j]) for j in range(what)])
+                hits = [self._hits(outcomes, self.searched[member, i, j]) for j in range(what)]
+                out.append(hits[0] if how == "search" else hits)
         return out
 
     @staticmethod
