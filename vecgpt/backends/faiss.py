@@ -37,6 +37,7 @@ PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads 
 # once for all the queries, and each query's sums are FAISS's one-query kernel's, whatever else is searched with it.
 BLOCK_BYTES = 1 << 20
 INVARIANT = [True]  # False: several queries take FAISS's own search (BLAS: faster; a query's bits depend on the rest)
+BLAS_FROM = {True: faiss.cvar.distance_compute_blas_threshold, False: 2}  # queries from which FAISS's search uses BLAS
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
 _WORKERS: dict[int, Worker] = {}  # in_threads' workers, by number
@@ -358,6 +359,9 @@ class FaissTable(Table):
             d = self.every_row(queries) if len(queries) == 1 else self.every_row_many(queries)
             found = [nearest(row, k) for row in d]
             return np.stack([row[best] for row, best in zip(d, found)]), np.stack(found)
+        if INVARIANT[0] and len(queries) > 1:  # a filtered search, a query at a time (FAISS's own: BLAS from 20)
+            parts = [self.topk(queries[i : i + 1], k, slots) for i in range(len(queries))]
+            return np.concatenate([d for d, _ in parts]), np.concatenate([f for _, f in parts])
         threads_for(queries, self.n if slots is None else len(slots), self.dim)
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
@@ -384,4 +388,5 @@ def connect(path: str | None = None, threads: int | None = None, invariant: bool
     if threads:
         THREADS[0] = threads
     INVARIANT[0] = invariant
+    faiss.cvar.distance_compute_blas_threshold = BLAS_FROM[invariant]
     return FaissStore(path)
