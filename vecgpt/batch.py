@@ -94,15 +94,18 @@ class Batch:
     """Texts of one engine generated in threads, at most `at_once` at a time, in one company."""
 
     def __init__(self, engine, config: Config, company: Company, at_once: int):
-        self.engine, self.config, self.company = engine, config, company
+        self.engine, self.config, self.company, self.at_once = engine, config, company, at_once
         self.slots = threading.Semaphore(at_once)
 
     def run(self, ids: list, n: int, temperature: float, k: int, seed: int, stop: bool, on_result=None) -> list:
         results: list = [None] * len(ids)
+        # the first texts start their first read together, once each has joined (or failed to start): else the
+        # first to join would start a step alone and the rest wait for the next
+        self.first = threading.Barrier(min(len(ids), self.at_once))
 
         def one(i: int) -> None:
             with self.slots:
-                results[i] = self.text(ids[i], n, temperature, k, seed, stop)
+                results[i] = self.text(ids[i], n, temperature, k, seed, stop, first=i < self.first.parties)
             if on_result is not None:
                 on_result(i, results[i])
 
@@ -115,13 +118,16 @@ class Batch:
             t.join()
         return results
 
-    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool) -> dict:
+    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool, first: bool) -> dict:
         """One text generated in company: what `generate --json` gives, or {"error": one line}."""
         try:
             text = Text.start(self.engine, ids, temperature, k, seed)
+            self.company.join(text.session)
         except VecgptError as e:
             return {"error": str(e), "prompt_tokens": ids}
-        self.company.join(text.session)
+        finally:
+            if first:
+                self.first.wait()
         try:
             out = api.run_text(text, n, stop, None)
             return {**out, **api.about(self.engine, text, self.config)}

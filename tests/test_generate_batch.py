@@ -1,0 +1,166 @@
+"""`vecgpt generate --batch FILE` and batch.generate_many: each text as it is alone, the shared requests split
+among the texts, and a bad batch file refused in one line naming the line, before any search.
+
+The tiny model on FAISS and memory folders. Tokens and candidates' logits are compared bit for bit: every store
+computes each query of a shared search alone (vecgpt.company), so a text's numbers do not depend on its company.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from test_cli import assert_one_line_error, run
+
+from vecgpt import batch, tokenizer
+from vecgpt.api import open_engine
+from vecgpt.company import Company
+from vecgpt.config import Config
+
+PROMPTS = ["Hello", "The history of the vector database", "A", "Once upon a time, in a land far away, a"]
+
+
+@pytest.fixture(params=["faiss", "memory"])
+def store(request, tmp_path):
+    return ["--backend", request.param, "--store", str(tmp_path / request.param)]
+
+
+def batch_file(tmp_path, lines: list[str] | bytes, name="prompts.txt"):
+    path = tmp_path / name
+    path.write_bytes(lines if isinstance(lines, bytes) else "".join(line + "\n" for line in lines).encode())
+    return str(path)
+
+
+def test_each_line_of_a_batch_is_its_text_alone(capsys, tmp_path, store, tiny_model_dir):
+    common = [*store, "--model", str(tiny_model_dir), "-n", "5", "--seed", "7", "--no-stop", "--json"]
+    code, out, err = run(capsys, "generate", *common, "--batch", batch_file(tmp_path, PROMPTS), "--at-once", "3")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [tokenizer.decode(d["prompt_tokens"]) for d in lines] == PROMPTS  # the file's order
+    for prompt, d in zip(PROMPTS, lines):
+        code, out, err = run(capsys, "generate", *common, prompt)
+        alone = json.loads(out)
+        assert code == 0 and d.keys() == alone.keys()  # the solo schema
+        assert d["tokens"] == alone["tokens"] and d["text"] == alone["text"]
+        for a, b in zip(d["steps"], alone["steps"]):
+            assert a["candidates"] == b["candidates"]  # ids and logits, floats compared exactly
+
+
+def test_a_batch_prints_each_text_after_its_prompt(capsys, tmp_path, store, tiny_model_dir):
+    args = [*store, "--model", str(tiny_model_dir), "-n", "3", "--temperature", "0", "--batch"]
+    code, out, err = run(capsys, "generate", *args, batch_file(tmp_path, PROMPTS[:2]))
+    texts = out.split("\n\n")
+    assert code == 0 and texts[0].startswith(PROMPTS[0]) and texts[1].startswith(PROMPTS[1]), out
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (["Hello", "", "world"], "prompts.txt:2: an empty line"),
+        (["Hello", "   "], "prompts.txt:2: an empty line"),
+        (b"Hello\nworld\n\xff\xfe bad\n", "prompts.txt:3: not UTF-8"),
+        (["Hello", "word " * 200], "prompts.txt:2: the prompt's"),
+        (b"", "holds no prompt"),
+    ],
+)
+def test_a_bad_batch_file_is_refused_before_any_search(capsys, tmp_path, tiny_model_dir, content, needle):
+    folder = tmp_path / "faiss"
+    args = ["--backend", "faiss", "--store", str(folder), "--model", str(tiny_model_dir), "-n", "4"]
+    code, out, err = run(capsys, "generate", *args, "--batch", batch_file(tmp_path, content))
+    assert_one_line_error(code, err, needle)
+    assert out == "" and not folder.exists()  # nothing loaded, no text started
+
+
+def test_batch_refuses_a_prompt_beside_it_and_a_missing_file(capsys, tmp_path, tiny_model_dir):
+    args = ["generate", "--backend", "faiss", "--store", str(tmp_path / "f"), "--model", str(tiny_model_dir)]
+    assert_one_line_error(*run(capsys, *args, "Hi", "--batch", batch_file(tmp_path, ["a"]))[::2], "drop a prompt")
+    assert_one_line_error(*run(capsys, *args, "--batch", str(tmp_path / "none.txt"))[::2], "cannot read the batch")
+    bad = run(capsys, *args, "--batch", batch_file(tmp_path, ["a"]), "--at-once", "0")
+    assert_one_line_error(bad[0], bad[2], "--at-once must be 1 or more")
+
+
+def decode_tokens(out: dict) -> list[dict]:
+    return out["requests"]["per_token"][1:]  # after the prompt's read
+
+
+def test_texts_in_company_split_each_shared_request(tmp_path, tiny_model_dir):
+    """Two texts with prompts of one length share every round: each is counted half of each model search's
+    request, and waits for as many round trips as alone."""
+    config = Config(backend="memory", store={"path": str(tmp_path / "m")})
+    prompts = ["The cat", "The dog"]
+    assert len({len(tokenizer.encode(p)) for p in prompts}) == 1
+    alone = [batch.generate_many([p], n=4, config=config, model=str(tiny_model_dir)) for p in prompts]
+    both = batch.generate_many(prompts, n=4, config=config, model=str(tiny_model_dir))
+    for (solo,), shared in zip(alone, both):
+        assert shared["tokens"] == solo["tokens"]
+        for a, b in zip(decode_tokens(shared), decode_tokens(solo)):
+            assert a["by_kind"]["matrix"] == b["by_kind"]["matrix"] / 2
+            assert a["by_kind"]["key_search"] == b["by_kind"]["key_search"]  # each text's own keys
+            assert a["round_trips"] == b["round_trips"]
+
+
+def test_a_company_sends_one_search_per_matrix(tmp_path, tiny_model):
+    """Three texts read in threads through a company: every round of their decode steps holds all three, and the
+    store gets one search of a matrix for the three queries."""
+    engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
+    company, sizes = Company(engine.store), []
+    search_many = engine.store.search_many
+
+    def counted(searches):
+        sizes.extend(len(s.queries) for s in searches if s.collection.endswith("mlp.c_fc"))
+        return search_many(searches)
+
+    engine.store.search_many = counted
+    sessions = [engine.open() for _ in range(3)]
+    for s in sessions:
+        company.join(s)
+
+    def read(s, i):
+        c = s.read([5, 6, 7 + i])
+        for _ in range(3):
+            c = s.read([int(c.ids[0])])
+
+    threads = [threading.Thread(target=read, args=(s, i)) for i, s in enumerate(sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    layers = engine.hparams.n_layer
+    assert sizes == [9] * layers + [3] * 3 * layers  # the prompts' three queries each, then one each
+    assert set(company.rounds) == {3}
+    for s in sessions:
+        company.leave(s)
+        s.close()
+
+
+def test_alone_and_in_company_agree_bit_for_bit_on_logits(tmp_path, tiny_model):
+    """Every logit of the vocabulary, for a text read alone and beside four others of other lengths."""
+    engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
+    vocab, prompts = engine.hparams.n_vocab, [[3, 4], [9], [1, 2, 3, 4, 5, 6], [7, 7, 7], [11, 12, 13, 14]]
+
+    def read(prompt, company=None, out=None):
+        s = engine.open()
+        if company:
+            company.join(s)
+        c, got = s.read(prompt, vocab), []
+        for _ in range(4):
+            got.append(c)
+            c = s.read([int(c.ids[0])], vocab)
+        if company:
+            company.leave(s)
+        s.close()
+        out.append(got) if out is not None else None
+        return got
+
+    alone = [read(p) for p in prompts]
+    company, outs = Company(engine.store), [[] for _ in prompts]
+    threads = [threading.Thread(target=read, args=(p, company, o)) for p, o in zip(prompts, outs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for solo, (shared,) in zip(alone, outs):
+        for a, b in zip(solo, shared):
+            assert np.array_equal(a.ids, b.ids) and np.array_equal(a.logits, b.logits)
