@@ -14,10 +14,17 @@ import numpy as np
 import pytest
 from test_cli import assert_one_line_error, run
 
-from vecgpt import batch, tokenizer
+from vecgpt import batch, company, tokenizer
 from vecgpt.api import open_engine
 from vecgpt.company import Company
 from vecgpt.config import Config
+
+
+@pytest.fixture
+def patient(monkeypatch):
+    """A step waits for every member however slow a busy machine makes its threads (the tests count rounds)."""
+    monkeypatch.setattr(company, "GRACE_S", 30.0)
+
 
 PROMPTS = ["Hello", "The history of the vector database", "A", "Once upon a time, in a land far away, a"]
 
@@ -85,7 +92,7 @@ def decode_tokens(out: dict) -> list[dict]:
     return out["requests"]["per_token"][1:]  # after the prompt's read
 
 
-def test_texts_in_company_split_each_shared_request(tmp_path, tiny_model_dir):
+def test_texts_in_company_split_each_shared_request(tmp_path, tiny_model_dir, patient):
     """Two texts with prompts of one length share every round: each is counted half of each model search's
     request, and waits for as many round trips as alone."""
     config = Config(backend="memory", store={"path": str(tmp_path / "m")})
@@ -101,11 +108,11 @@ def test_texts_in_company_split_each_shared_request(tmp_path, tiny_model_dir):
             assert a["round_trips"] == b["round_trips"]
 
 
-def test_a_company_sends_one_search_per_matrix(tmp_path, tiny_model):
+def test_a_company_sends_one_search_per_matrix(tmp_path, tiny_model, patient):
     """Three texts read in threads through a company: every round of their decode steps holds all three, and the
     store gets one search of a matrix for the three queries."""
     engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
-    company, sizes = Company(engine.store), []
+    shared, sizes = Company(engine.store), []
     search_many = engine.store.search_many
 
     def counted(searches):
@@ -115,7 +122,7 @@ def test_a_company_sends_one_search_per_matrix(tmp_path, tiny_model):
     engine.store.search_many = counted
     sessions = [engine.open() for _ in range(3)]
     for s in sessions:
-        company.join(s)
+        shared.join(s)
 
     def read(s, i):
         c = s.read([5, 6, 7 + i])
@@ -129,9 +136,9 @@ def test_a_company_sends_one_search_per_matrix(tmp_path, tiny_model):
         t.join()
     layers = engine.hparams.n_layer
     assert sizes == [9] * layers + [3] * 3 * layers  # the prompts' three queries each, then one each
-    assert set(company.rounds) == {3}
+    assert set(shared.rounds) == {3}
     for s in sessions:
-        company.leave(s)
+        shared.leave(s)
         s.close()
 
 
@@ -140,23 +147,23 @@ def test_alone_and_in_company_agree_bit_for_bit_on_logits(tmp_path, tiny_model):
     engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
     vocab, prompts = engine.hparams.n_vocab, [[3, 4], [9], [1, 2, 3, 4, 5, 6], [7, 7, 7], [11, 12, 13, 14]]
 
-    def read(prompt, company=None, out=None):
+    def read(prompt, together=None, out=None):
         s = engine.open()
-        if company:
-            company.join(s)
+        if together:
+            together.join(s)
         c, got = s.read(prompt, vocab), []
         for _ in range(4):
             got.append(c)
             c = s.read([int(c.ids[0])], vocab)
-        if company:
-            company.leave(s)
+        if together:
+            together.leave(s)
         s.close()
         out.append(got) if out is not None else None
         return got
 
     alone = [read(p) for p in prompts]
-    company, outs = Company(engine.store), [[] for _ in prompts]
-    threads = [threading.Thread(target=read, args=(p, company, o)) for p, o in zip(prompts, outs)]
+    together, outs = Company(engine.store), [[] for _ in prompts]
+    threads = [threading.Thread(target=read, args=(p, together, o)) for p, o in zip(prompts, outs)]
     for t in threads:
         t.start()
     for t in threads:

@@ -45,7 +45,7 @@ class Company:
         self.reading: set = set()  # ... reading in this step
         self.handed: dict = {}  # member -> its round's calls
         self.answers: dict = {}  # member -> its calls' results, or the error they raised
-        self.ended = time.monotonic()  # when the last step ended
+        self.ended = self.since = time.monotonic()  # when the last step ended; when the first waiting text came
         self.rounds = Counter()  # rounds sent, by the number of texts in them (the throughput experiment's)
 
     # ------------------------------------------------------------ membership and steps
@@ -74,6 +74,8 @@ class Company:
 
     def _enter(self, member) -> None:
         with self.cond:
+            if not self.waiting:
+                self.since = time.monotonic()
             self.waiting.add(member)
             self.cond.notify_all()
             while member not in self.reading:
@@ -81,11 +83,15 @@ class Company:
                     self.reading, self.waiting = set(self.waiting), set()
                     self.cond.notify_all()
                     continue
-                self.cond.wait(max(0.001, GRACE_S - (time.monotonic() - self.ended)) if not self.reading else None)
+                self.cond.wait(max(0.001, self._grace_left()) if not self.reading else None)
 
     def _ready(self) -> bool:
-        """A step starts once every member waits for it, or GRACE_S after the last step ended."""
-        return self.waiting >= self.members or time.monotonic() - self.ended >= GRACE_S
+        """A step starts once every member waits for it, or GRACE_S after the last step ended (or, if later, after
+        the first text began to wait): texts that miss it start the next."""
+        return self.waiting >= self.members or self._grace_left() <= 0
+
+    def _grace_left(self) -> float:
+        return GRACE_S - (time.monotonic() - max(self.ended, self.since))
 
     def _exit(self, member) -> None:
         with self.cond:
