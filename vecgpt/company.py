@@ -57,11 +57,14 @@ class Company:
             self.members.add(session.store)
 
     def leave(self, session) -> None:
+        """The session reads alone again (after its generation, or when it failed or was closed)."""
         session.company = session.store.company = None
         with self.cond:
             self.members.discard(session.store)
             self.waiting.discard(session.store)
             self.cond.notify_all()
+        if session.store in self.reading:  # left mid-read (from another thread): the others' round goes on
+            self._exit(session.store)
 
     @contextmanager
     def read(self, member):
@@ -133,7 +136,10 @@ class Company:
                 return
             handed, self.handed = self.handed, {}
         began = time.perf_counter()
-        answers = self._run(handed)
+        try:
+            answers = self._run(handed)
+        except BaseException as e:  # a fault of this module's own: every text in the round gets it, none waits on
+            answers = dict.fromkeys(handed, e)
         seconds = time.perf_counter() - began
         for member, calls in handed.items():
             if not isinstance(answers[member], BaseException):
