@@ -1,14 +1,19 @@
 """HTTP: the pages, the JSON API, and generation as server-sent events.
 
+Handlers run in worker threads; a generation runs in a thread of its own, which hands each token to its event
+stream on the event loop (no thread waits on a stream). Generations of different texts run at once, their
+reads sharing rounds (server.Shelf.joined).
+
 Errors are JSON {"error": one line}: 4xx for a request to fix, 503 for a store that failed (the server keeps
 running). A message never carries a config's DSN or key: `clean` strips them and any URL with credentials.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
-import queue
 import re
 import threading
 import time
@@ -120,8 +125,8 @@ def current(make):
     def handler(library, request, body):
         entry = library.entry(request.path_params["text_id"])
         shelf = library.shelf(entry.store)
-        with shelf.lock:
-            shelf.current(entry.text)
+        with entry.lock:
+            shelf.current(entry)
             return make(entry, shelf, request)
 
     return handler
@@ -135,16 +140,16 @@ export = current(lambda entry, shelf, request: api.text_json(entry.text))  # `ve
 
 def compare(library, request, body):
     """GET /api/texts/{id}/compare?store=LABEL: the text's tokens read again on store LABEL (another store, or
-    the same model in another encoding), its candidates beside the text's; both stores held, in index order."""
+    the same model in another encoding), its candidates beside the text's; the text held meanwhile."""
     entry, label = library.entry(request.path_params["text_id"]), request.query_params.get("store")
     if not label:
         raise Refused("name a store to compare with: ?store=LABEL (/api/stores lists the labels)")
     index = library.labeled(label)
     library.within_budget(index)
     shelf, other = library.shelf(entry.store), library.shelf(index)
-    with library.holding(entry.store, index):
+    with entry.lock:
         try:
-            shelf.current(entry.text)
+            shelf.current(entry)
         except VecgptError:
             refuse_if_closed(library, shelf, entry.text)
             raise
@@ -158,8 +163,8 @@ def step_back(library, request, body):
     """Step back to a generated token: drop it and what follows."""
     entry, position = library.entry(request.path_params["text_id"]), field(body, "position", int)
     shelf = library.shelf(entry.store)
-    with shelf.measured(entry.text) as cost:
-        shelf.current(entry.text)
+    with shelf.measured(entry) as cost:
+        shelf.current(entry)
         check_position(entry, position, len(entry.text.tokens))
         entry.text.step_back(position)
     return {**views.text_view(entry, shelf), "cost": cost}
@@ -170,8 +175,8 @@ def branch(library, request, body):
     token, shelf = field(body, "token", int), library.shelf(entry.store)
     if not 0 <= token < shelf.engine(entry.model).hparams.n_vocab:
         raise Refused(f"token {token} is outside the model's vocabulary")
-    with shelf.measured(entry.text) as cost:
-        shelf.current(entry.text)
+    with shelf.measured(entry) as cost:
+        shelf.current(entry)
         check_position(entry, position)
         new = entry.text.branch(position, token)
     return {**views.text_view(library.remember(new, entry.store, entry.model), shelf), "cost": cost}
@@ -184,8 +189,8 @@ def retry(library, request, body):
     seed, shelf = field(body, "seed", int, 1), library.shelf(entry.store)
     if seed < 0:
         raise Refused(f"seed must be 0 or more, not {seed}")
-    with shelf.measured(entry.text) as cost:
-        shelf.current(entry.text)
+    with shelf.measured(entry) as cost:
+        shelf.current(entry)
         check_position(entry, position)
         if position + 1 < len(entry.text.tokens):
             entry.text.step_back(position + 1)
@@ -215,7 +220,8 @@ def inspected(lens_only: bool):
         entry, position, layer = inspect_request(library, request)
         t, shelf = entry.text, library.shelf(entry.store)
         try:
-            with shelf.measured(t) as cost:
+            reads = position > t.session.position  # a resumed text reads its positions again first
+            with shelf.measured(entry) as cost, shelf.joined(t.session) if reads else contextlib.nullcontext():
                 found = t.inspect(position)
         except VecgptError:
             refuse_if_closed(library, shelf, t)
@@ -241,7 +247,7 @@ def inspect_request(library, request):
 
 def close(library, request, body):
     entry = library.entry(request.path_params["text_id"])
-    with library.shelf(entry.store).lock:
+    with entry.lock, library.shelf(entry.store).lock.shared():
         entry.text.close()
     library.forget(entry.text.id)
     return {"closed": entry.text.id}
@@ -257,49 +263,55 @@ async def generate(request: Request):
         n = field(dict(request.query_params), "n", int, 8)
         entry = await run_in_threadpool(library.entry, request.path_params["text_id"])
         t, shelf = entry.text, library.shelf(entry.store)
-        await run_in_threadpool(shelf.current, t)
+        await run_in_threadpool(shelf.current, entry)
         s = t.settings
         check_request(shelf.engine(entry.model).hparams, t.tokens, n, s["top_k"], s["temperature"], s["seed"])
     except Exception as e:  # noqa: BLE001
         return failure(e, library)
-    events: queue.Queue = queue.Queue()
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+    def put(kind: str, data: dict) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the server is stopping
+            loop.call_soon_threadsafe(events.put_nowait, (kind, data))
+
     hook, gone = getattr(request.app.state, "before_token", None), threading.Event()
-    threading.Thread(target=produce, args=(library, entry, n, events, hook, gone), daemon=True).start()
+    threading.Thread(target=produce, args=(library, entry, n, put, hook, gone), daemon=True).start()
     return StreamingResponse(relay(events, gone), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
-def produce(library: Library, entry, n: int, events: queue.Queue, hook, gone: threading.Event) -> None:
-    """Draw n tokens one at a time (each its own operation and cost; other texts on the store interleave),
-    stopping early once the page has gone (its Stop button, or closed)."""
+def produce(library: Library, entry, n: int, put, hook, gone: threading.Event) -> None:
+    """Draw n tokens one at a time (each its own operation and cost), handing each to put(kind, data), stopping
+    early once the page has gone (its Stop button, or closed). While it runs the text is in its store's company:
+    its reads share their rounds with other texts generated at once, and it leaves when done, stopped or failed."""
     t, shelf = entry.text, library.shelf(entry.store)
     try:
-        for _ in range(n):
-            if gone.is_set():
-                break
-            if hook is not None:
-                hook(len(t.tokens))
-            library.within_budget(entry.store)
-            with shelf.measured(t) as cost:
-                drawn = t.generate(1)
-                position = len(t.tokens) - 1
-            if not drawn:
-                break
-            row = views.token_rows([drawn[-1]], position)[0]
-            events.put(("token", {**row, "cost": cost}))
-            if drawn[-1] == tokenizer.ENDOFTEXT:
-                break
-        events.put(("done", {"tokens": len(t.tokens)}))
+        with shelf.joined(t.session):
+            for _ in range(n):
+                if gone.is_set():
+                    break
+                if hook is not None:
+                    hook(len(t.tokens))
+                library.within_budget(entry.store)
+                with shelf.measured(entry) as cost:
+                    drawn = t.generate(1)
+                    position = len(t.tokens) - 1
+                if not drawn:
+                    break
+                put("token", {**views.token_rows([drawn[-1]], position)[0], "cost": cost})
+                if drawn[-1] == tokenizer.ENDOFTEXT:
+                    break
+        put("done", {"tokens": len(t.tokens)})
     except Exception as e:  # noqa: BLE001
-        events.put(("error", json.loads(failure(e, library).body)))
+        put("error", json.loads(failure(e, library).body))
     finally:
         entry.used = time.monotonic()
 
 
-async def relay(events: queue.Queue, gone: threading.Event):
+async def relay(events: asyncio.Queue, gone: threading.Event):
     """The events as they come; when the reader goes away (this generator is closed or cancelled), `gone`."""
     try:
         while True:
-            kind, data = await run_in_threadpool(events.get)
+            kind, data = await events.get()
             yield f"event: {kind}\ndata: {json.dumps(data)}\n\n"
             if kind in ("done", "error"):
                 return

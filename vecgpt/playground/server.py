@@ -1,8 +1,11 @@
 """What a playground process holds: the stores of its configs, an engine per model, the texts it has open.
 
 A text's state lives in its store, so any process serving the same store can continue it (`Text.resume`);
-a process keeps only a cache of Text objects. One lock per store: a store object is not shared between
-threads while it works.
+a process keeps only a cache of Text objects. Operations on different texts run at once: each holds its text's
+lock and its store's `Gate` shared; what reads or changes the store as a whole (its stats, a model's load,
+closing idle texts) holds the gate alone. Texts reading at once share their rounds (`Shelf.joined`, one
+vecgpt.company.Company per store): one search per matrix for all of them, each text's numbers its own.
+Locks are taken in one order: a text's, then a store's gate, then (inside a read) its company.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import contextlib
 import re
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from vecgpt import api, tokenizer
@@ -61,25 +65,105 @@ class Entry:
     store: int
     model: str
     used: float = field(default_factory=time.monotonic)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # one operation on the text at a time
+
+
+class Gate:
+    """A store's operations on texts hold it shared (`with gate.shared()`), several at once; an operation on the
+    store as a whole holds it alone (`with gate`), once those running have ended (new ones wait behind it).
+    A thread may take it again while it holds it."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.sharing = 0  # threads holding it shared
+        self.owner: int | None = None  # the thread holding it alone
+        self.wanting = 0  # threads waiting to hold it alone
+        self.mine = threading.local()  # this thread's depth of `shared`
+
+    @contextlib.contextmanager
+    def shared(self):
+        depth, me = getattr(self.mine, "depth", 0), threading.get_ident()
+        if depth == 0 and self.owner != me:
+            with self.cond:
+                while self.owner is not None or self.wanting:
+                    self.cond.wait()
+                self.sharing += 1
+        self.mine.depth = depth + 1
+        try:
+            yield
+        finally:
+            self.mine.depth = depth
+            if depth == 0 and self.owner != me:
+                with self.cond:
+                    self.sharing -= 1
+                    self.cond.notify_all()
+
+    def __enter__(self):
+        me = threading.get_ident()
+        if getattr(self.mine, "depth", 0):
+            raise RuntimeError("a thread holding a store shared cannot take it alone")
+        with self.cond:
+            self.wanting += 1
+            while self.owner not in (None, me) or self.sharing:
+                self.cond.wait()
+            self.wanting -= 1
+            self.mine.alone = getattr(self.mine, "alone", 0) + 1
+            self.owner = me
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.cond:
+            self.mine.alone -= 1
+            if not self.mine.alone:
+                self.owner = None
+            self.cond.notify_all()
 
 
 class Shelf:
-    """One config's store, its lock, and the engines of the models it holds."""
+    """One config's store, its gate, its company, and the engines of the models it holds."""
 
     def __init__(self, label: str, config: Config):
+        from vecgpt.company import Company
+
         self.label, self.config = label, config
-        self.lock = threading.RLock()
+        self.lock = Gate()
         self.store = open_store(config)
+        self.company = Company(self.store)
+        self.joins: Counter = Counter()  # session -> the generations of it in progress (joined once)
+        self.joining = threading.Lock()
+        self.making = threading.Lock()  # an engine is made once
+        self.checking = threading.Lock()  # ... and a numpy reference (seconds to load: engines do not wait)
         self.engines: dict[str, object] = {}
         self.references: dict[str, object] = {}
 
     def engine(self, key: str):
         from vecgpt.engine import Engine
 
-        if key not in self.engines:
-            c = self.config
-            self.engines[key] = Engine(self.store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile, model=key)
-        return self.engines[key]
+        with self.making:
+            if key not in self.engines:
+                c = self.config
+                self.engines[key] = Engine(
+                    self.store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile, model=key
+                )
+            return self.engines[key]
+
+    @contextlib.contextmanager
+    def joined(self, session):
+        """The session's reads share their rounds with those of the other texts reading on this store until the
+        block ends (vecgpt.company): a step waits for a member between its reads at most GRACE_S, so a text joins
+        only while it reads. A text generated by two requests at once leaves with the last."""
+        with self.joining:
+            self.joins[session] += 1
+            if self.joins[session] == 1:
+                self.company.join(session)
+        try:
+            yield
+        finally:
+            with self.joining:
+                self.joins[session] -= 1
+                if not self.joins[session]:
+                    del self.joins[session]
+                    self.company.leave(session)
 
     def reference(self, key: str):
         """The numpy reference on the same weights as model `key`."""
@@ -88,34 +172,49 @@ class Shelf:
         from vecgpt import weights
         from vecgpt.reference import Reference
 
-        if key not in self.references:
-            manifest = self.engine(key).manifest
-            model = weights.load(manifest["source"], dtype=np.float64)
-            if model.fingerprint != manifest["model_fingerprint"]:
-                raise VecgptError(f"{manifest['source']} is no longer the model the store holds; cannot check")
-            self.references[key] = model
-        return Reference(self.references[key], np.float64)
+        with self.checking:
+            if key not in self.references:
+                manifest = self.engine(key).manifest
+                model = weights.load(manifest["source"], dtype=np.float64)
+                if model.fingerprint != manifest["model_fingerprint"]:
+                    raise VecgptError(f"{manifest['source']} is no longer the model the store holds; cannot check")
+                self.references[key] = model
+            return Reference(self.references[key], np.float64)
 
     def secrets(self) -> list[str]:
         return [str(v) for k, v in self.config.store.items() if any(s in k.lower() for s in SECRET_KEYS) and v]
 
     @contextlib.contextmanager
-    def measured(self, text):
-        """Hold the store for operations on `text`; the dict yielded gets what they cost: the meter's summary
-        (requests, subqueries, round trips and seconds, by kind), positions read and, where the store keeps a
-        usage tally (turbopuffer), dollars at the published prices."""
+    def measured(self, entry: Entry):
+        """Hold the text (and the store, shared) for operations on it; the dict yielded gets what they cost: the
+        meter's summary (requests, subqueries, round trips and seconds, by kind), positions read and, where the
+        store keeps a usage tally (turbopuffer), dollars at the published prices (`share`)."""
         from vecgpt.meter import summarize
 
-        with self.lock:
-            session, cost = text.session, {}
+        with entry.lock, self.lock.shared():
+            session, cost = entry.text.session, {}
             before, read = summarize(session.meter.tokens), session.positions_read
-            usage = dict(getattr(self.store, "usage", None) or {})
+            charged = self.charged()
             yield cost
             after = summarize(session.meter.tokens)
             cost.update(difference(before, after), positions_read=session.positions_read - read)
-            price = self.price()
-            if price is not None:
-                cost["dollars"] = price(self.store.usage) - price(usage)
+            if charged is not None:
+                cost["dollars"] = self.share(charged, cost["total"])
+
+    def charged(self) -> tuple[float, float] | None:
+        """(dollars, requests billed) of the store's usage tally so far, where it charges and keeps one."""
+        price = self.price()
+        if price is None:
+            return None
+        usage = self.store.usage
+        return price(usage), usage.get("query_requests", 0) + usage.get("write_requests", 0)
+
+    def share(self, before: tuple[float, float], requests: float) -> float:
+        """An operation's dollars: what the store billed since `before`; where other texts' requests were billed
+        meanwhile (texts generated at once), the part of it that its own `requests` are of all billed."""
+        dollars, billed = self.charged()
+        spent, sent = dollars - before[0], billed - before[1]
+        return spent if sent <= requests else spent * requests / sent
 
     def price(self):
         """The dollars of a usage tally where the store charges and keeps one (turbopuffer), else None."""
@@ -144,7 +243,8 @@ class Shelf:
         if self.store.read_manifest(key) is None:
             if extra(self.config.backend, "estimate_cost") is not None:
                 raise Refused(f"store {self.label} does not hold the text's model; run `vecgpt load` with its config")
-            push(self.store, model, self.config.metric, progress=False, layout=self.config.layout)
+            with self.lock:  # a model's load: the store alone
+                push(self.store, model, self.config.metric, progress=False, layout=self.config.layout)
         return key
 
     def forced(self, key: str, tokens: list[int], prompt_len: int, top_k: int) -> tuple[list, dict]:
@@ -155,25 +255,25 @@ class Shelf:
 
         if len(tokens) <= prompt_len:
             return [], {}
-        usage = dict(getattr(self.store, "usage", None) or {})
-        session = self.engine(key).session()
-        try:
-            found = [session.read(tokens[:prompt_len], top_k)]
-            for t in tokens[prompt_len:-1]:
-                session.meter.start_token()
-                found.append(session.read([t], top_k))
-        finally:
-            session.close()
+        with self.lock.shared():
+            charged, session = self.charged(), self.engine(key).session()
+            try:
+                with self.joined(session):
+                    found = [session.read(tokens[:prompt_len], top_k)]
+                    for t in tokens[prompt_len:-1]:
+                        session.meter.start_token()
+                        found.append(session.read([t], top_k))
+            finally:
+                session.close()
         cost = {**summarize(session.meter.tokens), "positions_read": session.positions_read}
-        price = self.price()
-        if price is not None:
-            cost["dollars"] = price(self.store.usage) - price(usage)
+        if charged is not None:
+            cost["dollars"] = self.share(charged, cost["total"])
         return found, cost
 
-    def current(self, text) -> None:
+    def current(self, entry: Entry) -> None:
         """Catch up with what another process wrote to the text (an operation that draws nothing)."""
-        with self.lock:
-            text.generate(0)
+        with entry.lock, self.lock.shared():
+            entry.text.generate(0)
 
 
 def shelf_of(path: str | None, store: str | None) -> Shelf:
@@ -223,14 +323,6 @@ class Library:
         names = ", ".join(repr(s.label) for s in self.shelves)
         raise Refused(f"no store {label!r}: this server's stores are {names} (/api/stores lists them)", 404)
 
-    @contextlib.contextmanager
-    def holding(self, *indexes: int):
-        """The locks of these stores, taken in index order (two requests holding two stores never deadlock)."""
-        with contextlib.ExitStack() as stack:
-            for index in sorted(set(indexes)):
-                stack.enter_context(self.shelves[index].lock)
-            yield
-
     def start(self, store: int, model: str | None, prompt: str, temperature: float, top_k: int, seed: int) -> Entry:
         from vecgpt.text import Text
 
@@ -250,7 +342,7 @@ class Library:
                 )
         shelf = self.shelf(store)
         self.within_budget(store)
-        with shelf.lock:
+        with shelf.lock.shared():
             if model and shelf.store.read_manifest(model) is None:
                 raise Refused(f"store {store} holds no model {model}; /api/stores lists what it holds")
             key = model or only_key(shelf)
@@ -261,10 +353,9 @@ class Library:
         return self.remember(text, store, key)
 
     def remember(self, text, store: int, model: str) -> Entry:
-        entry = Entry(text, store, model)
+        """The text's entry: this one, or the one another request resumed it as meanwhile."""
         with self.lock:
-            self.texts[text.id] = entry
-        return entry
+            return self.texts.setdefault(text.id, Entry(text, store, model))
 
     def entry(self, text_id: str) -> Entry:
         """The text, from this process's cache or resumed from whichever store holds it."""
@@ -282,7 +373,7 @@ class Library:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", text_id):
             raise Refused(f"{text_id!r} is not a text id", 404)
         for index, shelf in enumerate(self.shelves):
-            with shelf.lock:
+            with shelf.lock.shared():
                 record = shelf.store.read_text(text_id)
                 if record is not None:
                     key = record["model"]
