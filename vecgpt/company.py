@@ -239,18 +239,19 @@ class Plan:
     def _merge_searches(self, searches: dict) -> None:
         """Searches of one kind go out as one search_many; searches of one matrix with the same settings in it as
         one Search with all their queries."""
-        by_kind: dict = defaultdict(list)  # kind -> [(merged Search, [(member, call, search, rows)])]
+        by_kind: dict = defaultdict(list)  # (kind, its text) -> [(merged Search, [(member, call, search, rows)])]
         for key, asks in searches.items():
-            if key is None or len(asks) == 1:
+            if key is None or len(asks) == 1:  # a text's own collection: a call of its own, whose error is its alone
                 for member, i, j, s in asks:
-                    by_kind[Call("search_many", ([s],), {}).kind].append((s, [(member, i, j, None)]))
+                    kind = Call("search_many", ([s],), {}).kind
+                    by_kind[kind, None if shared_table(s.collection) else member].append((s, [(member, i, j, None)]))
                 continue
             queries = [np.asarray(s.queries) for *_, s in asks]
             bounds = np.cumsum([0] + [len(q) for q in queries])
             first = asks[0][3]
             merged = Search(first.collection, np.concatenate(queries), first.k, first.where, first.vectors)
             spans = [(m, i, j, (int(a), int(b))) for (m, i, j, _), a, b in zip(asks, bounds[:-1], bounds[1:])]
-            by_kind[Call("search_many", ([merged],), {}).kind].append((merged, spans))
+            by_kind[Call("search_many", ([merged],), {}).kind, None].append((merged, spans))
         self.searched: dict = {}  # (member, call, search) -> (merged call index, search index, rows or None)
         for group in by_kind.values():
             self.calls.append(Call("search_many", ([s for s, _ in group],), {}))
