@@ -47,7 +47,7 @@ def query(ns: Namespace, body: dict, max_top_k: int, float32: bool = False) -> d
     with ns.lock:  # one snapshot for every subquery
         snap = ns.snapshot()
         qs = body["queries"] if "queries" in body else [body]
-        results = [one(ns, q, snap, body, max_top_k, float32) for q in qs]
+        results = [one(ns, q, snap, body, max_top_k, float32, place) for place, q in enumerate(qs)]
         unindexed = ns.index_status().get("unindexed_rows", 0)
     n = snap[0]
     returned = sum(r.pop("_bytes") for r in results)
@@ -72,8 +72,9 @@ def query(ns: Namespace, body: dict, max_top_k: int, float32: bool = False) -> d
     return out
 
 
-def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int, float32: bool = False) -> dict:
-    """One (sub)query against a snapshot (n, vectors, norms, ids): {"rows": [...], "_bytes": returned}."""
+def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int, float32: bool = False, place: int = 0) -> dict:
+    """One (sub)query against a snapshot (n, vectors, norms, ids): {"rows": [...], "_bytes": returned}; `place`: its
+    place in a multi_query (0: a query alone)."""
     if not isinstance(q, dict):
         raise ApiError(400, "each query must be an object")
     unsupported = set(q) & UNSUPPORTED
@@ -89,7 +90,7 @@ def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int, float32
     if not isinstance(rank, list) or len(rank) < 2:
         raise ApiError(400, 'rank_by is required (e.g. ["vector", "kNN", [..]] or ["id", "asc"])')
     if len(rank) == 3 and rank[1] in ("kNN", "ANN"):
-        chosen, dists = _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32)
+        chosen, dists = _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32, place)
     elif len(rank) == 2 and rank[1] in ("asc", "desc"):
         chosen = _by_attribute(ns, rank, chosen, limit, offset)
     else:
@@ -111,8 +112,9 @@ def _limit(q: dict, max_top_k: int) -> int:
     return limit
 
 
-def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
-    """(rows, float32 distances) of the nearest `limit` after `offset` among `chosen`: an exact scan."""
+def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False, place=0):
+    """(rows, float32 distances) of the nearest `limit` after `offset` among `chosen`: an exact scan (--float32: the
+    sum begun at dimension `place`, see _distances32)."""
     n, vectors, norms, _ = snap
     if rank[0] != "vector":
         raise ApiError(400, f"no vector attribute {rank[0]!r}; vectors live in 'vector'")
@@ -128,7 +130,7 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False):
         raise ApiError(400, f"query vector has {qv.size} dimensions; the namespace holds [{ns.dim}]f32")
     if float32:
         by_dim = ns.vectors_by_dim() if len(chosen) == n else np.ascontiguousarray(vectors[chosen].T, np.float32)
-        d = _distances32(ns.metric, by_dim, qv)
+        d = _distances32(ns.metric, by_dim, qv, place)
     else:
         d = _distances(ns.metric, *_chosen_rows(vectors, norms, chosen, n), qv)
     want = min(limit + offset, len(d))
@@ -160,22 +162,26 @@ def _distances(metric, data, nrm, qv) -> np.ndarray:
     return d.astype(np.float32)
 
 
-def _distances32(metric, cols, qv) -> np.ndarray:
+def _distances32(metric, cols, qv, place: int = 0) -> np.ndarray:
     """The distance of float32 rows given by dimension [dim, rows], accumulated in float32 one dimension after
     another (plain sequential order, the worst of the plausible orders): `tpuf-local --float32`. Each step is
-    one correctly rounded float32 operation, so the result is the same on every CPU."""
+    one correctly rounded float32 operation, so the result is the same on every CPU. Subquery `place` of a
+    multi_query starts at dimension `place` (mod dim) and wraps around: the service does not say that a subquery
+    is computed as the same query alone, so here a query's bits depend on what shares its request (never kinder
+    than the service; texts sharing rounds are held to the tolerance rule there, tests/test_batch.py)."""
     q = qv.astype(np.float32)
+    dims = np.roll(np.arange(len(q)), -place)  # 0, 1, ... alone; place, place + 1, ..., 0, ... in a multi_query
     acc = np.zeros(cols.shape[1], np.float32)
     if metric == "cosine_distance":
         dd, qq = np.zeros_like(acc), np.float32(0)
-        for col, x in zip(cols, q):
-            acc += col * x
-            dd += col * col
-            qq += x * x
+        for j in dims:
+            acc += cols[j] * q[j]
+            dd += cols[j] * cols[j]
+            qq += q[j] * q[j]
         denom = np.sqrt(dd * qq)
         return np.float32(1) - np.divide(acc, denom, out=np.zeros_like(acc), where=denom > 0)
-    for col, x in zip(cols, q):
-        diff = col - x
+    for j in dims:
+        diff = cols[j] - q[j]
         acc += diff * diff
     return acc
 
