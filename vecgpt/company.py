@@ -3,16 +3,16 @@
 Each text reads in a thread of its own with its own Session, exactly as it reads alone. A `Company` stands
 between those sessions and the store: while texts are in a read (a step), a round trip goes out only once
 every text in the step has handed in its round (or finished its read), and then as one round. In it, searches
-of one of a model's matrices with the same settings become one search with every text's queries (FAISS and
-memory scan the matrix once for all; pgvector runs one statement; turbopuffer packs them into multi_query
-requests), and fetches of one model table become one fetch. A text's own collection (its keys) is searched
+of one of a model's matrices with the same settings become one search with every text's queries (FAISS scans
+the matrix once for all; pgvector runs one statement; turbopuffer packs them into multi_query requests), and fetches of one model table become one fetch. A text's own collection (its keys) is searched
 and written per text, in the same round. Results are split back, so each session decodes its own rows.
 
 Steps: a text enters a read at a step's start. One arriving while a step runs waits for its end (at most one
 token's time) and starts with the next: texts join and leave between steps, and texts in a step stay on the
 same matrix round after round. A step starts once every member (a text whose generation is in progress) is
-waiting for it, or GRACE_S after the first one began to wait. A text's numbers never depend on its company:
-every store computes each query alone (docs/batching.md); tests compare every logit's bits.
+waiting for it, or GRACE_S after the last step ended. A text's numbers do not depend on its company: every store
+computes each query alone (docs/batching.md; tests/test_batch.py compares every logit's bits), but for the hosted
+turbopuffer, whose subqueries are held to the tolerance rule.
 
 What a shared request costs is split among the texts in it by their share of its queries: a text's meter
 counts fractional requests, and every round trip it waited for.
