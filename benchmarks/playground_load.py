@@ -2,6 +2,7 @@
 the same texts one at a time, and a page that arrives while they run.
 
     python benchmarks/playground_load.py [--texts 16] [-n 20] [--config configs/faiss.toml] [--repeat 5]
+    python benchmarks/playground_load.py --model random-small --repeat 3     # GPT-2 small's shape
 
 Starts `vecgpt serve` on a fresh store folder (the config's backend and model: FAISS and the shipped model by
 default), warms it with one text, then per repeat, in alternating order:
@@ -13,7 +14,7 @@ logits (GET .../export) must equal, bit for bit, those of its run alone (the new
 seconds in turn and at once; the batch's step (the median time between two tokens of a text at once, every text
 drawing one token a step); the newcomer's first token, from its request, in seconds and in steps; each the median
 over the repeats (the speed-up: of each repeat's in turn / at once). Prints them and writes
-benchmarks/results/playground_load.json. The tests drive the same functions
+benchmarks/results/playground_load.json (with --model M: playground_load-M.json). The tests drive the same functions
 (tests/test_playground_load.py) and time nothing.
 """
 
@@ -222,6 +223,26 @@ def serve(config: str, store: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
+def with_model(config: str, model: str | None, folder: Path) -> str:
+    """The config, or a copy of it in `folder` running `model` (random-small: random weights at GPT-2 small shape,
+    written once under ~/.cache/vecgpt/models)."""
+    if model is None:
+        return config
+    import tomllib
+
+    from vecgpt import weights
+
+    values = {**tomllib.loads(Path(config).read_text()), "model": model}
+    if model == "random-small":
+        values["model"] = str(weights.random_gpt2_small())
+    lines = [f"{k} = {json.dumps(v)}" for k, v in values.items() if not isinstance(v, dict)]
+    for name, table in values.items():
+        if isinstance(table, dict):
+            lines += [f"[{name}]", *(f"{k} = {json.dumps(v)}" for k, v in table.items())]
+    (folder / "config.toml").write_text("\n".join(lines) + "\n")
+    return str(folder / "config.toml")
+
+
 def measure(url: str, count: int, n: int, repeat: int) -> dict:
     chosen, extra = settings(count + 1)[:count], settings(count + 1)[count]
     close(url, one(url, Page(chosen[0]), 4))  # warm: the model's tables read once, the threads started
@@ -263,6 +284,7 @@ def summary(rows: list[dict]) -> dict:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "faiss.toml"))
+    p.add_argument("--model", help="instead of the config's: a folder, a shipped name, or random-small (GPT-2 small)")
     p.add_argument("--texts", type=int, default=16)
     p.add_argument("-n", type=int, default=20, help="tokens each text generates")
     p.add_argument("--repeat", type=int, default=5)
@@ -275,23 +297,25 @@ def main(argv=None) -> int:
     threads = pin_threads(sys.argv if argv is None else argv)
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vecgpt-load-") as folder:
-        proc, url = serve(args.config, Path(folder) / "store")
+        proc, url = serve(with_model(args.config, args.model, Path(folder)), Path(folder) / "store")
         try:
             found = measure(url, args.texts, args.n, args.repeat)
         finally:
             proc.terminate()
             proc.wait(30)
-    result = {"machine": machine(threads), "config": os.path.relpath(args.config, ROOT), "texts": args.texts}
-    result.update(n=args.n, repeat=args.repeat, **found)
+    result = {"machine": machine(threads), "config": os.path.relpath(args.config, ROOT), "model": args.model}
+    result.update(texts=args.texts, n=args.n, repeat=args.repeat, **found)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "playground_load.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "playground_load" + (f"-{Path(args.model).name}" if args.model else "") + ".json"
+    (Path(args.out) / name).write_text(json.dumps(result, indent=1) + "\n")
     print(report(result))
     return 0 if result["identical"] else 1
 
 
 def report(r: dict) -> str:
     return (
-        f"{r['texts']} texts x {r['n']} tokens over HTTP ({r['config']}, {r['machine']['cores']} cores): "
+        f"{r['texts']} texts x {r['n']} tokens over HTTP ({r['config']}, model {r['model'] or 'of the config'}, "
+        f"{r['machine']['cores']} cores): "
         f"in turn {r['in_turn_s']:.2f} s, at once {r['at_once_s']:.2f} s ({r['speedup']:.2f}x); "
         f"a token alone {1000 * r['solo_token_s']:.1f} ms, a step of all {1000 * r['step_s']:.1f} ms; "
         f"a page arriving mid-batch: its first token {1000 * r['first_token_s']:.0f} ms after its request "
