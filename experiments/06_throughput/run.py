@@ -417,7 +417,7 @@ def goal_rows(found: list[dict]) -> list[dict]:
 def plot(rows: list[dict], path: Path, title: str) -> Path:
     """tokens a second, ms a token and requests a token a text against the texts at once, a line per store."""
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.6))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 5))
     panels = (
         ("tokens_per_s", "tokens a second, all texts together"),
         ("ms_per_token", "ms a token, each text (median)"),
@@ -441,9 +441,13 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
         ax.set_xlabel("texts at once")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, ncol=len(labels), loc="lower center")
     fig.suptitle(title, fontsize=10)
-    return plots.save_plot(fig, path)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write(out: Path, args, model, rows: list[dict], limits: dict) -> None:
