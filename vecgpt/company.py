@@ -10,7 +10,7 @@ and written per text, in the same round. Results are split back, so each session
 Steps: a text enters a read at a step's start. One arriving while a step runs waits for its end (at most one
 token's time) and starts with the next: texts join and leave between steps, and texts in a step stay on the
 same matrix round after round. A step starts once every member (a text whose generation is in progress) is
-waiting for it, or GRACE_S after the last step ended. A text's numbers do not depend on its company: every store
+waiting for it, or a grace after the last step ended (`grace`). A text's numbers do not depend on its company: every store
 computes each query alone (docs/batching.md; tests/test_batch.py compares every logit's bits), but for the hosted
 turbopuffer, whose subqueries are held to the tolerance rule.
 
@@ -31,7 +31,10 @@ import numpy as np
 from vecgpt.backends.base import Hits, Search, apart, is_text, parallel, tally
 from vecgpt.meter import Call
 
-GRACE_S = 0.02  # how long a step waits for a member that is between reads (sampling, saving its record)
+# How long a step waits for a member that is between reads (sampling, saving its record): GRACE_S, or a share of
+# the last step's time if longer, up to GRACE_MOST. With many texts each one's work between reads queues for the
+# GIL behind the others', and a fixed grace would start steps without the last ones, which then take turns.
+GRACE_S, GRACE_SHARE, GRACE_MOST = 0.02, 0.5, 2.0
 
 
 class Company:
@@ -46,6 +49,8 @@ class Company:
         self.handed: dict = {}  # member -> its round's calls
         self.answers: dict = {}  # member -> its calls' results, or the error they raised
         self.ended = self.since = time.monotonic()  # when the last step ended; when the first waiting text came
+        self.last_step = 0.0  # how long the last step took
+        self.began = self.ended  # when the running step began
         self.rounds = Counter()  # rounds sent, by the number of texts in them (the throughput experiment's)
 
     # ------------------------------------------------------------ membership and steps
@@ -83,24 +88,26 @@ class Company:
             self.cond.notify_all()
             while member not in self.reading:
                 if not self.reading and self._ready():
-                    self.reading, self.waiting = set(self.waiting), set()
+                    self.reading, self.waiting, self.began = set(self.waiting), set(), time.monotonic()
                     self.cond.notify_all()
                     continue
                 self.cond.wait(max(0.001, self._grace_left()) if not self.reading else None)
 
     def _ready(self) -> bool:
-        """A step starts once every member waits for it, or GRACE_S after the last step ended (or, if later, after
+        """A step starts once every member waits for it, or a grace after the last step ended (or, if later, after
         the first text began to wait): texts that miss it start the next."""
         return self.waiting >= self.members or self._grace_left() <= 0
 
     def _grace_left(self) -> float:
-        return GRACE_S - (time.monotonic() - max(self.ended, self.since))
+        grace = min(max(GRACE_S, GRACE_SHARE * self.last_step), GRACE_MOST)
+        return grace - (time.monotonic() - max(self.ended, self.since))
 
     def _exit(self, member) -> None:
         with self.cond:
             self.reading.discard(member)
             if not self.reading:
                 self.ended = time.monotonic()
+                self.last_step = self.ended - self.began
             self.handed.pop(member, None)
             self.cond.notify_all()
             ready = self._full()
