@@ -28,8 +28,8 @@ from functools import partial
 
 import numpy as np
 
-from vecgpt.backends.base import Hits, Search, apart, is_text, parallel, tally
-from vecgpt.meter import Call
+from vecgpt.backends.base import Hits, Search, is_text, parallel, tally
+from vecgpt.meter import Call, bound
 
 # How long a step waits for a member that is between reads (sampling, saving its record): GRACE_S, or a share of
 # the last step's time if longer, up to GRACE_MOST. With many texts each one's work between reads queues for the
@@ -187,13 +187,6 @@ class Company:
         if getattr(self.store, "concurrent", False):
             return parallel([partial(one, i) for i in range(len(calls))]), counts
         return [one(i) for i in range(len(calls))], counts
-
-
-def bound(store, c: Call):
-    method = getattr(store, c.method)
-    if c.method == "search_many" and not getattr(store, "groups", False):  # grouped searches sent apart
-        method = partial(apart, method)
-    return partial(method, *c.args, **c.kwargs)
 
 
 class Plan:

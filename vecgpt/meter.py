@@ -132,13 +132,7 @@ class Metered:
         """Send the calls as one round trip; their results in order (background: see Meter.round)."""
         if background is None and self.company is not None and self.company.stepping(self):
             return self.company.round(self, calls)
-        return self.meter.round([(c.kind, self._bound(c)) for c in calls], background)
-
-    def _bound(self, c: Call):
-        method = getattr(self.inner, c.method)
-        if c.method == "search_many" and not getattr(self.inner, "groups", False):  # grouped searches sent apart
-            method = partial(apart, method)
-        return partial(method, *c.args, **c.kwargs)
+        return self.meter.round([(c.kind, bound(self.inner, c)) for c in calls], background)
 
     def __getattr__(self, name: str):
         if name in METERED:
@@ -149,6 +143,14 @@ class Metered:
 
     def _one(self, name: str, *args, **kwargs):
         return self.together(Call(name, args, kwargs))[0]
+
+
+def bound(store, c: Call):
+    """The call made on the store, ready to run (grouped searches sent apart to a store that cannot take them)."""
+    method = getattr(store, c.method)
+    if c.method == "search_many" and not getattr(store, "groups", False):
+        method = partial(apart, method)
+    return partial(method, *c.args, **c.kwargs)
 
 
 def summarize(tokens: list[dict]) -> dict:
