@@ -18,7 +18,15 @@ from vecgpt.backends.base import available, get_store
 
 pytest_plugins = ["browser"]  # the browser tests' fixtures: chromium, a page, a playground server
 
-LIBRARIES = {"faiss": "faiss", "lancedb": "lancedb", "pgvector": "psycopg", "turbopuffer": "turbopuffer"}
+LIBRARIES = {
+    "faiss": "faiss",
+    "lancedb": "lancedb",
+    "pgvector": "psycopg",
+    "turbopuffer": "turbopuffer",
+    "milvus": "pymilvus",
+    "sqlite": "sqlite_vec",
+    "duckdb": "duckdb",
+}
 BACKENDS = available()
 
 
