@@ -162,7 +162,14 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
     except BaseException:
         store.close()
         raise
-    return Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key)
+    return Engine(
+        store,
+        top_k=config.top_k,
+        prompt_block=config.prompt_block,
+        tile=config.tile,
+        model=key,
+        prefill_chunk=config.prefill_chunk,
+    )
 
 
 def generate_text(
@@ -270,7 +277,12 @@ def engine_for_text(config: Config, text_id: str) -> Engine:
         if record is None:
             raise VecgptError(f"the store has no text {text_id}; `vecgpt texts` lists the open ones")
         return Engine(
-            store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=record["model"]
+            store,
+            top_k=config.top_k,
+            prompt_block=config.prompt_block,
+            tile=config.tile,
+            model=record["model"],
+            prefill_chunk=config.prefill_chunk,
         )
     except BaseException:
         store.close()

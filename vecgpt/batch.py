@@ -95,8 +95,8 @@ def generate_many(
 class Batch:
     """Texts of one engine generated together, at most `at_once` at a time, in one stepper."""
 
-    def __init__(self, engine, config: Config, at_once: int):
-        self.engine, self.config, self.stepper = engine, config, Stepper(at_once)
+    def __init__(self, engine, config: Config, at_once: int, on_step=None):
+        self.engine, self.config, self.stepper = engine, config, Stepper(at_once, on_step)
 
     def run(self, ids: list, n: int, temperature: float, k: int, seed: int, stop: bool, on_result=None) -> list:
         results: list = [None] * len(ids)

@@ -31,7 +31,8 @@ class Config:
     layout: str = AUTO  # "four" rounds a layer; "three": weight products made at load; "five"; "auto": see AUTO
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
-    prompt_block: bool = True  # read a prompt as one block of queries per search
+    prompt_block: bool = True  # read a prompt in blocks of queries per search (false: a token at a time)
+    prefill_chunk: int = 64  # a prompt's tokens read in one step (a block), so a long one holds up no other text
     tile: int = 0  # key positions whose values attention sums at a time; 0: as many as 1 MiB holds (engine.chunk)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
@@ -45,6 +46,8 @@ class Config:
             self.layout = auto_layout(self.backend, self.store)
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
+        if self.prefill_chunk < 1:
+            raise VecgptError(f"prefill_chunk must be 1 or more tokens, not {self.prefill_chunk}")
         if self.tile < 0:
             raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
 
@@ -76,6 +79,7 @@ TYPES = {
     "model": (str, type(None)),
     "top_k": int,
     "prompt_block": bool,
+    "prefill_chunk": int,
     "tile": int,
     "store": dict,
 }

@@ -26,6 +26,7 @@ import time
 import uuid
 from contextlib import nullcontext, suppress
 from functools import partial
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -211,7 +212,6 @@ class Session:
     kept = np.float32  # `projected` in memory: each value is a float32 (as stored) in either
     capture: list | None = None  # set by `inspect`: weighted_values appends (q.k, weights) of each layer
     step: type[Step]  # the forward pass of a block in the layout's order (Step, or the layout's own)
-    company = None  # set by vecgpt.company.Company.join: each read's rounds go out with other texts'
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -555,7 +555,7 @@ class Step:
         self.engine = reads[0].session.engine
         self.hp, self.metric = self.engine.hparams, self.engine.metric
         self.starts = [r.session.position if r.start is None else r.start for r in reads]
-        self.bounds = np.cumsum([0] + [len(r.ids) for r in reads])
+        self.bounds = [0, *accumulate(len(r.ids) for r in reads)]  # text i's rows: bounds[i] to bounds[i + 1]
         self.errors: dict[int, BaseException] = {}
         self.residuals: list = [[] for _ in reads]  # again: each text's residual after each layer
         self.ln, self.ln_f = reads[0].session.ln, reads[0].session.ln_f

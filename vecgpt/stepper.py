@@ -15,6 +15,7 @@ does not hold up the texts that decode. A text alone is a stepper of one, on the
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, deque
 from collections.abc import Generator
 
@@ -56,8 +57,9 @@ class Job:
 class Stepper:
     """Operations of texts on one engine, stepped together."""
 
-    def __init__(self, at_once: int = 16):
-        self.at_once = at_once
+    def __init__(self, at_once: int = 16, on_step=None):
+        """on_step(jobs): called after each step with the jobs whose reads it ran (the throughput experiment's)."""
+        self.at_once, self.on_step = at_once, on_step
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.steps = Counter()  # steps run, by the number of texts in them
@@ -84,6 +86,8 @@ class Stepper:
         session = reads[0].session
         answers = session.step(reads).run()
         self.steps[len(reads)] += 1
+        if self.on_step is not None:
+            self.on_step(list(self.running))
         for job, answer in zip(self.running, answers):
             job.advance(answer)
         self.running = [job for job in self.running if not job.done]
@@ -107,3 +111,40 @@ def run_one(operation: Generator):
     if job.error is not None:
         raise job.error
     return job.result
+
+
+class Service:
+    """A stepper run by a thread of its own for callers in other threads (the playground's pages): `run` hands in
+    an operation and waits for its end, while the operations of every caller step together."""
+
+    def __init__(self, at_once: int = 16):
+        self.stepper, self.cond = Stepper(at_once), threading.Condition()
+        self.thread: threading.Thread | None = None
+
+    def run(self, operation: Generator):
+        """The operation's result once it has been stepped to its end with the others (its error raised)."""
+        ended = threading.Event()
+        with self.cond:
+            job = self.stepper.add(operation, lambda _: ended.set())
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="vecgpt-stepper", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+        ended.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def idle(self) -> bool:
+        return not self.stepper.busy()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(self.stepper.busy)
+            try:
+                self.stepper.step()
+            except BaseException as e:  # a fault of the stepper's own: every text in it gets it, none waits on
+                for job in [*self.stepper.running, *self.stepper.waiting]:
+                    job.finish(None, e if isinstance(e, Exception) else RuntimeError(repr(e)))
+                self.stepper.running, self.stepper.waiting = [], deque()
