@@ -13,7 +13,7 @@ from vecgpt import encoding
 from vecgpt.backends.base import Store
 from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
-from vecgpt.reference import query_rows, value_output
+from vecgpt.orders import query_rows, value_output
 from vecgpt.weights import HParams, Model
 
 LN_PARTS = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
@@ -67,7 +67,7 @@ def get(params: dict, name: str, n_head: int | None = None) -> dict:
     """A matrix's {"weight" [in, out], "bias"}: "h.3.attn.c_attn" is params["h"][3]["attn"]["c_attn"]. A head's
     part of c_proj ("h.3.attn.c_proj.5", n_head needed) holds its rows of the weight, and the bias only for
     head 0 (attention weights sum to 1, so the bias carried by one head's projected values adds it once);
-    "vo" and "qk" parts are layout three's products (reference.value_output, reference.query_rows)."""
+    "vo" and "qk" parts are layout three's products (orders.value_output, orders.query_rows)."""
     product = re.fullmatch(r"h\.(\d+)\.attn\.(vo|qk)\.(\d+)", name)
     if product:
         attn, h = params["h"][int(product[1])]["attn"], int(product[3])

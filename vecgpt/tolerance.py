@@ -11,9 +11,9 @@ worst sign pattern is not searched: the per-search bound takes gamma_n ~ n u, th
 order, while rounding errors of independent sign add up to about sqrt(n) u (n = 65..3074 here:
 8 to 55 times less), and SAFETY = 2 covers the spread of a few random patterns around the error
 they sample. The tests report the tolerance beside the error actually seen. A model loaded in layout
-"three" (vecgpt.three_rounds) is perturbed in its own order (reference.three_round_heads): W_vo's search with
+"three" (vecgpt.three_rounds) is perturbed in its own order (orders.three_round_heads): W_vo's search with
 the product's float32 rounding, each key's document as a search, the searched scores as (x, 1) . document.
-Layout "five" (vecgpt.five_rounds) runs the plain order (reference.mha without projected heads): the raw values
+Layout "five" (vecgpt.five_rounds) runs the plain order (orders.plain_heads, reference.mha's): the raw values
 rounded to float32 as kept, attention's c_proj one search over the heads' outputs.
 
 The rule (`disagreements`), teacher-forced and by token id: each store logit within tol of
@@ -33,7 +33,8 @@ import numpy as np
 from vecgpt import encoding
 from vecgpt.encoding import U32, U64
 from vecgpt.engine import searched_end
-from vecgpt.reference import Reference, query_rows, value_output
+from vecgpt.orders import InOrder, query_rows, value_output
+from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates
 from vecgpt.weights import Model, flatten
 
@@ -47,14 +48,13 @@ def unit_roundoff(backend: str) -> float:
 
 
 class Perturbation:
-    """Moves every multiply of the reference by its search's error bound, with random signs."""
+    """Moves every multiply of the reference by its search's error bound, with random signs (vecgpt.orders' hook)."""
 
     def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32, layout: str = "four"):
         self.metric, self.u, self.per_output, self.stored, self.layout = metric, u, per_output, stored, layout
         self.rng, self.m2, self._products = np.random.default_rng(seed), {}, {}
-        # a store runs attention the engine's way: values projected per head, then weighed (reference.projected_heads;
-        # layout "three": reference.three_round_heads; layout "five": the plain order, heads then c_proj)
-        self.project_heads = stored > 0 and layout != "five"
+        # a store runs attention in its layout's order (vecgpt.orders); plain maths (stored = 0) in layout "four" as numpy
+        self.order = "three" if layout == "three" else "projected" if stored > 0 and layout != "five" else "plain"
 
     def signs(self, shape):
         return self.rng.choice([-1.0, 1.0], shape if self.per_output else (1,) * len(shape))
@@ -125,8 +125,7 @@ def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=
 
 
 def _forced_logits(model64, prompt, tokens, perturb) -> np.ndarray:
-    ref = Reference(model64, np.float64)
-    ref.perturb = perturb
+    ref = Reference(model64, np.float64) if perturb is None else InOrder(model64, perturb, np.float64)
     rows = [ref.logits(prompt)[-1]] + [ref.logits([t])[-1] for t in tokens[:-1]]
     return np.stack(rows)
 
@@ -192,8 +191,7 @@ def _block_tolerance(model64, ids, metric, u, stored, layout) -> tuple[np.ndarra
     exact = Reference(model64, np.float64).logits(ids)
     moved = []
     for seed in range(PATTERNS):
-        ref = Reference(model64, np.float64)
-        ref.perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored, layout)
+        ref = InOrder(model64, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout), np.float64)
         moved.append(np.abs(ref.logits(ids) - exact).max(1))
     return exact, SAFETY * np.max(moved, axis=0)
 

@@ -1,0 +1,22 @@
+"""DuckDB, embedded: one file holds the store (a table per collection, the model and text records), and every search
+is one statement scoring its queries by DuckDB's core array functions over FLOAT[n] columns, exactly.
+
+Environment: XDG_CACHE_HOME (the default file, $XDG_CACHE_HOME/vecgpt/duckdb/vecgpt.duckdb or
+~/.cache/vecgpt/duckdb/vecgpt.duckdb). See docs/duckdb.md.
+
+Modules: store (the file, collections, rows, searches), statements (tables, filters and search SQL, Arrow columns),
+records (model and text records, the lock a text is open under).
+"""
+
+from __future__ import annotations
+
+from vecgpt.backends.duckdb.store import DuckStore
+
+PREFERRED_METRIC = "ip"  # no pad, no square: faster than array_distance over the padded rows, as exact (docs/duckdb.md)
+
+__all__ = ["DuckStore", "connect"]
+
+
+def connect(path: str | None = None, threads: int = 0) -> DuckStore:
+    """path: the store's file (--store); threads: DuckDB's threads (0: its default, one a core)."""
+    return DuckStore(path, threads)

@@ -1,0 +1,100 @@
+"""SQL for the DuckDB store: a collection's table and columns, filters, and the search statement."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from vecgpt.backends.base import Metric, Where
+
+RESERVED = {"id", "v", "payload", "i", "g"}  # a collection table's own columns, and the query table's
+# DuckDB's own distance functions over FLOAT[n]: negated inner product, and the L2 distance (not squared: its
+# square is taken in float64 here, exact for a float32).
+DISTANCE = {"ip": "array_negative_inner_product(w.v, q.v)", "l2": "array_distance(w.v, q.v)"}
+OPS = {np.equal: "=", np.less: "<", np.greater_equal: ">="}
+
+
+@dataclass
+class Meta:
+    """A collection as the catalog (vecgpt_collections) describes it."""
+
+    table: str
+    dim: int
+    metric: Metric
+    attrs: list[str]
+    payload: int
+
+    def columns(self) -> str:
+        """The table's columns: id, the attributes, the vector and (a width) the payload."""
+        parts = ["id BIGINT", *(f"{quote(a)} BIGINT" for a in self.attrs), f"v FLOAT[{self.dim}]"]
+        return ", ".join(parts + ([f"payload FLOAT[{self.payload}]"] if self.payload else []))
+
+    def schema(self) -> pa.Schema:
+        fields = [pa.field("id", pa.int64()), *(pa.field(a, pa.int64()) for a in self.attrs)]
+        fields.append(pa.field("v", pa.list_(pa.float32(), self.dim)))
+        return pa.schema(fields + ([pa.field("payload", pa.list_(pa.float32(), self.payload))] if self.payload else []))
+
+
+def table_name(name: str) -> str:
+    """A collection's table: its name made an identifier, with a digest of the exact name (DuckDB matches
+    identifiers without regard to case, so "A" and "a" need tables of their own)."""
+    slug = re.sub(r"[^a-z0-9_]", "_", name.lower())[:40]
+    return f"c_{slug}_{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+
+
+def quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def terms(where: Where | None) -> list[str]:
+    """A filter as SQL terms on the table `w` (integers only: written into the statement)."""
+    if where is None:
+        return []
+    return sorted(f"w.{quote(name)} {OPS[op]} {int(value)}" for op, name, value in where.conditions())
+
+
+def search_sql(meta: Meta, queries: str, k: int | None, where: Where | None, by: str | None, vectors: bool) -> str:
+    """One statement scoring every query of the table `queries` (columns i, v; g for a grouped search) against
+    the rows of a collection that match: rows (g,) i, id, d (the store's distance) and (vectors) the rows' v.
+    With k: each query's k nearest (ties by id), ordered by query, then distance, then id."""
+    group = ["q.g"] if by else []
+    columns = [*group, "q.i", "w.id", f"{DISTANCE[meta.metric]} AS d", *(["w.v AS rv"] if vectors else [])]
+    joined = (
+        f"{quote(meta.table)} w JOIN {queries} q ON w.{quote(by)} = q.g"
+        if by
+        else f"{quote(meta.table)} w, {queries} q"
+    )
+    text = f"SELECT {', '.join(columns)} FROM {joined}"
+    conditions = terms(where)
+    text += f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    if k is not None:
+        within = ", ".join([*group, "q.i"])
+        text += f" QUALIFY row_number() OVER (PARTITION BY {within} ORDER BY d, w.id) <= {int(k)}"
+        text += f" ORDER BY {within}, d, w.id"
+    return text
+
+
+def fixed(values: np.ndarray) -> pa.FixedSizeListArray:
+    """float32 [n, width] as an Arrow FixedSizeList column (DuckDB reads it as FLOAT[width])."""
+    values = np.ascontiguousarray(values, np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), values.shape[1])
+
+
+def floats(column, width: int) -> np.ndarray:
+    """A FLOAT[width] column of a result as float32 [n, width]."""
+    if len(column) == 0:
+        return np.zeros((0, width), np.float32)
+    return column.combine_chunks().flatten().to_numpy().reshape(-1, width)
+
+
+def query_table(queries: np.ndarray) -> pa.Table:
+    """Queries [m, dim] (or [G, m, dim]: groups) as the Arrow table a search statement reads: i, (g,) v."""
+    if queries.ndim == 3:
+        groups, m, dim = queries.shape
+        g, i = np.divmod(np.arange(groups * m, dtype=np.int64), m)
+        return pa.table({"g": g, "i": i, "v": fixed(queries.reshape(groups * m, dim))})
+    return pa.table({"i": np.arange(len(queries), dtype=np.int64), "v": fixed(queries)})
