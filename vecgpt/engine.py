@@ -1,8 +1,11 @@
 """GPT-2 with every matrix multiply as one exact search in a store; read beside reference.py.
 
-The forward pass has reference.py's functions in its order; where the reference computes
-`x @ weight + bias` the engine searches. `Engine.open()` starts a `Session`, one decoding session:
-its attention keys live in the store (collection text-<id>, tagged layer/head/position) and in memory.
+The forward pass (`Step`) has reference.py's functions in its order; where the reference computes
+`x @ weight + bias` the engine searches. A step's block of rows belongs to one text or to several (vecgpt.stepper
+steps every text in flight together): each matrix is one search with every row, each text's keys are searched in
+its own collection in the same round, and the layer norms, GELU and residual adds run once over the block.
+`Engine.open()` starts a `Session`, one text's decoding state: its attention keys live in the store (collection
+text-<id>, tagged layer/head/position) and in memory; `Session.read` is a step of that text alone.
 Attention's output projection is applied per head to each position's value when it is computed
 (collections h.<i>.attn.c_proj.<h>, in the same round as the key search), so a layer is four dependent
 rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
@@ -10,8 +13,8 @@ in memory and as the key rows' payload. Writes go out in order beside the search
 search brings the next token's rows along (its candidates' documents, the next position's wpe row), so a
 generated token's first round is c_attn.
 Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64. A model loaded with
-`--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it);
-`--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
+`--layout three` runs vecgpt.three_rounds' Session and Step instead: three rounds a layer (Engine.session picks
+it); `--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter. `Session.inspect` reads a

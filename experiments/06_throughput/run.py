@@ -359,7 +359,7 @@ def goals(rows: list[dict]) -> list[dict]:
     wanted = [
         (faiss, 1, "aggregate tokens/s, x one text's", "tokens_per_s", ">=", 4.0),
         (faiss, NUMPY, "aggregate tokens/s, x numpy batched's", "tokens_per_s", ">=", 0.7),
-        (faiss, 2 * GOAL_TEXTS, f"aggregate tokens/s at {2 * GOAL_TEXTS} texts, x", "tokens_per_s", "<=", 1.0),
+        (faiss, 2 * GOAL_TEXTS, f"aggregate tokens/s at {2 * GOAL_TEXTS} texts, x", "tokens_per_s", ">=", 1.0),
         (faiss, 1, "each text's ms a token, x alone", "ms_per_token", "<=", 4.0),
         (tpuf, 1, "round trips a token a text, x alone", "round_trips_per_token", "==", 1.0),
     ]
@@ -368,11 +368,11 @@ def goals(rows: list[dict]) -> list[dict]:
 
 def goal(at: dict, store, base, what: str, key: str, sense: str, target: float) -> dict:
     """One goal: the measure at GOAL_TEXTS texts over the same at `base` (1: one text; NUMPY: numpy batched at
-    GOAL_TEXTS; a number of texts: the store at that many, over GOAL_TEXTS: the ratio is inverted, 32 against 16)."""
+    GOAL_TEXTS; more texts than GOAL_TEXTS: the store at that many over the store at GOAL_TEXTS)."""
     many = at.get((store, GOAL_TEXTS))
     other = at.get((NUMPY, GOAL_TEXTS)) if base == NUMPY else at.get((store, base))
     if isinstance(base, int) and base > GOAL_TEXTS:
-        many, other = other, many  # the 16-text figure over the 32-text one: at most 1 means 32 is no slower
+        many, other = other, many  # 32 texts' figure over 16's: at least 1 means 32 is no slower
     ratio = many[key] / other[key] if many and other and other.get(key) else None
     met = None if ratio is None else {">=": ratio >= target, "<=": ratio <= target}.get(sense)
     if sense == "==" and ratio is not None:
