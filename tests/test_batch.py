@@ -253,7 +253,7 @@ def test_resume_step_back_and_branch_of_texts_in_company_are_bit_exact(make_stor
     operation the others are in: every text, branch and resumed text draws the tokens and holds the candidates
     (ids and logits, every position) that the same operations give alone, bit for bit (turbopuffer: within the
     rule). A resumed text holds the candidates its text drew from, as they were."""
-    layout = TEXT_LAYOUT[backend]
+    layout = TEXT_LAYOUT.get(backend) or auto_layout(backend, {})
     engine = opened(make_store, backend, tiny_model, layout)
     stories = STORIES[:2] if backend in {"lancedb", "turbopuffer"} else STORIES
     stepper = Stepper()
