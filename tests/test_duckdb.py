@@ -95,6 +95,9 @@ def test_a_file_open_in_another_process_is_one_line_saying_what_to_do(store):
 def test_bad_paths_and_shapes_are_refused_in_one_line(store, tmp_path):
     with pytest.raises(VecgptError, match="is a folder; .* names the store's file"):
         get_store("duckdb", path=str(tmp_path))
+    (tmp_path / "junk").write_bytes(b"not a database" * 1000)
+    with pytest.raises(VecgptError, match="not a valid DuckDB database file.*; move it away or give another"):
+        get_store("duckdb", path=str(tmp_path / "junk"))
     with pytest.raises(VecgptError, match="dimension 1 to 100000"):
         store.create("wide", 100_001, "ip")
     with pytest.raises(VecgptError, match="reserved"):

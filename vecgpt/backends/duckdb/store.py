@@ -42,7 +42,9 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
     except duckdb.IOException as e:
         pid = re.search(r"PID (\d+)", str(e))
         if "lock" not in str(e):
-            raise VecgptError(f"duckdb cannot open {path}: {base.first_line(e)}") from None
+            raise VecgptError(
+                f"duckdb cannot open {path}: {base.first_line(e)}; move it away or give another [store] path"
+            ) from None
         raise VecgptError(
             f"duckdb store {path} is open in another process{f' (PID {pid[1]})' if pid else ''}: DuckDB lets one "
             "process at a time use a file; close it there, or give this one another [store] path"
