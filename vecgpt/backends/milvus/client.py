@@ -38,7 +38,7 @@ def open_client(uri: str, timeout: float) -> MilvusClient:
             return MilvusClient(uri=uri, token=os.environ.get(ENV_TOKEN, ""), timeout=timeout)
         except MilvusException as e:
             raise VecgptError(
-                f"cannot reach Milvus at {uri} ({first_line(e)[:200]}); start it, or fix uri "
+                f"cannot reach Milvus at {uri} ({reason(e)}); start it, or fix uri "
                 f"(and {ENV_TOKEN} if it needs a token)"
             ) from None
     path = str(Path(uri).absolute())
@@ -50,7 +50,7 @@ def open_client(uri: str, timeout: float) -> MilvusClient:
             try:
                 client = MilvusClient(uri=path, timeout=timeout)
             except MilvusException as e:
-                raise VecgptError(f"Milvus Lite could not open {path} ({first_line(e)[:200]})") from None
+                raise VecgptError(f"Milvus Lite could not open {path} ({reason(e)})") from None
         _lite_users[path] = _lite_users.get(path, 0) + 1
     return client
 
@@ -119,6 +119,11 @@ class RpcErrors(logging.Filter):
 logging.getLogger("pymilvus.decorators").addFilter(RpcErrors())
 
 
+def reason(error: MilvusException) -> str:
+    """What Milvus said, on one line, without pymilvus's wrapping."""
+    return first_line(Exception(getattr(error, "message", None) or str(error)))[:300]
+
+
 def milvus_errors(method):
     """Milvus's own errors as one-line VecgptErrors."""
 
@@ -127,7 +132,7 @@ def milvus_errors(method):
         try:
             return method(self, *args, **kw)
         except MilvusException as e:
-            raise VecgptError(f"{self}: {method.__name__} failed ({first_line(e)[:300]})") from None
+            raise VecgptError(f"{self}: {method.__name__} failed ({reason(e)})") from None
 
     return wrapped
 
