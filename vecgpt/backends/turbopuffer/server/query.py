@@ -130,10 +130,9 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False, pl
         raise ApiError(400, f"query vector has {qv.size} dimensions; the namespace holds [{ns.dim}]f32")
     if float32:
         parts = [_distances32(ns.metric, cols, qv, place) for cols, _ in rows.blocks(chosen, n)]
+        d = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     else:
-        blocks = rows.blocks(chosen, n, rows.block)
-        parts = [_distances(ns.metric, cols.astype(np.float64).T, nrm, qv) for cols, nrm in blocks]
-    d = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+        d = _distances(ns.metric, *_dots(rows, chosen, n, qv), qv)
     want = min(limit + offset, len(d))
     if want < len(d):
         part = np.argpartition(d, want - 1)[:want] if want else np.zeros(0, np.int64)
@@ -143,9 +142,18 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False, pl
     return chosen[order], d[order]
 
 
-def _distances(metric, data, nrm, qv) -> np.ndarray:
+def _dots(rows, chosen, n, qv) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 dot products with `qv`, squared norms) of the `chosen` rows, a block of rows widened to float64 at a
+    time."""
+    dots, norms, at = np.empty(len(chosen)), np.empty(len(chosen)), 0
+    for cols, nrm in rows.blocks(chosen, n, rows.block):
+        dots[at : at + len(nrm)], norms[at : at + len(nrm)] = qv @ cols.astype(np.float64), nrm
+        at += len(nrm)
+    return dots, norms
+
+
+def _distances(metric, dots, nrm, qv) -> np.ndarray:
     """The exact distance, computed in float64 from float32 values and rounded to float32 once."""
-    dots = data @ qv
     if metric == "cosine_distance":
         denom = np.sqrt(nrm * (qv @ qv))
         d = 1.0 - np.divide(dots, denom, out=np.zeros_like(dots), where=denom > 0)

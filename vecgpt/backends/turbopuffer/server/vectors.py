@@ -12,7 +12,7 @@ import mmap
 import numpy as np
 
 CHUNK_BYTES = 32 * 2**20
-BLOCK_BYTES = 2**20  # float32 a float64 scan converts at a time
+BLOCK_BYTES = 2**20  # float32 a float64 scan widens at a time
 MAPPED_BYTES = 2**20
 
 
