@@ -44,11 +44,10 @@ def _memory_checked(fn, url: str, what: str):
     except tp.APIStatusError as e:
         if e.status_code != 507:
             raise
-        said = e.body.get("error", "") if isinstance(e.body, dict) else ""
+        said = str(e.body.get("error", "") if isinstance(e.body, dict) else "").removeprefix("out of memory: ")
         raise VecgptError(
-            f"turbopuffer at {url} is out of memory (507 on {what}: {str(said).splitlines()[0][:300] if said else e}); "
-            f"free some there (`vecgpt ls`, `vecgpt drop`), give it more memory, or load fewer documents: one copy "
-            f"(replicas = 1) in layout five (`vecgpt load --layout five`)"
+            f"turbopuffer at {url} is out of memory (507 on {what}): {said.splitlines()[0][:300] if said else e}. "
+            f"To make room: `vecgpt drop` a model it holds (`vecgpt ls`), or load one copy (replicas = 1) in layout five"
         ) from None
 
 

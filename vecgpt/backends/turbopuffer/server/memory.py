@@ -71,7 +71,8 @@ class Memory:
     def exhausted(self, what: str, need: int | None = None, left: int | None = None) -> ApiError:
         """The 507 reply: what was refused, the room, what the server holds, what to do."""
         spaces, vectors = self.held()
-        short = "" if need is None else f" (it needs about {need / 1e6:,.0f} MB, {max(left, 0) / 1e6:,.0f} MB are left)"
+        spare = 0 if left is None else max(left - MARGIN, 0)
+        short = "" if need is None else f" (it needs about {need / 1e6:,.0f} MB, {spare / 1e6:,.0f} MB can be spared)"
         return ApiError(
             507,
             f"out of memory: the local server cannot take {what}{short}; nothing of it was written. It holds "
