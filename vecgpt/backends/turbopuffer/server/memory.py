@@ -10,7 +10,6 @@ and nothing is written. An allocation that fails all the same (MemoryError) is a
 from __future__ import annotations
 
 import re
-import resource
 import threading
 from pathlib import Path
 
@@ -40,10 +39,13 @@ def room() -> int | None:
     available = _status("MemAvailable", "/proc/meminfo")
     if available is not None:
         left.append(available)
-    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     size = _status("VmSize", "/proc/self/status")
-    if soft != resource.RLIM_INFINITY and size is not None:
-        left.append(soft - size)
+    if size is not None:  # Linux, where resource exists
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            left.append(soft - size)
     return min(left) if left else None
 
 
