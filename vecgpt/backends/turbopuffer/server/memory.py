@@ -4,8 +4,8 @@ The room left is the least of the machine's available memory (MemAvailable) and,
 (`--memory-limit-mb`, `ulimit -v`), that limit less the process's size (VmSize); a container's limit is not read.
 A write reserves WRITE_FACTOR times its body (the body, its parse, the vectors decoded and stored) and a chunk
 (the most that growing a namespace allocates at once) before the body is read, and keeps it until it has been
-applied; one that would leave less than MARGIN is refused with 507
-and nothing is written. An allocation that fails all the same (MemoryError) is answered with the same 507."""
+applied; one that would leave less than MARGIN is refused with 507 and nothing is written. An allocation that
+fails all the same (MemoryError) is answered with the same 507."""
 
 from __future__ import annotations
 
