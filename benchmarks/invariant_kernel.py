@@ -1,6 +1,7 @@
 """The invariant product against the unconstrained one and the per-query kernels, at GPT-2 small's matrices.
 
     python benchmarks/invariant_kernel.py [--m 1 16 32] [--layers 12] [--rounds 7] [--threads 1] [--clock cpu]
+                                          [--token]
 
 For each matrix shape (inner-product documents: a row per output, the bias as one more column) and each query
 count m, the ms a search of every row takes on a table of each store, as the store computes it:
@@ -13,7 +14,9 @@ count m, the ms a search of every row takes on a table of each store, as the sto
 `layers` matrices of each shape are searched in turn (as a token reads a layer's after another's: from memory, not
 cache); a round times every kernel once over them, rounds interleave the kernels, and a figure is the median over
 rounds. With one thread a search is timed on this thread's CPU clock by default, which other processes on a busy
-machine do not inflate (they still share its caches and memory). The ratios are blas over the unconstrained kernels. Also the check's time for each shape, once per process.
+machine do not inflate (they still share its caches and memory). The ratios are blas over the unconstrained
+kernels. Also each shape's check, once per process, and with --token a token alone on random GPT-2 small weights
+with each kernel (configs/faiss.toml and configs/memory.toml, one thread, CPU clock).
 Writes benchmarks/results/invariant_kernel.json.
 """
 
@@ -21,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +43,7 @@ from vecgpt.backends import faiss as vfaiss  # noqa: E402
 from vecgpt.backends import memory as vmemory  # noqa: E402
 
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+FALLBACK = {"faiss": "scan", "memory": "gemv"}
 SHAPES = {  # rows (outputs) x dim (inputs and the bias), GPT-2 small; wte's token search is left out
     "c_attn": (2304, 769),
     "attn.c_proj": (768, 769),
@@ -58,6 +64,9 @@ def parse_args(argv=None):
         default=None,
         help="cpu: this thread's CPU time, which other processes on the machine do not inflate (one thread only); "
         "wall: elapsed time (default: cpu with one thread, else wall)",
+    )
+    p.add_argument(
+        "--token", action="store_true", help="also a token alone with each kernel (one thread; loads a model)"
     )
     p.add_argument("--out", default="benchmarks/results/invariant_kernel.json")
     return p.parse_args(argv)
@@ -143,6 +152,36 @@ def measure(args) -> list[dict]:
     return rows_out
 
 
+def token_ms(backend: str, tokens: int = 12) -> dict:
+    """CPU ms of a token alone (median of `tokens` greedy tokens after a ten-token prompt) with each kernel, twice in
+    turn, on random weights at GPT-2 small shape loaded into a fresh store of configs/<backend>.toml."""
+    from vecgpt import tokenizer, weights
+    from vecgpt.config import load_config, open_store
+    from vecgpt.engine import Engine
+    from vecgpt.loading import push, store_fingerprint
+
+    config, module = load_config(f"configs/{backend}.toml"), {"faiss": vfaiss, "memory": vmemory}[backend]
+    config.store["path"] = tempfile.mkdtemp(prefix="vecgpt-invariant-kernel-")
+    model, store = weights.load(str(weights.random_gpt2_small())), open_store(config)
+    key = store_fingerprint(model, config.metric, config.layout)
+    push(store, model, config.metric, progress=False, layout=config.layout)
+    ids, out = tokenizer.encode("The history of the vector database begins in the nineteen"), {}
+    for kernel in (FALLBACK[backend], "blas") * 2:
+        module.KERNEL[0] = kernel
+        text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key).open()
+        best, times = text.read(ids), []
+        for _ in range(tokens):
+            start = time.thread_time()
+            best = text.read([int(best.ids[0])])
+            times.append(time.thread_time() - start)
+        text.close()
+        out.setdefault(kernel, []).append(1e3 * float(np.median(times)))
+    store.close()
+    shutil.rmtree(config.store["path"], ignore_errors=True)
+    print(f"{backend} ({config.metric}) a token alone, CPU ms: " + "  ".join(f"{k} {v}" for k, v in out.items()))
+    return out
+
+
 def line(row: dict) -> str:
     ms = "  ".join(f"{k} {v:7.3f}" for k, v in row["ms"].items())
     over = "  ".join(f"blas/{k} {v:4.2f}x" for k, v in row["blas_over"].items())
@@ -165,6 +204,10 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": machine(THREADS), "busy_before": busy, "args": vars(args), "rows": rows}
+    if args.token:
+        if args.threads != 1:
+            raise SystemExit("--token times on the CPU clock: use it with --threads 1")
+        record["token_alone_ms"] = {backend: token_ms(backend) for backend in ("faiss", "memory")}
     out.write_text(json.dumps(record, indent=1))
     print(f"wrote {out}")
 

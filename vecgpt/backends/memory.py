@@ -15,7 +15,7 @@ from vecgpt.errors import VecgptError
 
 # "gemv": a query at a time (BLAS's matrix-vector product). "blas": a search of every row is one float64 matrix
 # product (_product) for any number of queries, one included, where the check passed for the matrix's shape (else,
-# and for a filtered search, "gemv"): several queries at BLAS speed, one query about 2x slower (docs/memory.md).
+# and for a filtered search, "gemv"): several queries at BLAS speed, one query about 1.6x slower (docs/memory.md).
 KERNEL = ["gemv"]
 KERNELS = ("blas", "gemv")
 
