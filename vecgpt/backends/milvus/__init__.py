@@ -15,6 +15,10 @@ from __future__ import annotations
 from vecgpt.backends.milvus.requests import Limits
 from vecgpt.backends.milvus.store import MilvusStore
 
+PREFERRED_METRIC = (
+    "ip"  # Milvus Lite's IP is one matrix product; its L2 forms every query-row difference (docs/milvus.md)
+)
+
 __all__ = ["Limits", "MilvusStore", "connect"]
 
 
