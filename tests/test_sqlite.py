@@ -11,6 +11,7 @@ pytest.importorskip("sqlite_vec")
 from vecgpt.backends import sqlite as sqlite_backend  # noqa: E402
 from vecgpt.backends.base import Search, Where  # noqa: E402
 from vecgpt.backends.sqlite import db as sqlite_db  # noqa: E402
+from vecgpt.backends.sqlite import search  # noqa: E402
 from vecgpt.backends.sqlite.store import SqliteStore  # noqa: E402
 from vecgpt.encoding import U32, distance_bound  # noqa: E402
 from vecgpt.errors import VecgptError  # noqa: E402
@@ -25,22 +26,30 @@ def filled(store, n=200, dim=12):
     return x
 
 
-def test_searches_wider_than_k_are_split_by_id_range(tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_searches_wider_than_k_are_split_by_id_range(tmp_path, monkeypatch, threads):
     """With sqlite-vec's k limit made 16: every row, a filter's rows and a top 40 come back as with no limit (the
-    same ids and distances), each piece's KNN asking for at most 16 rows."""
-    store = SqliteStore(str(tmp_path))
+    same ids and distances), each piece's KNN asking for at most 16 rows; with two threads, each search is split
+    over them as well."""
+    store = SqliteStore(str(tmp_path), threads=threads)
     x = filled(store)
     q = rng.standard_normal((2, 12)).astype(np.float32)
     shapes = [dict(), dict(where=Where(eq={"layer": 1}, lt={"position": 150})), dict(k=40), dict(k=16), dict(k=3)]
     want = [store.search_many([Search("c", q, vectors=True, **shape)])[0] for shape in shapes]
-    asked = []
-    knn = store._knn
+    asked, rows = [], store.db.rows
     monkeypatch.setattr(store, "limit", 16)
-    monkeypatch.setattr(store, "_knn", lambda text, v, k, values: asked.append(k) or knn(text, v, k, values))
+    monkeypatch.setattr(search, "SPLIT_WORK", 0)  # any model's table is split over the threads
+
+    def counted(text, values=()):
+        if "MATCH" in text:  # a KNN: its k
+            asked.append(values[1])
+        return rows(text, values)
+
+    monkeypatch.setattr(store.db, "rows", counted)
     for shape, before in zip(shapes, want):
         asked.clear()
         (got,) = store.search_many([Search("c", q, vectors=True, **shape)])
-        assert max(asked) <= 16 and (len(asked) > 2) == (shape.get("k", 99) > 16)  # split only past the limit
+        assert max(asked) <= 16 and (len(asked) > 2 * threads) == (shape.get("k", 99) > 16)  # split past the limit
         for row in range(2):
             a, b = np.argsort(got.ids[row]), np.argsort(before.ids[row])
             assert got.ids[row][a].tolist() == before.ids[row][b].tolist()
@@ -114,3 +123,9 @@ def test_a_missing_extension_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(sqlite_db.sqlite_vec, "load", lambda conn: conn.load_extension(str(tmp_path / "vec0")))
     with pytest.raises(VecgptError, match="cannot load sqlite-vec .*pip install --force-reinstall sqlite-vec"):
         SqliteStore(str(tmp_path))
+
+
+def test_a_damaged_file_is_one_line(tmp_path):
+    (tmp_path / "bad.db").write_bytes(b"not SQLite" * 500)
+    with pytest.raises(VecgptError, match=r"bad\.db is damaged .*; remove it and run `vecgpt load` again"):
+        SqliteStore(str(tmp_path / "bad.db"))

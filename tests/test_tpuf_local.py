@@ -4,6 +4,7 @@ import base64
 import concurrent.futures as cf
 import gzip
 import json
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -387,3 +388,36 @@ def test_float32_scans_follow_every_write_and_add_one_dimension_at_a_time(monkey
         assert distances() == {i: d for i, d in enumerate(sequential(x).tolist()) if i != 7}
     finally:
         running.stop()
+
+
+def test_bodies_are_read_whole_and_refused_past_the_limit(server, client, monkeypatch):
+    """A body over MAX_BODY (here 2,000 bytes), sent plain or gzip, is 413 once it has been read to its end (the
+    client gets the reply, not a broken connection); bad gzip and NaN are 400."""
+    from vecgpt.backends.turbopuffer.server import bodies
+
+    monkeypatch.setattr(bodies, "MAX_BODY", 2_000)
+    ns = client.namespace("body-limit")
+    rows = [{"id": i, "vector": [0.5] * 8} for i in range(40)]
+    with pytest.raises(turbopuffer.APIStatusError, match="exceeds 2000") as plain:
+        ns.write(upsert_rows=rows, distance_metric="euclidean_squared")
+    zipped = turbopuffer.Turbopuffer(api_key="k", base_url=server.url, max_retries=0, compression=True)
+    with pytest.raises(turbopuffer.APIStatusError, match="unpacks to more than 2000") as packed:
+        zipped.namespace("body-limit").write(upsert_rows=rows * 5, distance_metric="euclidean_squared")
+    assert plain.value.status_code == packed.value.status_code == 413
+    ns.write(upsert_rows=rows[:2], distance_metric="euclidean_squared")
+    assert ns.metadata().approx_row_count == 2
+
+    def post(body: bytes, encoding: str = "identity"):
+        req = urllib.request.Request(
+            f"{server.url}/v2/namespaces/body-limit",
+            data=body,
+            method="POST",
+            headers={"Authorization": "Bearer k", "Content-Encoding": encoding},
+        )
+        try:
+            urllib.request.urlopen(req)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())["error"]
+
+    assert post(gzip.compress(b'{"deletes": [1]}')[:-6], "gzip") == (400, "the body is not valid gzip")
+    assert post(b'{"upsert_rows": [{"id": 3, "vector": [NaN]}]}') == (400, "the body is not valid JSON")

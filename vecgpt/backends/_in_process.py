@@ -40,6 +40,7 @@ class Table:
 
     def __init__(self, dim: int, metric: Metric):
         self.dim, self.metric, self.n = dim, metric, 0
+        self.ran: str | None = None  # the kernel the last search of every row ran (stats(); docs/faiss.md)
 
     def append(self, vectors: np.ndarray) -> None: ...
     def overwrite(self, slots: np.ndarray, vectors: np.ndarray) -> None: ...
@@ -312,6 +313,8 @@ class InProcessStore(FolderStore):
         for name in self.collections():
             col = self._col(name)
             out[name] = {"documents": col.table.n, "bytes": col.table.n * (col.table.dim + col.width) * 4}
+            if col.table.ran:
+                out[name]["kernel"] = col.table.ran
         return out
 
     # persistence

@@ -17,7 +17,9 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from vecgpt.backends import _product
 from vecgpt.backends._in_process import InProcessStore, Table
+from vecgpt.errors import VecgptError
 
 PREFERRED_METRIC = "ip"  # no pad and no decoding arithmetic: faster than l2, as exact (docs/speed.md)
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
@@ -37,6 +39,12 @@ PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads 
 # once for all the queries, and each query's sums are FAISS's one-query kernel's, whatever else is searched with it.
 BLOCK_BYTES = 1 << 20
 INVARIANT = [True]  # False: several queries take FAISS's own search (BLAS: faster; a query's bits depend on the rest)
+# "scan": a search of every row is FAISS's one-query kernel for one query, its by-index kernel over blocks of rows for
+# several. "blas": an inner-product search of every row is one matrix product (_product) for any number of queries,
+# one included, where the check passed for the matrix's shape (else, and for l2, "scan"): several queries at BLAS
+# speed, one query about 3x slower than "scan" (docs/faiss.md, "Kernels").
+KERNEL = ["scan"]
+KERNELS = ("blas", "scan")
 BLAS_FROM = {True: faiss.cvar.distance_compute_blas_threshold, False: 2}  # queries from which FAISS's search uses BLAS
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
@@ -279,13 +287,29 @@ class FaissTable(Table):
         if slots is not None:  # a filtered search: FAISS's by-index kernel over the matching rows
             dists = self.all_dists_groups(queries[None], slots[None])[0]
             return dists, np.broadcast_to(slots, dists.shape)
+        if self.blas():
+            return self.by_product(queries), None  # every row, in slot order
+        self.ran = "scan" if INVARIANT[0] or len(queries) == 1 else "faiss"
         if len(queries) == 1:
-            return self.every_row(queries), None  # every row, in slot order
+            return self.every_row(queries), None
         if INVARIANT[0]:
             return self.every_row_many(queries), None
         threads_for(queries, self.n, self.dim)  # FAISS's own search of every row: BLAS for 20 queries or more
         _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric])
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
+
+    def blas(self) -> bool:
+        """Whether a search of every row is the checked product: inner product only (l2's product form would add
+        |q|^2 and |x|^2 to it, another rounding than FAISS's own l2 sums, which the tolerance is derived for)."""
+        return (
+            INVARIANT[0] and KERNEL[0] == "blas" and self.metric == "ip" and self.n > 0 and _product.holds(self._view())
+        )
+
+    def by_product(self, queries) -> np.ndarray:
+        """Queries against every row [m, n] as one BLAS product (numpy's; its threads are numpy's BLAS threads)."""
+        self.ran = "blas"
+        d = _product.product(queries, self._view())
+        return np.negative(d, out=d)
 
     def every_row_many(self, queries) -> np.ndarray:
         """Several queries against every row [m, n]: FAISS's by-index kernel (the one-query kernel's sums) over
@@ -356,12 +380,18 @@ class FaissTable(Table):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
         if slots is None and (len(queries) == 1 or INVARIANT[0]):  # the token search: the scan split over threads
-            d = self.every_row(queries) if len(queries) == 1 else self.every_row_many(queries)
+            if self.blas():
+                d = self.by_product(queries)
+            else:
+                self.ran = "scan"
+                d = self.every_row(queries) if len(queries) == 1 else self.every_row_many(queries)
             found = [nearest(row, k) for row in d]
             return np.stack([row[best] for row, best in zip(d, found)]), np.stack(found)
         if INVARIANT[0] and len(queries) > 1:  # a filtered search, a query at a time (FAISS's own: BLAS from 20)
             parts = [self.topk(queries[i : i + 1], k, slots) for i in range(len(queries))]
             return np.concatenate([d for d, _ in parts]), np.concatenate([f for _, f in parts])
+        if slots is None:
+            self.ran = "faiss"
         threads_for(queries, self.n if slots is None else len(slots), self.dim)
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
@@ -382,11 +412,16 @@ class FaissStore(InProcessStore):
     backend = "faiss"
 
 
-def connect(path: str | None = None, threads: int | None = None, invariant: bool = True) -> FaissStore:
+def connect(
+    path: str | None = None, threads: int | None = None, invariant: bool = True, kernel: str = "scan"
+) -> FaissStore:
     """invariant=False: several queries take FAISS's own search (BLAS), so a query's result depends on the others
-    sent with it (texts sharing rounds then differ from alone in the last bits; docs/batching.md)."""
+    sent with it (texts sharing rounds then differ from alone in the last bits; docs/batching.md). kernel: "scan"
+    (FAISS's own kernels, a query at a time) or "blas" (one checked matrix product for every query count)."""
+    if kernel not in KERNELS:
+        raise VecgptError(f"faiss: kernel {kernel!r} is not one of {', '.join(KERNELS)}; set [store] kernel to one")
     if threads:
         THREADS[0] = threads
-    INVARIANT[0] = invariant
+    INVARIANT[0], KERNEL[0] = invariant, kernel
     faiss.cvar.distance_compute_blas_threshold = BLAS_FROM[invariant]
     return FaissStore(path)

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
+from vecgpt.backends import _product
 from vecgpt.backends._in_process import InProcessStore, Table, grow
+from vecgpt.errors import VecgptError
+
+# "gemv": a query at a time (BLAS's matrix-vector product). "blas": a search of every row is one float64 matrix
+# product (_product) for any number of queries, one included, where the check passed for the matrix's shape (else,
+# and for a filtered search, "gemv"): several queries at BLAS speed, one query about 1.6x slower (docs/memory.md).
+KERNEL = ["gemv"]
+KERNELS = ("blas", "gemv")
 
 
 class NumpyTable(Table):
@@ -33,17 +41,25 @@ class NumpyTable(Table):
         return self._data[slots].astype(np.float32)
 
     def all_dists(self, queries, slots):
-        # A query at a time (BLAS's matrix-vector product): a query's sums never depend on the queries beside it,
-        # as a matrix-matrix product's would (texts sharing a round, vecgpt.company; a prompt block alone)
         data, norms = (
             (self._data[: self.n], self._norms[: self.n]) if slots is None else (self._data[slots], self._norms[slots])
         )
         q = queries.astype(np.float64)
         chosen = np.broadcast_to(np.arange(self.n) if slots is None else slots, (len(q), len(data)))
-        products = np.stack([data @ row for row in q]) if len(q) else np.zeros((0, len(data)))
+        products = self.products(q, data, slots is None)
         if self.metric == "ip":
             return -products, chosen
         return np.maximum(norms[None, :] + np.einsum("ij,ij->i", q, q)[:, None] - 2 * products, 0.0), chosen
+
+    def products(self, q: np.ndarray, data: np.ndarray, every_row: bool) -> np.ndarray:
+        """q [m, dim] . each row of data [n, dim] in float64: a search of every row as the checked product, else a
+        query at a time (BLAS's matrix-vector product), whose sums never depend on the queries beside it."""
+        if every_row and KERNEL[0] == "blas" and len(data) and _product.holds(data):
+            self.ran = "blas"
+            return _product.product(q, data)
+        if every_row:
+            self.ran = "gemv"
+        return np.stack([data @ row for row in q]) if len(q) else np.zeros((0, len(data)))
 
     def topk(self, queries, k, slots):
         dists, chosen = self.all_dists(queries, slots)  # [m, n]
@@ -73,5 +89,9 @@ class MemoryStore(InProcessStore):
     backend = "memory"
 
 
-def connect(path: str | None = None) -> MemoryStore:
+def connect(path: str | None = None, kernel: str = "gemv") -> MemoryStore:
+    """kernel: "gemv" (a query at a time) or "blas" (one checked float64 matrix product for every query count)."""
+    if kernel not in KERNELS:
+        raise VecgptError(f"memory: kernel {kernel!r} is not one of {', '.join(KERNELS)}; set [store] kernel to one")
+    KERNEL[0] = kernel
     return MemoryStore(path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 import threading
 from collections.abc import Sequence
@@ -16,7 +15,7 @@ import pyarrow as pa
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
 from vecgpt.backends.base import Hits, Metric, Search, record, row_order
-from vecgpt.backends.duckdb.records import CATALOG, Records
+from vecgpt.backends.duckdb.records import CATALOG, Records, duck_errors
 from vecgpt.backends.duckdb.statements import (
     RESERVED,
     Meta,
@@ -43,7 +42,9 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
     except duckdb.IOException as e:
         pid = re.search(r"PID (\d+)", str(e))
         if "lock" not in str(e):
-            raise VecgptError(f"duckdb cannot open {path}: {base.first_line(e)}") from None
+            raise VecgptError(
+                f"duckdb cannot open {path}: {base.first_line(e)}; move it away or give another [store] path"
+            ) from None
         raise VecgptError(
             f"duckdb store {path} is open in another process{f' (PID {pid[1]})' if pid else ''}: DuckDB lets one "
             "process at a time use a file; close it there, or give this one another [store] path"
@@ -53,24 +54,6 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
     # Vectors stored as they are: DuckDB's float compression (ALP) costs more to scan than it saves (docs/duckdb.md).
     con.execute("SET force_compression = 'uncompressed'")
     return con
-
-
-def duck_errors(method):
-    """A method run under the store's lock (one connection: DuckDB's are not for several threads at once); DuckDB's
-    errors as one-line VecgptErrors."""
-
-    @functools.wraps(method)
-    def wrapped(self, *args, **kw):
-        with self._lock:
-            try:
-                return method(self, *args, **kw)
-            except duckdb.Error as e:
-                self._meta.clear()  # a table changed under this store (another store of this file): read again
-                raise VecgptError(
-                    f"duckdb store {self.path}: {method.__name__} failed: {base.first_line(e)[:300]}"
-                ) from None
-
-    return wrapped
 
 
 class DuckStore(Records):
@@ -91,7 +74,8 @@ class DuckStore(Records):
         return f"DuckStore(path={self.path})"
 
     def _sql(self, text: str, params: list | None = None) -> list[tuple]:
-        return self.con.execute(text, params).fetchall()
+        with self._lock:
+            return self.con.execute(text, params).fetchall()
 
     @contextmanager
     def _transaction(self):
@@ -106,12 +90,10 @@ class DuckStore(Records):
 
     @contextmanager
     def _registered(self, name: str, table: pa.Table):
-        """An Arrow table a statement reads by name (scanned in place, not copied)."""
+        """An Arrow table a statement reads by name (scanned in place, not copied). Left registered until the next
+        one of that name replaces it: unregistering would cost as much again (0.3 ms, a fifth of a small search)."""
         self.con.register(name, table)
-        try:
-            yield
-        finally:
-            self.con.unregister(name)
+        yield
 
     def _get(self, name: str) -> Meta | None:
         if name not in self._meta:
@@ -249,9 +231,12 @@ class DuckStore(Records):
         shape = queries.shape[:-1]  # (m,), or (groups, m)
         if queries.size == 0 or s.k == 0:
             return empty(shape, meta.dim if s.vectors else None)
+        if s.by and s.k is not None:  # a top-k of each group (no caller sends one): a search per group
+            return base.apart(lambda plain: [self._search(p) for p in plain], [s])[0]
         record(1, int(np.prod(shape)))
+        text = search_sql(meta, "vecgpt_queries", shape[-1], s.k, where, s.by, s.vectors)
         with self._registered("vecgpt_queries", query_table(queries)):
-            result = self.con.sql(search_sql(meta, "vecgpt_queries", s.k, where, s.by, s.vectors)).to_arrow_table()
+            result = self.con.sql(text).to_arrow_table()
         return hits(s.collection, result, meta, shape, every=s.k is None and not s.by)
 
 

@@ -10,6 +10,8 @@ k limit, distances squared), db (the connection: apsw or sqlite3, settings, tran
 
 from __future__ import annotations
 
+import os
+
 from vecgpt.backends.sqlite.store import SqliteStore
 from vecgpt.encoding import U32
 from vecgpt.errors import VecgptError
@@ -23,11 +25,14 @@ __all__ = ["SqliteStore", "connect"]
 UNIT_ROUNDOFF = 1.5 * U32
 
 
-def connect(path: str | None = None, timeout: float = 5.0, chunk_size: int = 128) -> SqliteStore:
+def connect(
+    path: str | None = None, timeout: float = 5.0, chunk_size: int = 128, threads: int | None = None
+) -> SqliteStore:
     """path: the database file (ending .db, .sqlite or .sqlite3, or an existing file) or a folder to keep
-    vecgpt.db in (`--store`); timeout: seconds to wait for another process's write lock before saying the file is
-    locked; chunk_size: rows per vec0 chunk of a new table (a multiple of 8; smaller chunks make a KNN that returns
-    thousands of rows cheaper, docs/sqlite.md)."""
+        vecgpt.db in (`--store`); timeout: seconds to wait for another process's write lock before saying the file is
+        locked; chunk_size: rows per vec0 chunk of a new table (a multiple of 8; smaller chunks make a KNN that returns
+        thousands of rows cheaper, docs/sqlite.md); threads: KNN statements run at once, each on its thread's connection,
+    and a model's large scan split by id range over them (default: the machine's cores)."""
     if chunk_size < 8 or chunk_size % 8:
         raise VecgptError(f"[store] chunk_size must be a multiple of 8 (sqlite-vec's), not {chunk_size}")
-    return SqliteStore(path, timeout, chunk_size)
+    return SqliteStore(path, timeout, chunk_size, threads or os.cpu_count() or 1)

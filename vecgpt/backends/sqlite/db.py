@@ -3,6 +3,7 @@ settings, its transactions, and SQLite's errors as one line each."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from contextlib import contextmanager
@@ -45,31 +46,48 @@ ERRORS = (apsw.Error, sqlite3.Error) if apsw is not None else (sqlite3.Error,)
 BUSY = (apsw.BusyError, apsw.LockedError) if apsw is not None else ()
 
 
+DAMAGED = ("CorruptError", "NotADBError")  # apsw's; sqlite3 says "malformed" or "not a database"
+
+
+def damaged(e: BaseException) -> bool:
+    return isinstance(e, sqlite3.DatabaseError) and ("malformed" in str(e) or "not a database" in str(e))
+
+
 def busy(e: BaseException) -> bool:
     return isinstance(e, BUSY) or (isinstance(e, sqlite3.OperationalError) and "locked" in str(e))
 
 
 class Db:
-    """The store's connection: statements run one at a time (a lock), transactions BEGIN IMMEDIATE ... COMMIT."""
+    """The store's database: a connection for each thread that uses it (SQLite runs one statement at a time on a
+    connection; in WAL mode, connections read at once, and read while one writes), transactions BEGIN IMMEDIATE."""
 
     def __init__(self, path: Path, timeout: float):
         self.path, self.timeout = path, timeout
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()  # guards opened
+        self.opened: list = []  # every thread's connection, closed together
+        self.local, self.pid = threading.local(), os.getpid()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.conn = open_connection(path, timeout)
         except OSError as e:
-            raise VecgptError(f"sqlite: cannot open {path}: {first_line(e)}") from None
-        except ERRORS as e:
-            raise self.error(e, "open") from None
-        self.run(lambda: self._settings())
+            raise VecgptError(f"sqlite: cannot make {path.parent}: {first_line(e)}") from None
+        self.conn  # noqa: B018 (opened here: a bad path or driver fails at connect)
 
-    def _settings(self) -> None:
-        if self.conn.execute("PRAGMA journal_mode").fetchall()[0][0].lower() != "wal":
-            self.conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for a writer, nor a writer for them
-        self.conn.execute("PRAGMA synchronous=NORMAL")  # a commit survives kill -9 (not a power cut)
-        self.conn.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
-        self.conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    @property
+    def conn(self):
+        """This thread's connection, opened when it first asks."""
+        conn = getattr(self.local, "conn", None)
+        if conn is None or self.pid != os.getpid():  # a forked child uses none of its parent's connections
+            if self.pid != os.getpid():
+                self.pid, self.local, self.opened = os.getpid(), threading.local(), []
+            try:
+                conn = open_connection(self.path, self.timeout)
+                settings(conn)
+            except ERRORS as e:
+                raise self.error(e, "open") from None
+            with self.lock:
+                self.opened.append(conn)
+            self.local.conn = conn
+        return conn
 
     def error(self, e: BaseException, doing: str) -> VecgptError:
         if busy(e):
@@ -77,52 +95,66 @@ class Db:
                 f"sqlite store {self.path} is locked by another process (still after {self.timeout:g} s); "
                 f"wait for it to finish, or raise [store] timeout"
             )
+        if type(e).__name__ in DAMAGED or damaged(e):
+            return VecgptError(
+                f"sqlite store {self.path} is damaged ({type(e).__name__}: {first_line(e)[:200]}); "
+                f"remove it and run `vecgpt load` again"
+            )
         if "extension" in str(e).lower() or type(e).__name__ == "ExtensionLoadingError":
             return VecgptError(
                 f"sqlite: cannot load sqlite-vec ({first_line(e)}); pip install --force-reinstall sqlite-vec"
             )
         return VecgptError(f"sqlite store {self.path}: {doing} failed ({type(e).__name__}: {first_line(e)[:200]})")
 
-    def run(self, call, doing: str = "a statement"):
-        with self.lock:
-            try:
-                return call()
-            except ERRORS as e:
-                raise self.error(e, doing) from None
-
     def rows(self, sql: str, params=()) -> list[tuple]:
-        return self.run(lambda: self.conn.execute(sql, params).fetchall(), sql.split(" ", 1)[0].lower())
+        conn = self.conn
+        try:
+            return conn.execute(sql, params).fetchall()
+        except ERRORS as e:
+            raise self.error(e, sql.split(" ", 1)[0].lower()) from None
 
     @contextmanager
     def transaction(self, doing: str = "a write"):
         """Statements committed together, or none of them; the write lock is taken at BEGIN."""
-        with self.lock:
-            try:
-                self.conn.execute("BEGIN IMMEDIATE")
-            except ERRORS as e:
-                raise self.error(e, doing) from None
-            try:
-                yield self.conn
-            except BaseException as e:
-                self._rollback()
-                if isinstance(e, ERRORS):
-                    raise self.error(e, doing) from None
-                raise
-            try:
-                self.conn.execute("COMMIT")
-            except ERRORS as e:
-                self._rollback()
-                raise self.error(e, doing) from None
-
-    def _rollback(self) -> None:
+        conn = self.conn
         try:
-            self.conn.execute("ROLLBACK")
-        except ERRORS:  # none open: SQLite rolled back itself
-            pass
+            conn.execute("BEGIN IMMEDIATE")
+        except ERRORS as e:
+            raise self.error(e, doing) from None
+        try:
+            yield conn
+        except BaseException as e:
+            rollback(conn)
+            if isinstance(e, ERRORS):
+                raise self.error(e, doing) from None
+            raise
+        try:
+            conn.execute("COMMIT")
+        except ERRORS as e:
+            rollback(conn)
+            raise self.error(e, doing) from None
 
     def close(self) -> None:
         with self.lock:
-            self.conn.close()
+            for conn in self.opened:
+                conn.close()
+            self.opened.clear()
+        self.local = threading.local()
+
+
+def settings(conn) -> None:
+    if conn.execute("PRAGMA journal_mode").fetchall()[0][0].lower() != "wal":
+        conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for a writer, nor a writer for them
+    conn.execute("PRAGMA synchronous=NORMAL")  # a commit survives kill -9 (not a power cut)
+    conn.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
+    conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+
+
+def rollback(conn) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except ERRORS:  # none open: SQLite rolled back itself
+        pass
 
 
 def quoted(name: str) -> str:

@@ -14,10 +14,11 @@ import numpy as np
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
-from vecgpt.backends.base import Hits, Metric, Search, Where, file_lock, record
+from vecgpt.backends.base import Metric, file_lock, record
 from vecgpt.backends.sqlite import knn
 from vecgpt.backends.sqlite.db import Db, quoted
-from vecgpt.backends.sqlite.knn import ID, LIMIT, Table
+from vecgpt.backends.sqlite.knn import ID, Table
+from vecgpt.backends.sqlite.search import Searching
 from vecgpt.errors import VecgptError
 from vecgpt.paths import expand
 
@@ -26,6 +27,10 @@ MAX_ATTRS = 15  # vec0 holds 16 metadata columns; one is ID
 RESERVED = {"id", "rowid", "vector", "payload", "distance", "k", ID}
 SUFFIXES = (".db", ".sqlite", ".sqlite3")  # a path ending so is the database file, any other a folder holding one
 FILE = "vecgpt.db"
+# A text's keys are searched a layer's head at a time: vec0 keeps each (layer, head) in chunks of its own, and a KNN
+# filtered on both reads only that head's (one head's keys of 4,800 at 400 positions: 0.4 ms, not 5.4; docs/sqlite.md)
+PARTITIONS = ("layer", "head")
+PARTITION_CHUNK = 32  # rows a chunk of a partition holds: a short text's 144 heads each fill a chunk of their own
 FEW = 4096  # ids a fetch names in one statement
 CATALOG = (
     "CREATE TABLE IF NOT EXISTS vecgpt_collections (name TEXT PRIMARY KEY, tbl TEXT NOT NULL, dim INTEGER NOT NULL,"
@@ -55,15 +60,16 @@ def check_shape(dim: int, attrs: Sequence[str]) -> None:
         )
 
 
-class SqliteStore:
+class SqliteStore(Searching):
     metrics: tuple[Metric, ...] = ("l2",)  # vec0 has no inner product
     backend = "sqlite"
     local = True  # reading a manifest costs no request
-    concurrent = False
+    concurrent = True  # a connection per thread: a round's searches run at once (docs/sqlite.md)
 
-    def __init__(self, path: str | None = None, timeout: float = 5.0, chunk_size: int = 128):
+    def __init__(self, path: str | None = None, timeout: float = 5.0, chunk_size: int = 128, threads: int = 1):
         self.file = database(path)
-        self.chunk_size = chunk_size
+        self.chunk_size, self.threads = chunk_size, threads
+        self._sizes: dict[str, tuple[int, int, int]] = {}  # a model table's rows and id span, as first read
         self.db = Db(self.file, timeout)
         self.locks = self.file.with_name(self.file.name + ".locks")  # flock files: loads, open texts
         if len(self.db.rows("SELECT name FROM sqlite_master WHERE name LIKE 'vecgpt_%'")) < len(CATALOG):
@@ -98,8 +104,9 @@ class SqliteStore:
         check_shape(int(dim), attrs)
         table = Table(table_name(name), int(dim), metric, list(attrs), int(payload))
         columns = [f"vector float[{table.dim}] distance_metric=l2", f"{ID} integer"]
-        columns += [f"{a} integer" for a in table.attrs]  # vec0 parses no quoted names
-        columns += ["+payload blob", f"chunk_size={self.chunk_size}"]
+        columns += [f"{a} integer" + (" partition key" if a in PARTITIONS else "") for a in table.attrs]
+        chunk = PARTITION_CHUNK if set(table.attrs) & set(PARTITIONS) else self.chunk_size
+        columns += ["+payload blob", f"chunk_size={chunk}"]  # vec0 parses no quoted names
         with self.db.transaction(f"creating {name!r}") as conn:
             conn.execute(
                 f"CREATE VIRTUAL TABLE {quoted(table.name)} USING vec0(id integer primary key, {', '.join(columns)})"
@@ -123,6 +130,7 @@ class SqliteStore:
             )
 
     def drop(self, name: str) -> None:
+        self._sizes.pop(name, None)
         table = self._get(name)
         if table is None:
             return
@@ -156,6 +164,7 @@ class SqliteStore:
         payload = base.check_payload(name, payload, len(ids), table.payload)
         if len(ids) == 0:
             return
+        self._sizes.pop(name, None)
         ids, vectors, attrs, payload = last_rows(name, Rows(ids, vectors, attrs or {}, payload), table.attrs)
         columns = ", ".join(["id", "vector", ID, *map(quoted, table.attrs), "payload"])
         marks = ", ".join("?" * (4 + len(table.attrs)))
@@ -186,46 +195,6 @@ class SqliteStore:
             return found
         held = knn.floats([p or bytes(4 * table.payload) for p in values], table.payload) if values else None
         return found, held[at] if held is not None else np.zeros((0, table.payload), np.float32)
-
-    # search
-    def search(self, name: str, queries: np.ndarray, k: int | None = None, where: Where | None = None) -> Hits:
-        return self.search_many([Search(name, queries, k, where)])[0]
-
-    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        tables = [self._table(s.collection) for s in searches]
-        prepared = []
-        for s, table in zip(searches, tables):  # each checked before any is sent
-            prepared.append(base.check_vectors(s.collection, s.queries, table.dim))
-            base.check_where(s.collection, s.where, table.attrs)
-        return [self._search(s, table, q) for s, table, q in zip(searches, tables, prepared)]
-
-    def _search(self, s: Search, table: Table, queries: np.ndarray) -> Hits:
-        record(1, len(queries))
-        if s.k == 0 or len(queries) == 0:
-            return base.no_hits(len(queries), table.dim if s.vectors else None)
-        k = s.k if s.k is not None and s.k <= self.limit else None  # None: every row (then the k nearest of them)
-        text, values = knn.statement(table, s.where, False, s.vectors)
-        split, found = [], []  # split: the id ranges, once a query's KNN came back full (cut short at the limit)
-        for q in queries:
-            if not split:
-                rows = knn.found(self._knn(text, q, k or self.limit, values), s.vectors)
-                if k is not None or len(rows.ids) < self.limit or not (split := self._ranges(table)):
-                    found.append(knn.merged([rows], s.k))
-                    continue
-            ranged, _ = knn.statement(table, s.where, True, s.vectors)
-            parts = [knn.found(self._knn(ranged, q, self.limit, [*values, lo, hi]), s.vectors) for lo, hi in split]
-            found.append(knn.merged(parts, s.k))
-        return hits(s.collection, found, table.dim if s.vectors else None)
-
-    limit = LIMIT  # sqlite-vec's largest k (a test makes it smaller)
-
-    def _knn(self, text: str, q: np.ndarray, k: int, values: list[int]) -> list[tuple]:
-        return self.db.rows(text, (q.tobytes(), k, *values))
-
-    def _ranges(self, table: Table) -> list[tuple[int, int]]:
-        """Id ranges of at most `limit` ids covering every row ([] if one range is the whole table)."""
-        lo, hi = self.db.rows(f"SELECT min(id), max(id) FROM {quoted(table.name)}")[0]
-        return [] if lo is None or hi - lo < self.limit else knn.pieces(lo, hi + 1, self.limit)
 
     # models and texts
     def read_manifest(self, key: str) -> dict | None:
@@ -269,15 +238,3 @@ class SqliteStore:
 
     def close(self) -> None:
         self.db.close()
-
-
-def hits(name: str, found: list[knn.Found], dim: int | None) -> Hits:
-    """m queries' rows as Hits [m, n] (dim: with the rows' vectors, that wide); every query saw as many rows."""
-    if len({len(f.ids) for f in found}) > 1:
-        raise VecgptError(f"search in {name!r}: queries got different numbers of rows (the collection changed?)")
-    if not found[0].ids.size:
-        return base.no_hits(len(found), dim)
-    out = Hits(base.stacked([f.ids for f in found]), base.stacked([f.dists for f in found]))
-    if dim is None:
-        return out
-    return out._replace(vectors=knn.floats([b for f in found for b in f.vectors], dim).reshape(*out.ids.shape, dim))

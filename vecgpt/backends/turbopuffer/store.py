@@ -36,6 +36,21 @@ def b64(vectors: np.ndarray) -> list[str]:
     return [base64.b64encode(row.tobytes()).decode("ascii") for row in v]
 
 
+def _memory_checked(fn, url: str, what: str):
+    import turbopuffer as tp
+
+    try:
+        return fn()
+    except tp.APIStatusError as e:
+        if e.status_code != 507:
+            raise
+        said = str(e.body.get("error", "") if isinstance(e.body, dict) else "").removeprefix("out of memory: ")
+        raise VecgptError(
+            f"turbopuffer at {url} is out of memory (507 on {what}): {said.splitlines()[0][:300] if said else e}. "
+            f"To make room: `vecgpt drop` a model it holds (`vecgpt ls`), or load one copy (replicas = 1) in layout five"
+        ) from None
+
+
 class TurbopufferStore(Catalog, Searching, Records):
     metrics: tuple[Metric, ...] = ("l2",)
     concurrent = True  # the engine may send a round's requests at once
@@ -72,6 +87,10 @@ class TurbopufferStore(Catalog, Searching, Records):
 
     def __str__(self) -> str:
         return f"TurbopufferStore({self.url}, prefix={self.prefix!r})"
+
+    def _call(self, what: str, namespace: str, fn, missing=VecgptError, conflict_ok=False):
+        """Plumbing's, with a server out of memory (507, as `vecgpt tpuf-local` answers) as one line saying what to do."""
+        return super()._call(what, namespace, lambda: _memory_checked(fn, self.url, what), missing, conflict_ok)
 
     def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
         spec = self._spec(name)

@@ -7,10 +7,11 @@ Reads no environment variables. What it implements, its limits, arithmetic and i
 docs/turbopuffer.md ("Local server").
 
 Modules: `limits` (limits, ApiError, name/id checks), `namespaces` (in-memory data, upsert, delete),
-`filters` (filter evaluation), `writes` (write requests, branch/copy), `query` (kNN/ANN and attribute
-order, multi_query, top_k), `slots` (concurrency-slot accounting), `state` (the server state), `app`
-(starlette routes, gzip, auth, latency), `bodies` (JSON), `faults` (injected failures), `serve` (sockets,
-`Running`, command-line options).
+`vectors` (float32 rows in chunks), `filters` (filter evaluation), `writes` (write requests, branch/copy),
+`query` (kNN/ANN and attribute order, multi_query, top_k), `slots` (concurrency-slot accounting), `memory`
+(room left, a write's reservation, 507), `state` (the server state), `app` (starlette routes, auth, latency),
+`bodies` (reading, gunzipping and parsing bodies), `faults` (injected failures), `serve` (sockets, `Running`,
+command-line options).
 """
 
 from __future__ import annotations

@@ -1,15 +1,16 @@
-"""The HTTP side (starlette, imported when the app is built): routes, gzip and JSON bodies, bearer auth,
-the simulated network and commit latencies, error replies, and GET|DELETE /_local/stats. Injected faults
-wrap the app (`faults`)."""
+"""The HTTP side (starlette, imported when the app is built): routes, bearer auth, the simulated network and
+commit latencies, a write's memory reserved before its body is read, error replies (out of memory: 507), and
+GET|DELETE /_local/stats. Injected faults wrap the app (`faults`)."""
 
 from __future__ import annotations
 
 import asyncio
-import gzip
+import contextlib
 
-from vecgpt.backends.turbopuffer.server.bodies import dumps, loads
+from vecgpt.backends.turbopuffer.server.bodies import body_of, drain, dumps, loads_write
 from vecgpt.backends.turbopuffer.server.faults import with_faults
-from vecgpt.backends.turbopuffer.server.limits import MAX_BODY, ApiError
+from vecgpt.backends.turbopuffer.server.limits import ApiError
+from vecgpt.backends.turbopuffer.server.memory import WRITE_FACTOR, write_need
 from vecgpt.backends.turbopuffer.server.query import slots_needed
 
 
@@ -17,25 +18,6 @@ def reply(obj, status=200, headers=None):
     from starlette.responses import Response
 
     return Response(dumps(obj), status_code=status, media_type="application/json", headers=headers)
-
-
-async def body_of(request) -> dict:
-    """The request's JSON object, gunzipped if sent with `content-encoding: gzip`."""
-    raw = await request.body()
-    if request.headers.get("content-encoding", "").lower() == "gzip":
-        try:
-            raw = gzip.decompress(raw)
-        except OSError:
-            raise ApiError(400, "the body is not valid gzip") from None
-    if len(raw) > MAX_BODY:
-        raise ApiError(413, f"request body of {len(raw)} bytes exceeds {MAX_BODY}")
-    try:
-        body = loads(raw) if raw else {}
-    except ValueError:
-        raise ApiError(400, "the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
 
 
 class Handlers:
@@ -55,11 +37,17 @@ class Handlers:
                     await asyncio.sleep(server.latency)
                 self.authorize(request.headers.get("authorization", ""))
                 return reply(await fn(request))
+            except MemoryError:
+                await drain(request)  # a reply before the body's end would meet a client still sending
+                return self.error(server.memory.exhausted(f"this {kind} request"))
             except ApiError as e:
-                server.stats[f"status_{e.status}"] += 1
-                return reply({"status": "error", "error": e.message}, e.status, e.headers)
+                return self.error(e)
 
         return handle
+
+    def error(self, e: ApiError):
+        self.server.stats[f"status_{e.status}"] += 1
+        return reply({"status": "error", "error": e.message}, e.status, e.headers)
 
     def authorize(self, auth: str) -> None:
         if not auth.startswith("Bearer ") or not auth[7:].strip():
@@ -71,9 +59,26 @@ class Handlers:
         from starlette.concurrency import run_in_threadpool
 
         name = request.path_params["ns"]
-        body = await body_of(request)
-        await self.commit()
-        return await run_in_threadpool(self.server.write, name, body)
+        with contextlib.ExitStack() as reserved:
+            body = await self.admitted(request, name, reserved)
+            await self.commit()
+            return await run_in_threadpool(self.server.write, name, body)
+
+    async def admitted(self, request, name: str, reserved: contextlib.ExitStack) -> dict:
+        """A write's body, read once memory for it is reserved (held in `reserved` until the write is applied);
+        refused (507), the body is still read to its end, so that the reply reaches a client still sending."""
+        memory, size = self.server.memory, int(request.headers.get("content-length") or 0)
+        what = f"a write of {size:,} bytes to {name!r}"
+        try:
+            reserved.enter_context(memory.reserve(write_need(size), what))
+        except ApiError:
+            await drain(request)
+            raise
+
+        def unpacked(extra: int) -> None:
+            reserved.enter_context(memory.reserve(WRITE_FACTOR * extra, what + " (gzip)"))
+
+        return await body_of(request, loads_write, unpacked)
 
     async def commit(self) -> None:
         """A write returns once committed (the service: up to ~200 ms); it becomes visible as it returns."""

@@ -1,5 +1,5 @@
-"""One namespace in memory: ids, float32 vectors (kept as float64 for BLAS), attribute columns; upsert,
-delete, columns for filters. Also the decoding of a write's vector column (lists or base64 `<f4`)."""
+"""One namespace in memory: ids, float32 vectors (`vectors.Rows`), attribute columns; upsert, delete, columns
+for filters. Also the decoding of a write's vector column (lists or base64 `<f4`) into one float32 array."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 
 from vecgpt.backends.turbopuffer.server import filters
 from vecgpt.backends.turbopuffer.server.limits import MAX_DIMS, METRICS, ApiError, valid_id, value_bytes
+from vecgpt.backends.turbopuffer.server.vectors import Rows, squared_norms
 
 
 def now() -> str:
@@ -19,7 +20,7 @@ def now() -> str:
 
 
 class Namespace:
-    """One namespace: ids, float32 vectors (kept as float64 for BLAS), attribute columns."""
+    """One namespace: ids, float32 vectors, attribute columns."""
 
     def __init__(self, name: str):
         self.name = name
@@ -27,8 +28,7 @@ class Namespace:
         self.slot_of: dict = {}
         self.dim: int | None = None
         self.metric: str | None = None
-        self.vectors = np.zeros((0, 0))  # [capacity, dim] float64 holding float32 values
-        self.norms = np.zeros(0)
+        self.rows: Rows | None = None  # the vectors, once the first arrives
         self.attrs: dict[str, list] = {}
         self.types: dict[str, str] = {}
         self.schema_extra: dict = {}
@@ -38,7 +38,6 @@ class Namespace:
         self.unindexed, self.indexed_at = 0, 0.0  # rows written since the index last caught up, and when it will
         self.lock = threading.RLock()
         self._columns: dict = {}
-        self._by_dim = None
 
     @property
     def n(self) -> int:
@@ -58,29 +57,22 @@ class Namespace:
         elif needed and self.metric is None:
             raise ApiError(400, "distance_metric is required when writing vectors to a new namespace")
 
-    def _grow(self, extra: int) -> None:
-        need = self.n + extra
-        if need > len(self.vectors):
-            cap = max(need, 2 * len(self.vectors), 16)
-            grown = np.zeros((cap, self.dim))
-            grown[: self.n] = self.vectors[: self.n]
-            self.vectors = grown
-            norms = np.zeros(cap)
-            norms[: self.n] = self.norms[: self.n]
-            self.norms = norms
-
     def upsert(self, ids: list, vectors: np.ndarray | None, attrs: dict[str, list]) -> None:
+        """Write the rows; the last write of an id in `ids` wins. Every array is allocated before anything
+        changes, so out of memory (MemoryError) leaves the namespace as it was."""
         self._check_vectors(vectors, ids)
         self._check_attrs(attrs)
         ids = [valid_id(i) for i in ids]
         if ids and self.ids and type(ids[0]) is not type(self.ids[0]):
             raise ApiError(400, "a namespace cannot mix id types")
-        order, slots = self._place(ids, attrs, grow=self.dim is not None and vectors is not None)
+        order = list({i: r for r, i in enumerate(ids)}.values())
         if vectors is not None:
-            v = vectors[np.asarray(order, np.int64)].astype(np.float64)
-            idx = np.asarray(slots, np.int64)
-            self.vectors[idx] = v
-            self.norms[idx] = np.einsum("ij,ij->i", v, v)
+            vectors = vectors if len(order) == len(ids) else vectors[np.asarray(order, np.int64)]
+            norms = squared_norms(vectors)
+            self.rows.reserve(self.n + sum(ids[r] not in self.slot_of for r in order), self.n)
+        slots = self._place(ids, order, attrs)
+        if vectors is not None:
+            self.rows.put(np.asarray(slots, np.int64), vectors, norms)
         self._set_attrs(attrs, order, slots)
         self._touch()
 
@@ -116,8 +108,7 @@ class Namespace:
             if dim > MAX_DIMS:
                 raise ApiError(400, f"vector has {dim} dimensions; the limit is {MAX_DIMS}")
             if self.dim is None:
-                self.dim = dim
-                self.vectors, self.norms = np.zeros((0, dim)), np.zeros(0)
+                self.dim, self.rows = dim, Rows(dim)
             elif dim != self.dim:
                 raise ApiError(
                     400, f"vector dimension mismatch: namespace {self.name} holds [{self.dim}]f32, got [{dim}]"
@@ -125,14 +116,10 @@ class Namespace:
         elif self.dim is not None and ids:
             raise ApiError(400, f"namespace {self.name} has a vector column; every upserted document needs a vector")
 
-    def _place(self, ids: list, attrs: dict, grow: bool) -> tuple[list, list]:
-        """(rows of the request to keep, their slots): the last write of an id wins; new ids are appended."""
-        last = {i: r for r, i in enumerate(ids)}
-        order = list(last.values())
+    def _place(self, ids: list, order: list, attrs: dict) -> list:
+        """The slots of the request's rows `order` (those kept): new ids are appended."""
         slots = [self.slot_of.get(ids[r], -1) for r in order]
         new_rows = [r for r, s in zip(order, slots) if s < 0]
-        if grow:
-            self._grow(len(new_rows))
         for name in set(attrs) | set(self.attrs):
             self.attrs.setdefault(name, [None] * self.n)
         start = self.n
@@ -141,7 +128,7 @@ class Namespace:
             self.ids.append(ids[r])
             for col in self.attrs.values():
                 col.append(None)
-        return order, [s if s >= 0 else start + k for s, k in zip(slots, _count_new(slots))]
+        return [s if s >= 0 else start + k for s, k in zip(slots, _count_new(slots))]
 
     def _set_attrs(self, attrs: dict, order: list, slots: list) -> None:
         for name, col in self.attrs.items():
@@ -182,6 +169,8 @@ class Namespace:
                 continue
             done += 1
             self._remove(s)
+        if self.rows is not None:
+            self.rows.truncate(self.n)
         self._touch()
         return done
 
@@ -193,8 +182,8 @@ class Namespace:
             moved = self.ids[last]
             self.ids[s] = moved
             self.slot_of[moved] = s
-            if self.dim is not None:
-                self.vectors[s], self.norms[s] = self.vectors[last], self.norms[last]
+            if self.rows is not None:
+                self.rows.move(last, s)
             for col in self.attrs.values():
                 col[s] = col[last]
         self.ids.pop()
@@ -203,7 +192,7 @@ class Namespace:
 
     def _touch(self) -> None:
         self.version += 1
-        self._columns, self._by_dim = {}, None
+        self._columns = {}
         self.updated_at = now()
 
     def note_write(self, rows: int, lag_s: float) -> None:
@@ -242,20 +231,12 @@ class Namespace:
         self._columns[name] = (values, present)
         return values, present
 
-    def vectors_by_dim(self) -> np.ndarray:
-        """Every row's vector in float32, one dimension a row [dim, n], as a --float32 scan reads them; kept until
-        the next write (a query holds the lock, so it reads one version)."""
-        if self._by_dim is None:
-            self._by_dim = np.ascontiguousarray(self.vectors[: self.n].T, np.float32)
-        return self._by_dim
-
     def mask(self, f) -> np.ndarray:
         return filters.mask(self, f)
 
     def snapshot(self):
         with self.lock:
-            n = self.n
-            return n, self.vectors[:n], self.norms[:n], list(self.ids)
+            return self.n, self.rows, list(self.ids)
 
 
 def _element_type(values: list) -> str:
@@ -280,10 +261,7 @@ def decode_vectors(column) -> np.ndarray | None:
         raise ApiError(400, "every document needs a vector once the namespace has a vector column")
     try:
         if all(isinstance(v, str) for v in column):
-            raw = [base64.b64decode(v, validate=True) for v in column]
-            if len({len(r) for r in raw}) != 1 or len(raw[0]) % 4:
-                raise ApiError(400, "base64 vectors must be little-endian f32 arrays of one length")
-            return np.frombuffer(b"".join(raw), "<f4").reshape(len(raw), -1)
+            return _from_base64(column)
         return (
             np.asarray(column, np.float32).reshape(len(column), -1)
             if len({len(v) for v in column}) == 1
@@ -291,6 +269,19 @@ def decode_vectors(column) -> np.ndarray | None:
         )
     except (ValueError, TypeError) as e:
         raise ApiError(400, f"invalid vector: {e}") from None
+
+
+def _from_base64(column: list) -> np.ndarray:
+    """Each row decoded straight into one float32 array (no list of decoded rows joined into a second copy)."""
+    first = base64.b64decode(column[0], validate=True)
+    out = np.empty((len(column), len(first) // 4), "<f4")
+    flat = out.view(np.uint8).reshape(len(column), 4 * out.shape[1])
+    for i, text in enumerate(column):
+        row = base64.b64decode(text, validate=True) if i else first
+        if len(row) != flat.shape[1]:
+            raise ApiError(400, "base64 vectors must be little-endian f32 arrays of one length")
+        flat[i] = np.frombuffer(row, np.uint8)
+    return out
 
 
 def _bad_vectors():

@@ -73,8 +73,8 @@ def query(ns: Namespace, body: dict, max_top_k: int, float32: bool = False) -> d
 
 
 def one(ns: Namespace, q: dict, snap: tuple, root: dict, max_top_k: int, float32: bool = False, place: int = 0) -> dict:
-    """One (sub)query against a snapshot (n, vectors, norms, ids): {"rows": [...], "_bytes": returned}; `place`: its
-    place in a multi_query (0: a query alone)."""
+    """One (sub)query against a snapshot (n, rows, ids): {"rows": [...], "_bytes": returned}; `place`: its place in
+    a multi_query (0: a query alone)."""
     if not isinstance(q, dict):
         raise ApiError(400, "each query must be an object")
     unsupported = set(q) & UNSUPPORTED
@@ -113,9 +113,9 @@ def _limit(q: dict, max_top_k: int) -> int:
 
 
 def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False, place=0):
-    """(rows, float32 distances) of the nearest `limit` after `offset` among `chosen`: an exact scan (--float32: the
-    sum begun at dimension `place`, see _distances32)."""
-    n, vectors, norms, _ = snap
+    """(rows, float32 distances) of the nearest `limit` after `offset` among `chosen`: an exact scan, a block of rows
+    at a time (--float32: the sum begun at dimension `place`, see _distances32)."""
+    n, rows, _ = snap
     if rank[0] != "vector":
         raise ApiError(400, f"no vector attribute {rank[0]!r}; vectors live in 'vector'")
     if rank[1] == "kNN" and filters is None:
@@ -129,10 +129,10 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False, pl
     if qv.shape != (ns.dim,):
         raise ApiError(400, f"query vector has {qv.size} dimensions; the namespace holds [{ns.dim}]f32")
     if float32:
-        by_dim = ns.vectors_by_dim() if len(chosen) == n else np.ascontiguousarray(vectors[chosen].T, np.float32)
-        d = _distances32(ns.metric, by_dim, qv, place)
+        parts = [_distances32(ns.metric, cols, qv, place) for cols, _ in rows.blocks(chosen, n)]
+        d = np.concatenate(parts) if parts else np.zeros(0, np.float32)
     else:
-        d = _distances(ns.metric, *_chosen_rows(vectors, norms, chosen, n), qv)
+        d = _distances(ns.metric, *_dots(rows, chosen, n, qv), qv)
     want = min(limit + offset, len(d))
     if want < len(d):
         part = np.argpartition(d, want - 1)[:want] if want else np.zeros(0, np.int64)
@@ -142,18 +142,18 @@ def _by_vector(ns, rank, filters, chosen, snap, limit, offset, float32=False, pl
     return chosen[order], d[order]
 
 
-def _chosen_rows(vectors, norms, chosen, n):
-    """The chosen rows' vectors and norms: views where they are every row or one run of rows."""
-    if len(chosen) == n:
-        return vectors, norms
-    if len(chosen) and chosen[-1] - chosen[0] == len(chosen) - 1:
-        return vectors[chosen[0] : chosen[-1] + 1], norms[chosen[0] : chosen[-1] + 1]
-    return vectors[chosen], norms[chosen]
+def _dots(rows, chosen, n, qv) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 dot products with `qv`, squared norms) of the `chosen` rows, a block of rows widened to float64 at a
+    time."""
+    dots, norms, at = np.empty(len(chosen)), np.empty(len(chosen)), 0
+    for cols, nrm in rows.blocks(chosen, n, rows.block):
+        dots[at : at + len(nrm)], norms[at : at + len(nrm)] = qv @ cols.astype(np.float64), nrm
+        at += len(nrm)
+    return dots, norms
 
 
-def _distances(metric, data, nrm, qv) -> np.ndarray:
+def _distances(metric, dots, nrm, qv) -> np.ndarray:
     """The exact distance, computed in float64 from float32 values and rounded to float32 once."""
-    dots = data @ qv
     if metric == "cosine_distance":
         denom = np.sqrt(nrm * (qv @ qv))
         d = 1.0 - np.divide(dots, denom, out=np.zeros_like(dots), where=denom > 0)
@@ -209,7 +209,7 @@ def _included(ns, q) -> list[str]:
 
 
 def _rows(ns, chosen, dists, names, snap, encoding) -> dict:
-    _, vectors, _, ids = snap
+    _, stored, ids = snap
     id_list = [ids[s] for s in chosen.tolist()]
     returned = 8 * len(id_list)
     if dists is not None:
@@ -222,7 +222,7 @@ def _rows(ns, chosen, dists, names, snap, encoding) -> dict:
         if a == "vector":
             if ns.dim is None:
                 continue
-            v32 = vectors[chosen].astype("<f4")
+            v32 = stored.get(chosen).astype("<f4", copy=False)
             returned += v32.nbytes
             vals = [base64.b64encode(r.tobytes()).decode() for r in v32] if encoding == "base64" else v32.tolist()
         else:

@@ -71,14 +71,18 @@ class Running:
         self._thread.join(timeout=5)
 
 
-def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
+def serve(port: int, host: str = "127.0.0.1", memory_limit_mb: float | None = None, **kw) -> None:
     """Run in the foreground until interrupted. It accepts one key: --api-key, else one it makes and prints
-    (a fixed port is reachable by every user of the machine; a key keeps their data apart)."""
+    (a fixed port is reachable by every user of the machine; a key keeps their data apart). `memory_limit_mb`
+    caps the process's address space (memory.py: past it, writes get 507)."""
     made = kw.get("api_key") is None
     kw["api_key"] = secrets.token_urlsafe(18) if made else kw["api_key"]
     uv = uvicorn_server(Server(**kw))  # before the socket: a missing uvicorn leaves nothing open
     sock = listen(host, port)
+    if memory_limit_mb:
+        limit_address_space(int(memory_limit_mb * 2**20))
     shown = ", ".join(f"{k} {v}" for k, v in kw.items() if v and k not in ("api_key", "fail_kinds", "max_top_k"))
+    shown += f", memory_limit_mb {memory_limit_mb:g}" if memory_limit_mb else ""
     key = f"TURBOPUFFER_API_KEY={kw['api_key']}" if made else "TURBOPUFFER_API_KEY to the key given with --api-key"
     print(
         f"turbopuffer-compatible server on http://{host}:{sock.getsockname()[1]} ({shown or 'defaults'}); "
@@ -86,6 +90,15 @@ def serve(port: int, host: str = "127.0.0.1", **kw) -> None:
         flush=True,
     )
     uv.run(sockets=[sock])
+
+
+def limit_address_space(nbytes: int) -> None:
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY and nbytes > hard:
+        raise VecgptError(f"--memory-limit-mb is above this process's hard limit of {hard / 2**20:,.0f} MB")
+    resource.setrlimit(resource.RLIMIT_AS, (nbytes, hard))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,6 +121,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--api-key", default=None, help="accept only this bearer token (default: one made at start and printed)"
     )
     p.add_argument("--max-top-k", type=int, default=MAX_TOP_K, help="rows per query (the service allows 10,000)")
+    p.add_argument(
+        "--memory-limit-mb",
+        type=float,
+        default=None,
+        help="cap the server's address space (RLIMIT_AS) at this many MB: a write that would pass it gets 507",
+    )
     _consistency_arguments(p)
     _fault_arguments(p)
 
@@ -171,5 +190,7 @@ def server_options(args) -> dict:
 
 
 def run_args(args) -> int:
-    serve(args.port, args.host, **server_options(args))
+    if args.memory_limit_mb is not None and args.memory_limit_mb <= 0:
+        raise VecgptError("--memory-limit-mb must be > 0")
+    serve(args.port, args.host, args.memory_limit_mb, **server_options(args))
     return 0

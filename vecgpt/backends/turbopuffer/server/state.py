@@ -1,5 +1,5 @@
 """The server's state: namespaces by name, settings (latency, API key, top_k limit, arithmetic, listing,
-indexing lag, faults), stats, slots; namespace-level operations (delete, metadata, schema, listing). Writes and queries are in
+indexing lag, faults), stats, slots, memory; namespace-level operations (delete, metadata, schema, listing). Writes and queries are in
 `writes` and `query`; the HTTP side is `app`."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from vecgpt.backends.turbopuffer.server import query as queries
 from vecgpt.backends.turbopuffer.server import writes
 from vecgpt.backends.turbopuffer.server.faults import FAULTS, Faults
 from vecgpt.backends.turbopuffer.server.limits import MAX_TOP_K, SLOTS, ApiError, check_name
+from vecgpt.backends.turbopuffer.server.memory import Memory
 from vecgpt.backends.turbopuffer.server.namespaces import Namespace
 from vecgpt.backends.turbopuffer.server.slots import Slots
 
@@ -44,6 +45,7 @@ class Server:
         self.lock = threading.Lock()
         self.stats = Counter()
         self.slot_pool = Slots(slots, self.stats)
+        self.memory = Memory(self.held)
 
     # namespaces ---------------------------------------------------------------------------
     def get(self, name: str) -> Namespace:
@@ -60,6 +62,11 @@ class Server:
                 self.namespaces[name] = Namespace(name)
                 self.born[name] = time.monotonic()
             return self.namespaces[name]
+
+    def held(self) -> tuple[int, int]:
+        """(namespaces, bytes of float32 vectors they hold)."""
+        spaces = list(self.namespaces.values())
+        return len(spaces), sum(4 * ns.n * (ns.dim or 0) for ns in spaces)
 
     def delete(self, name: str) -> dict:
         self.get(name)

@@ -172,7 +172,7 @@ def clone(server, name: str, source: str, empty_only: bool) -> dict:
             for key in ("ids", "dim", "metric", "attrs", "types", "schema_extra", "attr_bytes"):
                 setattr(dst, key, copy.deepcopy(getattr(src, key)))
             dst.slot_of = dict(src.slot_of)
-            dst.vectors, dst.norms = src.vectors[: src.n].copy(), src.norms[: src.n].copy()
+            dst.rows = None if src.rows is None else src.rows.copy(src.n)
         server.namespaces[name] = dst
         server.born[name] = time.monotonic()
     return {

@@ -1,0 +1,149 @@
+"""The invariant product (vecgpt/backends/_product.py): a search of every row with several queries gives each row the
+bits of its query searched alone, on FAISS and memory, in both metrics, whether the once-a-shape check passes (one
+BLAS product for every query count) or fails (the per-query kernels)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vecgpt.backends import _product
+from vecgpt.backends import memory as memory_store
+from vecgpt.errors import VecgptError
+
+faiss_store = pytest.importorskip("vecgpt.backends.faiss")
+
+ROWS, DIM = 1100, 200  # past a whole ALIGN and under TAIL: both of the product's blocks
+COUNTS = (2, 3, 5, 16, 17, 33, 70)  # query counts: ladder sizes, padded ones, more than one call
+MODULES = {"faiss": faiss_store, "memory": memory_store}
+FALLBACK = {"faiss": "scan", "memory": "gemv"}
+
+
+@pytest.fixture(autouse=True)
+def fresh(monkeypatch):
+    """Verdicts and module settings of this test's own, put back after it (connect sets them process-wide)."""
+    monkeypatch.setattr(_product, "VERDICTS", {})
+    monkeypatch.setattr(faiss_store, "INVARIANT", [True])
+    monkeypatch.setattr(faiss_store, "KERNEL", ["blas"])
+    monkeypatch.setattr(memory_store, "KERNEL", ["blas"])
+    threshold = faiss_store.faiss.cvar.distance_compute_blas_threshold
+    yield
+    faiss_store.faiss.cvar.distance_compute_blas_threshold = threshold
+
+
+def filled(backend: str, metric: str, tmp_path, rows: int = ROWS, **options):
+    options = {"kernel": "blas", **options}  # kernel None: the default
+    store = MODULES[backend].connect(str(tmp_path / backend), **{k: v for k, v in options.items() if v is not None})
+    x = np.random.default_rng(5).standard_normal((rows, DIM)).astype(np.float32)
+    store.create("m", DIM, metric)
+    store.upsert("m", np.arange(rows), x)
+    return store
+
+
+def assert_rows_are_each_alone(store, k=None):
+    q = np.random.default_rng(6).standard_normal((max(COUNTS), DIM)).astype(np.float32)
+    alone = [store.search("m", q[i : i + 1], k=k) for i in range(len(q))]
+    for m in COUNTS:
+        together = store.search("m", q[:m], k=k)
+        for i in range(m):
+            assert np.array_equal(together.dists[i], alone[i].dists[0]), (m, i)
+            assert np.array_equal(together.ids[i], alone[i].ids[0]), (m, i)
+
+
+def expected_kernel(backend: str, metric: str, store) -> str:
+    if backend == "faiss" and metric == "l2":
+        return "scan"  # l2 keeps FAISS's own sums
+    return "blas" if all(_product.VERDICTS.values()) and _product.VERDICTS else FALLBACK[backend]
+
+
+@pytest.mark.parametrize("backend", ["faiss", "memory"])
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+@pytest.mark.parametrize("k", [None, 7])
+def test_each_row_of_a_search_is_its_query_alone_with_this_cpus_verdict(tmp_path, backend, metric, k):
+    store = filled(backend, metric, tmp_path)
+    assert_rows_are_each_alone(store, k)
+    assert store.stats()["m"]["kernel"] == expected_kernel(backend, metric, store)
+
+
+@pytest.mark.parametrize("backend", ["faiss", "memory"])
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_a_failed_check_falls_back_to_a_query_at_a_time(tmp_path, monkeypatch, backend, metric):
+    monkeypatch.setattr(_product, "check", lambda x: False)
+    store = filled(backend, metric, tmp_path)
+    assert_rows_are_each_alone(store)
+    assert_rows_are_each_alone(store, k=7)
+    assert store.stats()["m"]["kernel"] == FALLBACK[backend]
+
+
+@pytest.mark.parametrize("backend", ["faiss", "memory"])
+def test_a_passed_check_takes_one_product_for_every_query_count_one_included(tmp_path, monkeypatch, backend):
+    """Whatever this CPU's BLAS does: a product invariant by construction (a query at a time) passes the check, and
+    the store then runs it for one query as for many."""
+    calls = []
+
+    def one_at_a_time(q, x, out):
+        calls.append(len(q))
+        out[:] = np.stack([x @ row for row in q])
+        return out
+
+    monkeypatch.setattr(_product, "by_calls", one_at_a_time)
+    store = filled(backend, "ip", tmp_path)
+    assert store.search("m", np.ones((1, DIM), np.float32)).dists.shape == (1, ROWS)
+    assert calls and store.stats()["m"]["kernel"] == "blas" and all(_product.VERDICTS.values())
+    calls.clear()
+    assert_rows_are_each_alone(store)
+    assert 1 in calls and max(COUNTS) in calls  # one query and many went through the product
+
+
+def test_the_check_fails_a_product_whose_rows_depend_on_the_others(monkeypatch):
+    x = np.random.default_rng(7).standard_normal((300, DIM)).astype(np.float32)
+    assert _product.check(x) == _product.holds(x)  # the verdict is the check's, remembered
+    plain = _product.by_calls
+
+    def crowded(q, x, out):  # the last bit of every sum moves once a call holds more than two queries
+        plain(q, x, out)
+        if len(q) > 2:
+            out *= np.float32(1 + 2**-20)
+        return out
+
+    monkeypatch.setattr(_product, "by_calls", crowded)
+    assert not _product.check(x)
+
+
+@pytest.mark.parametrize("rows", [5, 64, 1000, 1100, 2048 + 3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_product_is_q_times_each_row(rows, dtype):
+    rng = np.random.default_rng(8)
+    x, q = rng.standard_normal((rows, 65)).astype(dtype), rng.standard_normal((70, 65)).astype(dtype)
+    got, exact = _product.product(q, x), q.astype(np.float64) @ x.astype(np.float64).T
+    bound = 70 * np.finfo(dtype).eps * np.abs(q) @ np.abs(x).T  # a sum of 65 products, in any order
+    assert got.dtype == dtype and got.shape == (70, rows) and np.all(np.abs(got - exact) <= bound)
+
+
+def test_the_ladder_covers_every_count_and_each_call_size_is_checked():
+    assert [_product.call_size(m) for m in (1, 2, 3, 17, 64)] == [2, 2, 4, 24, 64]
+    assert set(_product.LADDER) <= set(_product.CHECKED)
+
+
+@pytest.mark.parametrize("backend", ["faiss", "memory"])
+def test_an_unknown_kernel_is_refused_in_one_line(tmp_path, backend):
+    with pytest.raises(VecgptError, match=r"^\S+: kernel 'fast' is not one of .*set \[store\] kernel") as e:
+        MODULES[backend].connect(str(tmp_path), kernel="fast")
+    assert "\n" not in str(e.value)
+
+
+def test_faiss_without_invariance_takes_its_own_blas_search(tmp_path):
+    store = filled("faiss", "ip", tmp_path, invariant=False)
+    q = np.random.default_rng(9).standard_normal((16, DIM)).astype(np.float32)
+    hits = store.search("m", q)
+    exact = -(q.astype(np.float64) @ store.fetch("m", np.arange(ROWS)).astype(np.float64).T)
+    assert np.allclose(hits.dists, exact, rtol=0, atol=1e-3) and store.stats()["m"]["kernel"] == "faiss"
+    store.search("m", q[:1])
+    assert store.stats()["m"]["kernel"] == "scan"  # one query: FAISS's one-query kernel
+
+
+@pytest.mark.parametrize("backend", ["faiss", "memory"])
+def test_by_default_a_query_at_a_time(tmp_path, backend):
+    store = filled(backend, "ip", tmp_path, kernel=None)
+    store.search("m", np.ones((3, DIM), np.float32))
+    assert store.stats()["m"]["kernel"] == FALLBACK[backend] and not _product.VERDICTS

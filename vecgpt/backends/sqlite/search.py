@@ -1,0 +1,132 @@
+"""search and search_many of the SQLite store: every query vector is one KNN statement per piece, run on the
+threads' own connections at once; a model's large scan is split by id range over the threads, and a search that
+wants more rows than sqlite-vec's k is split into ranges of at most k ids (knn.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from vecgpt.backends import base
+from vecgpt.backends.base import Hits, Search, Where, record
+from vecgpt.backends.sqlite import knn
+from vecgpt.backends.sqlite.db import quoted
+from vecgpt.backends.sqlite.knn import LIMIT, Found, Table
+from vecgpt.errors import VecgptError
+
+LOWEST, HIGHEST = -(2**63), 2**63 - 1  # open ends of a range: every id
+SPLIT_WORK = 1 << 19  # rows x dim of a model's table from which a scan is split over the threads
+
+
+class Piece:
+    """One KNN: query qi of search si, the rows with ids in [lo, hi) (None: every row), k of them."""
+
+    __slots__ = ("si", "qi", "span", "k", "found")
+
+    def __init__(self, si: int, qi: int, span: tuple[int, int] | None, k: int):
+        self.si, self.qi, self.span, self.k = si, qi, span, k
+        self.found: Found | None = None
+
+
+class Searching:
+    """Mixed into SqliteStore, which gives db, threads, _table and limit."""
+
+    limit = LIMIT  # sqlite-vec's largest k (a test makes it smaller)
+
+    def search(self, name: str, queries: np.ndarray, k: int | None = None, where: Where | None = None) -> Hits:
+        return self.search_many([Search(name, queries, k, where)])[0]
+
+    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
+        tables, queries = [self._table(s.collection) for s in searches], []
+        for s, table in zip(searches, tables):  # each checked before any is sent
+            queries.append(base.check_vectors(s.collection, s.queries, table.dim))
+            base.check_where(s.collection, s.where, table.attrs)
+            record(1, len(queries[-1]))
+        pieces = []
+        for si, (s, table, q) in enumerate(zip(searches, tables, queries)):
+            if s.k != 0:
+                spans = self._spans(s.collection, table)
+                pieces += [
+                    Piece(si, qi, span, min(s.k or self.limit, self.limit)) for qi in range(len(q)) for span in spans
+                ]
+        self._run(pieces, searches, tables, queries)
+        cut = {(p.si, p.qi) for p in pieces if self._cut(p, searches[p.si])}
+        if cut:  # rows past sqlite-vec's k: the search again in ranges of at most k ids, each whole
+            ranges = {si: self._ranges(tables[si]) for si, _ in cut}
+            cut = {(si, qi) for si, qi in cut if ranges[si]}
+            pieces = [p for p in pieces if (p.si, p.qi) not in cut]
+            more = [Piece(si, qi, span, self.limit) for si, qi in sorted(cut) for span in ranges[si]]
+            self._run(more, searches, tables, queries)
+            pieces += more
+        return [
+            hits(s, [[p.found for p in pieces if p.si == si and p.qi == qi] for qi in range(len(q))], t.dim)
+            for si, (s, t, q) in enumerate(zip(searches, tables, queries))
+        ]
+
+    def _cut(self, p: Piece, s: Search) -> bool:
+        """Whether a piece may hold more rows than it returned: it asked for sqlite-vec's largest k and got it,
+        and its range is wider than that."""
+        wanted_all = s.k is None or s.k > self.limit
+        narrow = p.span is not None and p.span[1] - p.span[0] <= self.limit
+        return wanted_all and len(p.found.ids) == self.limit and not narrow
+
+    def _run(self, pieces: list[Piece], searches, tables, queries) -> None:
+        statements = {}
+        for p in pieces:
+            s = searches[p.si]
+            key = (p.si, p.span is not None)
+            if key not in statements:
+                statements[key] = knn.statement(tables[p.si], s.where, p.span is not None, s.vectors)
+
+        def run(p: Piece):
+            text, values = statements[(p.si, p.span is not None)]
+            bound = [*values, *p.span] if p.span is not None else values
+            rows = self.db.rows(text, (queries[p.si][p.qi].tobytes(), p.k, *bound))
+            p.found = knn.found(rows, searches[p.si].vectors)
+
+        if self.threads < 2 or len(pieces) < 2:
+            for p in pieces:
+                run(p)
+        else:
+            base.parallel([lambda p=p: run(p) for p in pieces], workers=self.threads)
+
+    def _spans(self, name: str, table: Table) -> list[tuple[int, int] | None]:
+        """A search's pieces: one per thread for a model's large table (ranges of its ids, the first and last
+        open-ended so that they hold every row whatever was written since), else the whole table."""
+        if self.threads < 2 or base.is_text(name) or self._size(name, table)[0] * table.dim < SPLIT_WORK:
+            return [None]
+        _, lo, hi = self._size(name, table)
+        edges = np.linspace(lo, hi + 1, self.threads + 1).astype(np.int64).tolist()
+        edges[0], edges[-1] = LOWEST, HIGHEST
+        return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+    def _size(self, name: str, table: Table) -> tuple[int, int, int]:
+        """(rows, lowest id, highest id) of a model's table, as first read: they only balance the threads."""
+        if name not in self._sizes:
+            n, lo, hi = self.db.rows(f"SELECT count(*), min(id), max(id) FROM {quoted(table.name)}")[0]
+            self._sizes[name] = (n, lo or 0, hi or 0)
+        return self._sizes[name]
+
+    def _ranges(self, table: Table) -> list[tuple[int, int]]:
+        """Ranges of at most `limit` ids covering every row now ([] if one such range is the whole table)."""
+        lo, hi = self.db.rows(f"SELECT min(id), max(id) FROM {quoted(table.name)}")[0]
+        return [] if lo is None or hi - lo < self.limit else knn.pieces(lo, hi + 1, self.limit)
+
+
+def hits(s: Search, found: list[list[Found]], dim: int) -> Hits:
+    """A search's Hits [m, n] from each query's pieces (with vectors where it asked); every query saw as many rows."""
+    width = dim if s.vectors else None
+    if s.k == 0:
+        return base.no_hits(len(found), width)
+    rows = [knn.merged(parts, s.k) for parts in found]
+    if not rows or not any(len(f.ids) for f in rows):
+        return base.no_hits(len(rows), width)
+    if len({len(f.ids) for f in rows}) > 1:
+        raise VecgptError(
+            f"search in {s.collection!r}: queries got different numbers of rows (the collection changed?)"
+        )
+    out = Hits(base.stacked([f.ids for f in rows]), base.stacked([f.dists for f in rows]))
+    if width is None:
+        return out
+    return out._replace(vectors=knn.floats([b for f in rows for b in f.vectors], dim).reshape(*out.ids.shape, dim))
