@@ -15,6 +15,7 @@ from vecgpt.backends.duckdb.store import DuckStore
 # as fast as array_distance (a row is one chain of float32 multiply-adds either way), a fifth of its logit error, and
 # within the engine's error bound where l2 is one rounding past it (docs/duckdb.md)
 PREFERRED_METRIC = "ip"
+ONE_PROCESS = True  # DuckDB locks its file: a second process gets one line saying so
 
 __all__ = ["DuckStore", "connect"]
 
