@@ -21,8 +21,11 @@ from vecgpt.backends.milvus.requests import (
     hit_arrays,
     hit_vectors,
     id_batches,
+    joined,
+    nearest,
     query_batches,
     row_batches,
+    within,
 )
 from vecgpt.errors import VecgptError
 
@@ -61,6 +64,7 @@ class MilvusStore(FolderStore):
         self._info: dict[str, Info] = {}
         self._fresh: set[str] = set()  # made by this process and never written: the first write inserts
         self._written: set[str] = set()  # written since the last flush
+        self._held_ids: dict[str, np.ndarray] = {}  # a collection's ids, for searches split by id range
         self._lock = threading.Lock()
 
     def __str__(self) -> str:
@@ -162,6 +166,7 @@ class MilvusStore(FolderStore):
             write(self._name(name), rows)
         self._fresh.discard(name)
         self._written.add(name)
+        self._held_ids.pop(name, None)
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         return self.search_many([Search(name, queries, k, where)])[0]
@@ -178,43 +183,65 @@ class MilvusStore(FolderStore):
         info = self._get(s.collection)
         queries = base.check_vectors(s.collection, s.queries, info.dim)
         base.check_where(s.collection, s.where, info.attrs)
-        if s.k is not None and s.k > self.limits.top_k:
-            raise VecgptError(f"Milvus returns at most {self.limits.top_k:,} rows a search, not k = {s.k:,}")
-        limit = self.limits.top_k if s.k is None else s.k
-        if len(queries) == 0 or limit == 0:
+        if len(queries) == 0 or s.k == 0:
             return base.no_hits(len(queries), info.dim if s.vectors else None)
-        found = [self._request(s, info, queries[part], limit) for part in self._query_parts(s, info, len(queries))]
+        top = self.limits.top_k
+        if s.k is not None and s.k > top:
+            return self._by_ranges(s, info, queries)
+        found = self._requests(s, info, queries, top if s.k is None else s.k, expression(s.where))
+        if s.k is None and found.ids.shape[1] == top and self._matching(s) > top:  # more rows match than came
+            return self._by_ranges(s, info, queries)
+        return found
+
+    def _requests(self, s: Search, info: Info, queries: np.ndarray, limit: int, condition: str) -> Hits:
+        """One search, in as many requests as its queries and their answers need."""
+        hit_bytes = 12 + (4 * info.dim if s.vectors else 0)
+        parts = query_batches(len(queries), info.dim, limit, hit_bytes, self.limits)
+        found = [self._request(s, info, queries[part], limit, condition) for part in parts]
         if len({h.ids.shape[1] for h in found}) > 1:
             raise VecgptError(f"rows of {s.collection!r} changed during a search of it; search again")
-        if s.k is None and found[0].ids.shape[1] == limit:
-            self._check_all_returned(s)
-        vectors = None if not s.vectors else np.concatenate([h.vectors for h in found])
-        return Hits(np.concatenate([h.ids for h in found]), np.concatenate([h.dists for h in found]), vectors)
+        return joined(found, axis=0)
 
-    def _query_parts(self, s: Search, info: Info, m: int) -> list[slice]:
-        hit_bytes = 12 + (4 * info.dim if s.vectors else 0)
-        return query_batches(m, info.dim, self.limits.top_k if s.k is None else s.k, hit_bytes, self.limits)
-
-    def _request(self, s: Search, info: Info, queries: np.ndarray, limit: int) -> Hits:
+    def _request(self, s: Search, info: Info, queries: np.ndarray, limit: int, condition: str) -> Hits:
         # Only the ids (Milvus Lite sends every field, vectors too, when none are named: three times the time)
         fields = ["vector"] if s.vectors else ["id"]
         record(1, len(queries))
         result = self.client.search(
-            self._name(s.collection), queries, filter=expression(s.where), limit=limit, output_fields=fields
+            self._name(s.collection), queries, filter=condition, limit=limit, output_fields=fields
         )
         ids, dists = hit_arrays(result, len(queries), negate=info.metric == "ip")
         vectors = hit_vectors(result, *ids.shape, info.dim) if s.vectors else None
         return Hits(ids, dists, vectors)
 
-    def _check_all_returned(self, s: Search) -> None:
-        """A search for every matching row that got the most Milvus returns: more may match."""
+    def _matching(self, s: Search) -> int:
         record()
-        matched = self.client.query(self._name(s.collection), filter=expression(s.where), output_fields=["count(*)"])
-        if matched[0]["count(*)"] > self.limits.top_k:
-            raise VecgptError(
-                f"{matched[0]['count(*)']:,} rows of {s.collection!r} match a search for every row, and Milvus "
-                f"returns at most {self.limits.top_k:,}: search with k, or narrow the filter"
-            )
+        stored = self._name(s.collection)
+        return int(self.client.query(stored, filter=expression(s.where), output_fields=["count(*)"])[0]["count(*)"])
+
+    def _by_ranges(self, s: Search, info: Info, queries: np.ndarray) -> Hits:
+        """A search of more rows than Milvus returns at once (every token row, for every logit): a search per
+        range of ids holding at most that many rows, then each query's nearest k of all of them."""
+        top = self.limits.top_k
+        limit = top if s.k is None else min(s.k, top)
+        parts = [self._requests(s, info, queries, limit, c) for c in within(s.where, self._ids(s.collection), top)]
+        found = joined(parts, axis=1)
+        return found if s.k is None else nearest(found, s.k)
+
+    def _ids(self, name: str) -> np.ndarray:
+        """Every id a collection holds, sorted (a model's kept until this process writes it)."""
+        if name in self._held_ids and not base.is_text(name):
+            return self._held_ids[name]
+        ids = []
+        # Milvus Lite serves no timestamps, and pymilvus's iterator says so on the way to doing without
+        with quiet("pymilvus.client.iterator.query_iterator", "grpc._server"):
+            record()
+            batches = self.client.query_iterator(self._name(name), batch_size=self.limits.top_k, output_fields=["id"])
+            while batch := batches.next():
+                record()
+                ids += [row["id"] for row in batch]
+            batches.close()
+        self._held_ids[name] = np.sort(np.array(ids, np.int64))
+        return self._held_ids[name]
 
     @milvus_errors
     def fetch(self, name, ids, payload=False):
@@ -265,6 +292,7 @@ class MilvusStore(FolderStore):
     @milvus_errors
     def drop(self, name) -> None:
         self._info.pop(name, None)
+        self._held_ids.pop(name, None)
         self._fresh.discard(name)
         self._written.discard(name)
         record()
