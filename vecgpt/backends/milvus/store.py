@@ -6,15 +6,13 @@ from __future__ import annotations
 import functools
 import threading
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
-from pymilvus import DataType
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
 from vecgpt.backends.base import FolderStore, Hits, Metric, Search, record
-from vecgpt.backends.milvus.client import decode, encode, is_lite, milvus_errors, open_client, quiet, release
+from vecgpt.backends.milvus.client import decode, encode, every_row, is_lite, milvus_errors, open_client, release
 from vecgpt.backends.milvus.requests import (
     Limits,
     expression,
@@ -27,25 +25,10 @@ from vecgpt.backends.milvus.requests import (
     row_batches,
     within,
 )
+from vecgpt.backends.milvus.schema import MAX_PAYLOAD, RESERVED, Info, described, flat_index, schema
 from vecgpt.errors import VecgptError
 
-METRICS = {"l2": "L2", "ip": "IP"}  # Milvus's names; its L2 is the squared distance, its IP the inner product
-RESERVED = {"id", "vector", "payload"}  # the fields a collection has beside its attributes
-MAX_PAYLOAD = 4096  # floats an ARRAY field may hold
 CLONE_BATCH = 4096  # rows a clone reads at a time
-
-
-class Info(NamedTuple):
-    """A collection as its schema and index describe it."""
-
-    dim: int
-    metric: Metric
-    attrs: tuple[str, ...]
-    width: int  # floats of payload a row
-
-    @property
-    def row_bytes(self) -> int:
-        return 8 + 4 * self.dim + 8 * len(self.attrs) + 4 * self.width
 
 
 class MilvusStore(FolderStore):
@@ -98,28 +81,13 @@ class MilvusStore(FolderStore):
         info = Info(dim, metric, tuple(attrs), payload)
         stored = self._name(name)
         record(3)
-        self.client.create_collection(stored, schema=self._schema(info), consistency_level="Strong")
+        self.client.create_collection(stored, schema=schema(self.client, info), consistency_level="Strong")
         # not waited for: a FLAT index of an empty collection has nothing to build, and pymilvus's wait polls
         # every 0.5 s (a model's 17 collections: 8.5 s of a tiny model's 21 s load)
-        self.client.create_index(stored, self._index(metric), sync=False)
+        self.client.create_index(stored, flat_index(self.client, metric), sync=False)
         self.client.load_collection(stored)
         self._info[name] = info
         self._fresh.add(name)
-
-    def _schema(self, info: Info):
-        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("id", DataType.INT64, is_primary=True)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=info.dim)
-        for attr in info.attrs:
-            schema.add_field(attr, DataType.INT64)
-        if info.width:
-            schema.add_field("payload", DataType.ARRAY, element_type=DataType.FLOAT, max_capacity=info.width)
-        return schema
-
-    def _index(self, metric: Metric):
-        index = self.client.prepare_index_params()
-        index.add_index("vector", index_type="FLAT", metric_type=METRICS[metric])
-        return index
 
     def _open(self, name: str) -> Info | None:
         """What this process knows of a collection, read from Milvus the first time; None if there is none."""
@@ -130,12 +98,8 @@ class MilvusStore(FolderStore):
         if not self.client.has_collection(stored):
             return None
         record(3)
-        fields = {f["name"]: f for f in self.client.describe_collection(stored)["fields"]}
-        metric = self.client.describe_index(stored, "vector")["metric_type"]
+        info = described(self.client, stored)
         self.client.load_collection(stored)  # a collection made by another process may not be loaded
-        attrs = tuple(n for n, f in fields.items() if n not in RESERVED)
-        width = int(fields["payload"]["params"]["max_capacity"]) if "payload" in fields else 0
-        info = Info(int(fields["vector"]["params"]["dim"]), {"L2": "l2", "IP": "ip"}[metric], attrs, width)
         self._info[name] = info
         return info
 
@@ -231,15 +195,8 @@ class MilvusStore(FolderStore):
         """Every id a collection holds, sorted (a model's kept until this process writes it)."""
         if name in self._held_ids and not base.is_text(name):
             return self._held_ids[name]
-        ids = []
-        # Milvus Lite serves no timestamps, and pymilvus's iterator says so on the way to doing without
-        with quiet("pymilvus.client.iterator.query_iterator", "grpc._server"):
-            record()
-            batches = self.client.query_iterator(self._name(name), batch_size=self.limits.top_k, output_fields=["id"])
-            while batch := batches.next():
-                record()
-                ids += [row["id"] for row in batch]
-            batches.close()
+        rows = every_row(self.client, self._name(name), ["id"], self.limits.top_k)
+        ids = [row["id"] for batch in rows for row in batch]
         self._held_ids[name] = np.sort(np.array(ids, np.int64))
         return self._held_ids[name]
 
@@ -272,14 +229,9 @@ class MilvusStore(FolderStore):
             raise VecgptError(f"cannot clone {src!r} to {dst!r}: {dst!r} exists; drop it first")
         self.create(dst, info.dim, info.metric, info.attrs, info.width)
         fields = ["vector", *info.attrs] + (["payload"] if info.width else [])
-        # Milvus Lite serves no timestamps, and pymilvus's iterator says so on the way to doing without
-        with quiet("pymilvus.client.iterator.query_iterator", "grpc._server"):
+        for rows in every_row(self.client, self._name(src), fields, CLONE_BATCH):
             record()
-            batches = self.client.query_iterator(self._name(src), batch_size=CLONE_BATCH, output_fields=fields)
-            while batch := batches.next():
-                record(2)  # the batch read, and its write
-                self.client.insert(self._name(dst), batch)
-            batches.close()
+            self.client.insert(self._name(dst), rows)
         self._fresh.discard(dst)
         self._written.add(dst)
 
