@@ -63,7 +63,7 @@ def test_opening_a_store_starts_nothing_until_a_collection_is_asked_for(make_sto
 
 def test_requests_are_split_under_the_limits(make_store):
     """Limits of 50 rows a search, 3 queries a search, and requests of about 40 rows: each request inside them, and
-    the answers those of one request each."""
+    the answers those of one request each; a search of more rows than 50 split by id range."""
     store = make_store("milvus")
     x = filled(store)
     q = rng.standard_normal((7, 24)).astype(np.float32)
@@ -78,12 +78,19 @@ def test_requests_are_split_under_the_limits(make_store):
         assert got.ids.tolist() == want.ids.tolist() and np.array_equal(got.dists, want.dists)
     got, sent = requests(store.fetch, "c", np.arange(300)[::-1] * 3 + 1, payload=True)
     assert sent == 8 and all(np.array_equal(a, b) for a, b in zip(got, fetched))  # 40 rows a request
-    _, sent = requests(store.upsert, "c", np.arange(100), x[:100], payload=x[:100, :4])
+    _, sent = requests(store.upsert, "c", np.arange(100), x[::-1][:100] * 2, payload=x[:100, :4])  # no ties
     assert sent == 3
-    with pytest.raises(VecgptError, match="at most 50 rows a search, not k = 51"):
-        store.search("c", q, k=51)
-    with pytest.raises(VecgptError, match="367 rows of 'c' match a search for every row"):  # 300 + 67 new ids
-        store.search("c", q[:1])
+    # more rows than a search returns (367 = 300 + 67 new ids): a search per range of 50 ids, then the nearest
+    split = [requests(store.search, "c", q[:2], k) for k in (None, 120)]
+    store.limits = Limits()
+    for (got, sent), k in zip(split, (None, 120)):
+        want = store.search("c", q[:2], k)
+        assert sent >= 8 and got.ids.shape == want.ids.shape == (2, k or 367)
+        if k is None:
+            got, want = (np.take_along_axis(h.ids, np.argsort(h.ids, 1), 1) for h in (got, want))
+            assert np.array_equal(got, want)
+        else:
+            assert got.ids.tolist() == want.ids.tolist() and np.array_equal(got.dists, want.dists)
 
 
 def test_a_dimension_above_milvus_limit_is_one_line(make_store):

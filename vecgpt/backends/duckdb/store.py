@@ -38,7 +38,7 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
         raise VecgptError(f"duckdb: {path} is a folder; [store] path names the store's file, e.g. {path}/vecgpt.duckdb")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        con = duckdb.connect(str(path), config={"threads": threads} if threads else {})
+        con = duckdb.connect(str(path))  # threads are set below: a config here must match every other connection's
     except duckdb.IOException as e:
         pid = re.search(r"PID (\d+)", str(e))
         if "lock" not in str(e):
@@ -53,6 +53,8 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
         raise VecgptError(f"duckdb cannot open {path}: {base.first_line(e)}") from None
     # Vectors stored as they are: DuckDB's float compression (ALP) costs more to scan than it saves (docs/duckdb.md).
     con.execute("SET force_compression = 'uncompressed'")
+    if threads:
+        con.execute(f"SET threads = {int(threads)}")
     return con
 
 

@@ -6,8 +6,8 @@ Environment: VECGPT_MILVUS_TOKEN (a server's token, user:password or an API key)
 folder, $XDG_CACHE_HOME/vecgpt/milvus or ~/.cache/vecgpt/milvus). See docs/milvus.md.
 
 Modules: store (collections, rows, searches, clones), requests (Milvus's limits and the splits that keep
-requests inside them, filters as expressions, results as arrays), client (Milvus Lite or a server, errors,
-collection names).
+requests inside them, filters as expressions, results as arrays), schema (a collection's fields and index), client
+(Milvus Lite or a server, errors, collection names).
 """
 
 from __future__ import annotations

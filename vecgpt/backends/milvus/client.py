@@ -14,7 +14,7 @@ from pathlib import Path
 from pymilvus import MilvusClient
 from pymilvus.exceptions import MilvusException
 
-from vecgpt.backends.base import first_line
+from vecgpt.backends.base import first_line, record
 from vecgpt.errors import VecgptError
 
 ENV_TOKEN = "VECGPT_MILVUS_TOKEN"
@@ -53,6 +53,20 @@ def open_client(uri: str, timeout: float) -> MilvusClient:
                 raise VecgptError(f"Milvus Lite could not open {path} ({reason(e)})") from None
         _lite_users[path] = _lite_users.get(path, 0) + 1
     return client
+
+
+def every_row(client: MilvusClient, stored: str, fields: list[str], batch: int):
+    """A collection's rows, a list of dicts a batch, through pymilvus's query iterator (a request each, counted)."""
+    # Milvus Lite serves no timestamps, and pymilvus's iterator says so on the way to doing without
+    with quiet("pymilvus.client.iterator.query_iterator", "grpc._server"):
+        record()
+        batches = client.query_iterator(stored, batch_size=batch, output_fields=fields)
+        try:
+            while rows := batches.next():
+                record()
+                yield rows
+        finally:
+            batches.close()
 
 
 def check_unlocked(path: str) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vecgpt.backends.base import Where
+from vecgpt.backends.base import Hits, Where
 from vecgpt.errors import VecgptError
 
 
@@ -77,3 +77,22 @@ def hit_vectors(result, m: int, n: int, dim: int) -> np.ndarray:
     """The stored vectors a search was asked for (output field "vector"), [m, n, dim] float32."""
     rows = [hit["entity"]["vector"] for hits in result for hit in hits]
     return np.array(rows, np.float32).reshape(m, n, dim)
+
+
+def within(where: Where | None, ids: np.ndarray, most: int) -> list[str]:
+    """The filter `where` narrowed to each range of at most `most` of the collection's sorted ids."""
+    ranges = [(ids[a], ids[min(a + most, len(ids)) - 1]) for a in range(0, len(ids), most)]
+    return [" and ".join(filter(None, [expression(where), f"id >= {lo} and id <= {hi}"])) for lo, hi in ranges]
+
+
+def joined(parts: list[Hits], axis: int) -> Hits:
+    """Hits of one search's requests: its queries split (axis 0) or its rows (axis 1)."""
+    vectors = None if parts[0].vectors is None else np.concatenate([h.vectors for h in parts], axis)
+    return Hits(np.concatenate([h.ids for h in parts], axis), np.concatenate([h.dists for h in parts], axis), vectors)
+
+
+def nearest(hits: Hits, k: int) -> Hits:
+    """Each query's k nearest of its rows, nearest first (rows at equal distances in the order they came)."""
+    order = np.argsort(hits.dists, axis=1, kind="stable")[:, :k]
+    vectors = None if hits.vectors is None else np.take_along_axis(hits.vectors, order[:, :, None], 1)
+    return Hits(np.take_along_axis(hits.ids, order, 1), np.take_along_axis(hits.dists, order, 1), vectors)

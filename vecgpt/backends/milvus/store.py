@@ -6,43 +6,29 @@ from __future__ import annotations
 import functools
 import threading
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
-from pymilvus import DataType
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
 from vecgpt.backends.base import FolderStore, Hits, Metric, Search, record
-from vecgpt.backends.milvus.client import decode, encode, is_lite, milvus_errors, open_client, quiet, release
+from vecgpt.backends.milvus.client import decode, encode, every_row, is_lite, milvus_errors, open_client, release
 from vecgpt.backends.milvus.requests import (
     Limits,
     expression,
     hit_arrays,
     hit_vectors,
     id_batches,
+    joined,
+    nearest,
     query_batches,
     row_batches,
+    within,
 )
+from vecgpt.backends.milvus.schema import MAX_PAYLOAD, RESERVED, Info, described, flat_index, schema
 from vecgpt.errors import VecgptError
 
-METRICS = {"l2": "L2", "ip": "IP"}  # Milvus's names; its L2 is the squared distance, its IP the inner product
-RESERVED = {"id", "vector", "payload"}  # the fields a collection has beside its attributes
-MAX_PAYLOAD = 4096  # floats an ARRAY field may hold
 CLONE_BATCH = 4096  # rows a clone reads at a time
-
-
-class Info(NamedTuple):
-    """A collection as its schema and index describe it."""
-
-    dim: int
-    metric: Metric
-    attrs: tuple[str, ...]
-    width: int  # floats of payload a row
-
-    @property
-    def row_bytes(self) -> int:
-        return 8 + 4 * self.dim + 8 * len(self.attrs) + 4 * self.width
 
 
 class MilvusStore(FolderStore):
@@ -61,6 +47,7 @@ class MilvusStore(FolderStore):
         self._info: dict[str, Info] = {}
         self._fresh: set[str] = set()  # made by this process and never written: the first write inserts
         self._written: set[str] = set()  # written since the last flush
+        self._held_ids: dict[str, np.ndarray] = {}  # a collection's ids, for searches split by id range
         self._lock = threading.Lock()
 
     def __str__(self) -> str:
@@ -94,28 +81,13 @@ class MilvusStore(FolderStore):
         info = Info(dim, metric, tuple(attrs), payload)
         stored = self._name(name)
         record(3)
-        self.client.create_collection(stored, schema=self._schema(info), consistency_level="Strong")
+        self.client.create_collection(stored, schema=schema(self.client, info), consistency_level="Strong")
         # not waited for: a FLAT index of an empty collection has nothing to build, and pymilvus's wait polls
         # every 0.5 s (a model's 17 collections: 8.5 s of a tiny model's 21 s load)
-        self.client.create_index(stored, self._index(metric), sync=False)
+        self.client.create_index(stored, flat_index(self.client, metric), sync=False)
         self.client.load_collection(stored)
         self._info[name] = info
         self._fresh.add(name)
-
-    def _schema(self, info: Info):
-        schema = self.client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("id", DataType.INT64, is_primary=True)
-        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=info.dim)
-        for attr in info.attrs:
-            schema.add_field(attr, DataType.INT64)
-        if info.width:
-            schema.add_field("payload", DataType.ARRAY, element_type=DataType.FLOAT, max_capacity=info.width)
-        return schema
-
-    def _index(self, metric: Metric):
-        index = self.client.prepare_index_params()
-        index.add_index("vector", index_type="FLAT", metric_type=METRICS[metric])
-        return index
 
     def _open(self, name: str) -> Info | None:
         """What this process knows of a collection, read from Milvus the first time; None if there is none."""
@@ -126,12 +98,8 @@ class MilvusStore(FolderStore):
         if not self.client.has_collection(stored):
             return None
         record(3)
-        fields = {f["name"]: f for f in self.client.describe_collection(stored)["fields"]}
-        metric = self.client.describe_index(stored, "vector")["metric_type"]
+        info = described(self.client, stored)
         self.client.load_collection(stored)  # a collection made by another process may not be loaded
-        attrs = tuple(n for n, f in fields.items() if n not in RESERVED)
-        width = int(fields["payload"]["params"]["max_capacity"]) if "payload" in fields else 0
-        info = Info(int(fields["vector"]["params"]["dim"]), {"L2": "l2", "IP": "ip"}[metric], attrs, width)
         self._info[name] = info
         return info
 
@@ -162,6 +130,7 @@ class MilvusStore(FolderStore):
             write(self._name(name), rows)
         self._fresh.discard(name)
         self._written.add(name)
+        self._held_ids.pop(name, None)
 
     def search(self, name, queries, k=None, where=None) -> Hits:
         return self.search_many([Search(name, queries, k, where)])[0]
@@ -178,43 +147,58 @@ class MilvusStore(FolderStore):
         info = self._get(s.collection)
         queries = base.check_vectors(s.collection, s.queries, info.dim)
         base.check_where(s.collection, s.where, info.attrs)
-        if s.k is not None and s.k > self.limits.top_k:
-            raise VecgptError(f"Milvus returns at most {self.limits.top_k:,} rows a search, not k = {s.k:,}")
-        limit = self.limits.top_k if s.k is None else s.k
-        if len(queries) == 0 or limit == 0:
+        if len(queries) == 0 or s.k == 0:
             return base.no_hits(len(queries), info.dim if s.vectors else None)
-        found = [self._request(s, info, queries[part], limit) for part in self._query_parts(s, info, len(queries))]
+        top = self.limits.top_k
+        if s.k is not None and s.k > top:
+            return self._by_ranges(s, info, queries)
+        found = self._requests(s, info, queries, top if s.k is None else s.k, expression(s.where))
+        if s.k is None and found.ids.shape[1] == top and self._matching(s) > top:  # more rows match than came
+            return self._by_ranges(s, info, queries)
+        return found
+
+    def _requests(self, s: Search, info: Info, queries: np.ndarray, limit: int, condition: str) -> Hits:
+        """One search, in as many requests as its queries and their answers need."""
+        hit_bytes = 12 + (4 * info.dim if s.vectors else 0)
+        parts = query_batches(len(queries), info.dim, limit, hit_bytes, self.limits)
+        found = [self._request(s, info, queries[part], limit, condition) for part in parts]
         if len({h.ids.shape[1] for h in found}) > 1:
             raise VecgptError(f"rows of {s.collection!r} changed during a search of it; search again")
-        if s.k is None and found[0].ids.shape[1] == limit:
-            self._check_all_returned(s)
-        vectors = None if not s.vectors else np.concatenate([h.vectors for h in found])
-        return Hits(np.concatenate([h.ids for h in found]), np.concatenate([h.dists for h in found]), vectors)
+        return joined(found, axis=0)
 
-    def _query_parts(self, s: Search, info: Info, m: int) -> list[slice]:
-        hit_bytes = 12 + (4 * info.dim if s.vectors else 0)
-        return query_batches(m, info.dim, self.limits.top_k if s.k is None else s.k, hit_bytes, self.limits)
-
-    def _request(self, s: Search, info: Info, queries: np.ndarray, limit: int) -> Hits:
+    def _request(self, s: Search, info: Info, queries: np.ndarray, limit: int, condition: str) -> Hits:
         # Only the ids (Milvus Lite sends every field, vectors too, when none are named: three times the time)
         fields = ["vector"] if s.vectors else ["id"]
         record(1, len(queries))
         result = self.client.search(
-            self._name(s.collection), queries, filter=expression(s.where), limit=limit, output_fields=fields
+            self._name(s.collection), queries, filter=condition, limit=limit, output_fields=fields
         )
         ids, dists = hit_arrays(result, len(queries), negate=info.metric == "ip")
         vectors = hit_vectors(result, *ids.shape, info.dim) if s.vectors else None
         return Hits(ids, dists, vectors)
 
-    def _check_all_returned(self, s: Search) -> None:
-        """A search for every matching row that got the most Milvus returns: more may match."""
+    def _matching(self, s: Search) -> int:
         record()
-        matched = self.client.query(self._name(s.collection), filter=expression(s.where), output_fields=["count(*)"])
-        if matched[0]["count(*)"] > self.limits.top_k:
-            raise VecgptError(
-                f"{matched[0]['count(*)']:,} rows of {s.collection!r} match a search for every row, and Milvus "
-                f"returns at most {self.limits.top_k:,}: search with k, or narrow the filter"
-            )
+        stored = self._name(s.collection)
+        return int(self.client.query(stored, filter=expression(s.where), output_fields=["count(*)"])[0]["count(*)"])
+
+    def _by_ranges(self, s: Search, info: Info, queries: np.ndarray) -> Hits:
+        """A search of more rows than Milvus returns at once (every token row, for every logit): a search per
+        range of ids holding at most that many rows, then each query's nearest k of all of them."""
+        top = self.limits.top_k
+        limit = top if s.k is None else min(s.k, top)
+        parts = [self._requests(s, info, queries, limit, c) for c in within(s.where, self._ids(s.collection), top)]
+        found = joined(parts, axis=1)
+        return found if s.k is None else nearest(found, s.k)
+
+    def _ids(self, name: str) -> np.ndarray:
+        """Every id a collection holds, sorted (a model's kept until this process writes it)."""
+        if name in self._held_ids and not base.is_text(name):
+            return self._held_ids[name]
+        rows = every_row(self.client, self._name(name), ["id"], self.limits.top_k)
+        ids = [row["id"] for batch in rows for row in batch]
+        self._held_ids[name] = np.sort(np.array(ids, np.int64))
+        return self._held_ids[name]
 
     @milvus_errors
     def fetch(self, name, ids, payload=False):
@@ -245,14 +229,9 @@ class MilvusStore(FolderStore):
             raise VecgptError(f"cannot clone {src!r} to {dst!r}: {dst!r} exists; drop it first")
         self.create(dst, info.dim, info.metric, info.attrs, info.width)
         fields = ["vector", *info.attrs] + (["payload"] if info.width else [])
-        # Milvus Lite serves no timestamps, and pymilvus's iterator says so on the way to doing without
-        with quiet("pymilvus.client.iterator.query_iterator", "grpc._server"):
+        for rows in every_row(self.client, self._name(src), fields, CLONE_BATCH):
             record()
-            batches = self.client.query_iterator(self._name(src), batch_size=CLONE_BATCH, output_fields=fields)
-            while batch := batches.next():
-                record(2)  # the batch read, and its write
-                self.client.insert(self._name(dst), batch)
-            batches.close()
+            self.client.insert(self._name(dst), rows)
         self._fresh.discard(dst)
         self._written.add(dst)
 
@@ -265,6 +244,7 @@ class MilvusStore(FolderStore):
     @milvus_errors
     def drop(self, name) -> None:
         self._info.pop(name, None)
+        self._held_ids.pop(name, None)
         self._fresh.discard(name)
         self._written.discard(name)
         record()
