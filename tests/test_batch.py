@@ -33,7 +33,10 @@ from vecgpt.text import Text
 
 from conftest import BACKENDS, store_options
 
-RULE = {"turbopuffer"}  # the service's arithmetic is its own: a text in company is held to the rule; every other
+RULE = {
+    "turbopuffer",
+    "milvus",
+}  # the service's arithmetic is its own (Milvus: a request's queries one product): a text in company is held to the rule; every other
 # store computes each query alone, and a new store is held to the bits until it is listed here
 # The layouts and batch sizes each store runs: every layout where a run is cheap, 16 texts on the fast stores (in
 # their default layout), each slower store in its default layout only.

@@ -11,6 +11,7 @@ import pytest
 
 from vecgpt import tokenizer, tolerance, weights
 from vecgpt.api import generate
+from vecgpt.backends.base import one_process
 from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError

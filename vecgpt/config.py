@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -64,12 +63,17 @@ def preferred_metric(backend: str) -> str:
 
 
 def auto_layout(backend: str, store: dict) -> str:
-    """The layout "auto" picks: behind a network (turbopuffer; pgvector given a DSN) the fewest round trips, three;
-    in process (memory, FAISS, LanceDB, pgvector's own local server) the fewest requests, five."""
-    networked = backend == "turbopuffer" or (
-        backend == "pgvector" and bool(store.get("dsn") or os.environ.get("VECGPT_PG_DSN"))
-    )
-    return "three" if networked else "five"
+    """The layout "auto" picks: behind a network (the backend module's NETWORKED, a bool or a function of the [store]
+    options: turbopuffer; pgvector given a DSN; Milvus given a server's URI) the fewest round trips, three; in
+    process (memory, FAISS, LanceDB, SQLite, DuckDB, pgvector's own local server, Milvus Lite) the fewest requests,
+    five. An unknown or uninstalled backend: five (opening the store says what is wrong)."""
+    from vecgpt.backends.base import extra
+
+    try:
+        said = extra(backend, "NETWORKED")
+    except (VecgptError, KeyError, ImportError):
+        return "five"
+    return "three" if (said(**store) if callable(said) else said) else "five"
 
 
 TYPES = {
