@@ -1,7 +1,7 @@
 """Batch invariance: a text's logits are bit for bit what it computes alone, whatever else shares its rounds.
 
-Texts in a Company (vecgpt.company) send each round together: a model matrix is searched once with every text's
-queries. Every store computes each query of a multi-query search alone (memory: a matrix-vector product a query;
+Texts in a stepper (vecgpt.stepper) are read in one forward pass a step (engine.Step): a model matrix is searched
+once with every text's rows. Every store computes each query of a multi-query search alone (memory: a matrix-vector product a query;
 FAISS: its by-index kernel a pair; LanceDB: a plan of its own for each query vector, unioned; pgvector: its
 distance function a pair, a wide document's parts added smallest first), so a text's bits cannot depend on its
 company, and these tests compare every logit's bits (k = the vocabulary), step by step, against the same text
@@ -18,26 +18,25 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
-from collections.abc import Callable
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-from vecgpt import company as company_module
 from vecgpt import encoding, tokenizer, tolerance
-from vecgpt.company import Company
 from vecgpt.config import auto_layout
-from vecgpt.engine import Engine
+from vecgpt.engine import Engine, Read
 from vecgpt.loading import push, store_fingerprint
 from vecgpt.sampling import Candidates
+from vecgpt.stepper import Stepper, run_one
 from vecgpt.text import Text
 
 from conftest import BACKENDS, store_options
 
-RULE = {"turbopuffer"}  # the service's arithmetic is its own: a text in company is held to the rule; every other
+RULE = {
+    "turbopuffer",
+    "milvus",
+}  # the service's arithmetic is its own (Milvus: a request's queries one product): a text in company is held to the rule; every other
 # store computes each query alone, and a new store is held to the bits until it is listed here
 # The layouts and batch sizes each store runs: every layout where a run is cheap, 16 texts on the fast stores (in
 # their default layout), each slower store in its default layout only.
@@ -71,15 +70,6 @@ PROMPTS = [
     "Is this a dagger which I see before me",
     "Cry",
 ]
-WAIT_S = 300  # a thread not done by then: the company hung
-
-
-@pytest.fixture(autouse=True)
-def patient(monkeypatch):
-    """A step waits for every member (a text between its reads), not GRACE_S: on a busy machine a thread late by
-    more than that would start steps of its own, and a batch could share no round. Every member here reads or
-    leaves."""
-    monkeypatch.setattr(company_module, "GRACE_S", WAIT_S)
 
 
 def opened(make_store, backend: str, model, layout: str) -> Engine:
@@ -90,8 +80,8 @@ def opened(make_store, backend: str, model, layout: str) -> Engine:
 
 class Part(NamedTuple):
     """One text of a batch: its prompt (an index into PROMPTS) and tokens to read after it (greedy), when it starts
-    (once the batch's first text has done `after` reads), and the reads it does before joining the company and
-    before leaving it (None: it stays to its end)."""
+    (once the batch's first text has done `after` reads), and the reads it does alone before joining the stepper
+    and after leaving it (None: it stays to its end)."""
 
     prompt: int
     n: int = 3
@@ -113,93 +103,54 @@ def prompt_ids(part: Part) -> list[int]:
     return tokenizer.encode(PROMPTS[part.prompt])
 
 
-def greedy(session, part: Part, k: int, company: Company | None = None, progress=None, out=None, start=None) -> list:
-    """The prompt read as one block, then `part.n` tokens one at a time, each the best of the last read; every
-    read's candidates (appended to `out` as they come). In company from read `joins` to read `leaves` (and out of
-    it, whatever happens); `start()` once joined."""
+def greedy(session, part: Part, k: int, out=None, progress=None):
+    """An operation: the prompt read as one block, then `part.n` tokens one at a time, each the best of the last
+    read; every read's candidates (appended to `out` as they come). Reads `joins` to `leaves` go to the stepper
+    (yielded), the others are read alone."""
     out, ids = [] if out is None else out, prompt_ids(part)
-    try:
-        for i in range(part.n + 1):
-            if company is not None and i == part.joins:
-                company.join(session)
-                if start is not None:
-                    start()
-            if company is not None and i == part.leaves:
-                company.leave(session)
-            out.append(session.read(ids, k))
-            ids = [int(out[-1].ids[0])]
-            if progress is not None:
-                progress(i + 1)
-    finally:
-        if session.company is not None:
-            company.leave(session)
+    for i in range(part.n + 1):
+        stepped = part.joins <= i and (part.leaves is None or i < part.leaves)
+        out.append((yield Read(session, ids, k)) if stepped else session.read(ids, k))
+        ids = [int(out[-1].ids[0])]
+        if progress is not None:
+            progress(i + 1)
     return out
 
 
-class Progress:
-    """How many reads each text has done; a text waits for the first to have done some."""
-
-    def __init__(self, n: int):
-        self.done, self.cond = [0] * n, threading.Condition()
-
-    def mark(self, i: int, reads: int) -> None:
-        with self.cond:
-            self.done[i] = reads
-            self.cond.notify_all()
-
-    def wait(self, reads: int) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: self.done[0] >= reads, WAIT_S), "the first text stalled"
-
-
-def in_threads(jobs: list[Callable]) -> list:
-    """Each job in a thread of its own; their results, or the exception each raised."""
-    results: list = [None] * len(jobs)
-
-    def run(i: int) -> None:
-        try:
-            results[i] = jobs[i]()
-        except BaseException as e:  # the test looks at it
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT_S)
-    assert not any(t.is_alive() for t in threads), "texts in company did not finish: the company hung"
-    return results
-
-
 def alone(engine: Engine, part: Part, k: int) -> list[Candidates]:
+    """The part's reads, each read alone (Session.read), none in a stepper."""
     with engine.open() as session:
-        return greedy(session, part, k)
+        return run_one(greedy(session, part._replace(joins=part.n + 1), k))
 
 
-def first(parts: list[Part]) -> threading.Barrier:
-    """Where the texts that start in company at once wait for each other, once joined: their first reads share a
-    step, however late a thread starts on a busy machine."""
-    return threading.Barrier(sum(p.after == 0 and p.joins == 0 for p in parts), timeout=WAIT_S)
+def stepped(stepper: Stepper, parts: list[Part], start) -> list:
+    """Operations started as their parts say (`start(i, reads_done)`: text i's operation), stepped to their end;
+    each one's result, or the error it ended with."""
+    done, jobs = [0] * len(parts), {}
+
+    def mark(reads: int) -> None:
+        done[0] = reads
+
+    while stepper.busy() or len(jobs) < len(parts):
+        for i, part in enumerate(parts):
+            if i not in jobs and done[0] >= part.after:
+                jobs[i] = stepper.add(start(i, mark if i == 0 else None))
+        stepper.step()
+    return [job.result if job.error is None else job.error for _, job in sorted(jobs.items())]
 
 
-def greedy_in(engine: Engine, part: Part, k: int, company: Company, progress: Progress, i: int, start) -> list:
-    """Text i of a batch: waits for its start, then reads in company in a session of its own."""
-    if part.after:
-        progress.wait(part.after)
-    at_once = start.wait if part.after == 0 and part.joins == 0 else None
-    with engine.open() as session:
-        return greedy(session, part, k, company, lambda reads: progress.mark(i, reads), start=at_once)
-
-
-def together(engine: Engine, parts: list[Part], k: int) -> tuple[list[list[Candidates]], Company]:
-    """The parts read in threads, in one company, each starting when its Part says."""
-    company, progress, start = Company(engine.store), Progress(len(parts)), first(parts)
-    jobs = [lambda i=i, p=p: greedy_in(engine, p, k, company, progress, i, start) for i, p in enumerate(parts)]
-    results = in_threads(jobs)
+def together(engine: Engine, parts: list[Part], k: int) -> tuple[list[list[Candidates]], Stepper]:
+    """The parts read in one stepper, each starting when its Part says."""
+    stepper, sessions = Stepper(at_once=len(parts)), [engine.open() for _ in parts]
+    try:
+        results = stepped(stepper, parts, lambda i, mark: greedy(sessions[i], parts[i], k, progress=mark))
+    finally:
+        for s in sessions:
+            s.close()
     for r in results:
         if isinstance(r, BaseException):
             raise r
-    return results, company
+    return results, stepper
 
 
 def same_bits(want: list[Candidates], got: list[Candidates], what: str) -> None:
@@ -250,8 +201,8 @@ def test_a_texts_logits_are_its_own_whatever_shares_its_rounds(
     queries = spy_token_searches(engine.store, monkeypatch, k)
     for size in sizes:
         del queries[:]
-        got, company = together(engine, BATCHES[size], k)
-        assert max(company.rounds) >= 2 and max(queries) >= 2, f"{size} texts never shared a round"
+        got, stepper = together(engine, BATCHES[size], k)
+        assert max(stepper.steps) >= 2 and max(queries) >= 2, f"{size} texts never shared a step"
         for i, (part, cands) in enumerate(zip(BATCHES[size], got)):
             what = f"{backend}-{layout}, text {i} of {size} ({len(prompt_ids(part))}-token prompt)"
             if exact:
@@ -266,42 +217,24 @@ TEXT_LAYOUT = {"memory": "four", "faiss": "three", "lancedb": "five", "pgvector"
 STORIES = ["ROMEO:", "To be, or not to be, that is the question", "Good morrow"]
 
 
-@contextmanager
-def joined(company: Company | None, text: Text, start=None):
-    """The text's reads in company (a step waits for every member: a text leaves once it has nothing to read)."""
-    if company is None:
-        yield
-        return
-    company.join(text.session)
-    try:
-        if start is not None:
-            start()
-        yield
-    finally:
-        company.leave(text.session)
-
-
-def story(engine: Engine, prompt: str, seed: int, company: Company | None = None, start=None) -> list[tuple]:
-    """A text's operations: generate 3 tokens, step back one and generate 2, retry the last, branch at the first
-    generated position with its second candidate and generate 2 there, keep the text, resume it through a new
-    Engine and generate 2. (tokens, prompt length, candidates by position) of the text, its branch and the resumed
-    text. In company, each of them while it has reading to do."""
+def story(engine: Engine, prompt: str, seed: int) -> list[tuple]:
+    """A text's operations (an operation a stepper runs): generate 3 tokens, step back one and generate 2, retry the
+    last, branch at the first generated position with its second candidate and generate 2 there, keep the text,
+    resume it through a new Engine and generate 2. (tokens, prompt length, candidates by position) of the text, its
+    branch and the resumed text."""
     text = Text.start(engine, tokenizer.encode(prompt), temperature=0.8, seed=seed)
     texts = [text]
     try:
-        with joined(company, text, start):
-            text.generate(3, stop=False)
-            text.step_back(len(text.tokens) - 1)
-            text.generate(2, stop=False)
-            text.retry()
-            p = text.prompt_len
-            texts.append(text.branch(p, text.candidates(p)[1][0]))
-        with joined(company, texts[1]):
-            texts[1].generate(2, stop=False)
+        yield from text.generating(3, stop=False)
+        text.step_back(len(text.tokens) - 1)
+        yield from text.generating(2, stop=False)
+        text.retry()
+        p = text.prompt_len
+        texts.append(text.branch(p, text.candidates(p)[1][0]))
+        yield from texts[1].generating(2, stop=False)
         text.keep()
         texts.append(Text.resume(Engine(engine.store, model=engine.key), text.id))
-        with joined(company, texts[2]):
-            texts[2].generate(2, stop=False)
+        yield from texts[2].generating(2, stop=False)
         return [(list(t.tokens), t.prompt_len, dict(t._candidates)) for t in texts]
     finally:
         for t in texts[1:]:
@@ -319,26 +252,28 @@ def rule_on_text(model64, tokens: list[int], prompt_len: int, cands: dict, layou
 
 
 def test_resume_step_back_and_branch_of_texts_in_company_are_bit_exact(make_store, tiny_model, model64, backend):
-    """Texts each generating, stepping back, retrying, branching and resuming at once, in one company, whatever
+    """Texts each generating, stepping back, retrying, branching and resuming at once, in one stepper, whatever
     operation the others are in: every text, branch and resumed text draws the tokens and holds the candidates
     (ids and logits, every position) that the same operations give alone, bit for bit (turbopuffer: within the
     rule). A resumed text holds the candidates its text drew from, as they were."""
-    layout = TEXT_LAYOUT[backend]
+    layout = TEXT_LAYOUT.get(backend) or auto_layout(backend, {})
     engine = opened(make_store, backend, tiny_model, layout)
     stories = STORIES[:2] if backend in {"lancedb", "turbopuffer"} else STORIES
-    company, start = Company(engine.store), threading.Barrier(len(stories), timeout=WAIT_S)
-    got = in_threads([lambda i=i, s=s: story(engine, s, i, company, start.wait) for i, s in enumerate(stories)])
-    for r in got:
-        if isinstance(r, BaseException):
-            raise r
-    assert max(company.rounds) >= 2, "the texts never shared a round"
+    stepper = Stepper()
+    jobs = [stepper.add(story(engine, s, i)) for i, s in enumerate(stories)]
+    stepper.run()
+    for job in jobs:
+        if job.error is not None:
+            raise job.error
+    got = [job.result for job in jobs]
+    assert max(stepper.steps) >= 2, "the texts never shared a step"
     for i, prompt in enumerate(stories):
         (tokens, _, kept), (resumed_tokens, _, restored) = got[i][0], got[i][2]
         assert resumed_tokens[: len(tokens)] == tokens
         for p in kept:
             same_bits([kept[p]], [restored[p]], f"text {i}'s candidates at {p}, resumed")
         if backend not in RULE:
-            want = story(engine, prompt, i)
+            want = run_one(story(engine, prompt, i))
             for name, (a, b) in zip(("text", "branch", "resumed text"), zip(want, got[i])):
                 assert a[0] == b[0], f"text {i}'s {name}: other tokens in company"
                 assert a[2].keys() == b[2].keys(), f"text {i}'s {name}"
@@ -352,11 +287,9 @@ def test_resume_step_back_and_branch_of_texts_in_company_are_bit_exact(make_stor
 # ------------------------------------------------------------ a text that fails
 
 
-def failing(
-    engine: Engine, part: Part, k: int, company: Company, progress: Progress, how: str, monkeypatch, start
-) -> tuple:
-    """`part` read in company by a text that fails after its second read: its collection dropped, or the store
-    raising on every call that names it. What it read, and the error it met."""
+def failing(engine: Engine, part: Part, k: int, how: str, monkeypatch, mark, got: dict):
+    """`part` read in a stepper by a text that fails after its second read: its collection dropped, or the store
+    raising on every call that names it. What it read and the error it met go to `got`."""
     out: list = []
     store = engine.store
     search_many, upsert = store.search_many, store.upsert
@@ -371,16 +304,17 @@ def failing(
             return call
 
         def fail(reads: int) -> None:
-            progress.mark(0, reads)
+            mark(reads)
             if reads == 2 and how == "dropped":
                 store.drop(session.name)
             elif reads == 2:
                 monkeypatch.setattr(store, "search_many", refuse(search_many, lambda ss: {s.collection for s in ss}))
                 monkeypatch.setattr(store, "upsert", refuse(upsert, lambda name: {name}))
 
-        with pytest.raises(Exception) as failed:
-            greedy(session, part, k, company, fail, out, start.wait)
-    return out, failed.value
+        try:
+            yield from greedy(session, part, k, out, fail)
+        except Exception as e:  # the test looks at it
+            got.update(read=out, error=e)
 
 
 @pytest.mark.parametrize(
@@ -389,26 +323,32 @@ def failing(
 def test_a_text_that_fails_leaves_the_others_running_and_exact(
     make_store, tiny_model, model64, backend, how, monkeypatch
 ):
-    """Three texts in company; one fails after its second read (its collection dropped under it, or the store
+    """Three texts in a stepper; one fails after its second read (its collection dropped under it, or the store
     raising on its calls). It gets the error; the others read to their end, each logit bit for bit what it is
-    alone (turbopuffer: within the rule), and the company keeps no member."""
+    alone (turbopuffer: within the rule), and the stepper holds no text once they end."""
     layout = auto_layout(backend, {})
     engine = opened(make_store, backend, tiny_model, layout)
     k = engine.hparams.n_vocab
     doomed, others = Part(0, n=4), [Part(2), Part(4, after=1)]
     solo = [alone(engine, p, k) for p in others] if backend not in RULE else []
-    company, progress, start = Company(engine.store), Progress(3), first([doomed, *others])
-    jobs = [lambda: failing(engine, doomed, k, company, progress, how, monkeypatch, start)]
-    for i, part in enumerate(others, 1):
-        jobs.append(lambda i=i, part=part: greedy_in(engine, part, k, company, progress, i, start))
-    results = in_threads(jobs)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    (read, error), *got = results
-    assert 2 <= len(read) <= doomed.n, f"the text read {len(read)} times; it failed with {error!r}"
-    assert not company.members and not company.waiting and not company.reading
+    sessions, failed = [engine.open() for _ in others], {}
+
+    def start(i, mark):
+        if i == 0:
+            return failing(engine, doomed, k, how, monkeypatch, mark, failed)
+        return greedy(sessions[i - 1], others[i - 1], k)
+
+    stepper = Stepper()
+    try:
+        _, *got = stepped(stepper, [doomed, *others], start)
+    finally:
+        for s in sessions:
+            s.close()
+    assert "error" in failed, "the doomed text never failed"
+    assert 2 <= len(failed["read"]) <= doomed.n, f"the text read {len(failed['read'])} times: {failed['error']!r}"
+    assert not stepper.busy()
     for i, (part, cands) in enumerate(zip(others, got)):
+        assert not isinstance(cands, BaseException), cands
         what = f"{backend}-{layout}, text {i + 1} beside a text {how}"
         if backend not in RULE:
             same_bits(solo[i], cands, what)

@@ -195,6 +195,7 @@ def config_values(key: str, clean: bool):
         "model": st.sampled_from(["@model"] if clean else MODELS),
         "top_k": ints(clean),
         "prompt_block": st.booleans(),
+        "prefill_chunk": ints(clean),
         "tile": ints(clean),
         "store": st.dictionaries(
             st.just("path") if clean else st.sampled_from(STORE_KEYS),

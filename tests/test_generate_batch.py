@@ -2,29 +2,22 @@
 among the texts, and a bad batch file refused in one line naming the line, before any search.
 
 The tiny model on FAISS and memory folders. Tokens and candidates' logits are compared bit for bit: every store
-computes each query of a shared search alone (vecgpt.company), so a text's numbers do not depend on its company.
+computes each query of a shared search alone (vecgpt.stepper), so a text's numbers do not depend on what else reads.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 import pytest
 from test_cli import assert_one_line_error, run
 
-from vecgpt import batch, company, tokenizer
+from vecgpt import batch, tokenizer
 from vecgpt.api import open_engine
-from vecgpt.company import Company
 from vecgpt.config import Config
-
-
-@pytest.fixture
-def patient(monkeypatch):
-    """A step waits for every member however slow a busy machine makes its threads (the tests count rounds)."""
-    monkeypatch.setattr(company, "GRACE_S", 30.0)
-
+from vecgpt.engine import Read
+from vecgpt.stepper import Stepper
 
 PROMPTS = ["Hello", "The history of the vector database", "A", "Once upon a time, in a land far away, a"]
 
@@ -92,7 +85,7 @@ def decode_tokens(out: dict) -> list[dict]:
     return out["requests"]["per_token"][1:]  # after the prompt's read
 
 
-def test_texts_in_company_split_each_shared_request(tmp_path, tiny_model_dir, patient):
+def test_texts_stepped_together_split_each_shared_request(tmp_path, tiny_model_dir):
     """Two texts with prompts of one length share every round: each is counted half of each model search's
     request, and waits for as many round trips as alone."""
     config = Config(backend="memory", store={"path": str(tmp_path / "m")})
@@ -108,66 +101,54 @@ def test_texts_in_company_split_each_shared_request(tmp_path, tiny_model_dir, pa
             assert a["round_trips"] == b["round_trips"]
 
 
-def test_a_company_sends_one_search_per_matrix(tmp_path, tiny_model, patient):
-    """Three texts read in threads through a company: every round of their decode steps holds all three, and the
-    store gets one search of a matrix for the three queries."""
+def reading(session, prompt: list[int], n: int, k: int | None = None, out: list | None = None):
+    """An operation: the prompt, then n tokens each the best of the last read; every read's candidates."""
+    out = [] if out is None else out
+    c = yield Read(session, prompt, k or session.engine.top_k)
+    for _ in range(n):
+        out.append(c)
+        c = yield Read(session, [int(c.ids[0])], k or session.engine.top_k)
+    return out
+
+
+def test_a_step_sends_one_search_per_matrix(tmp_path, tiny_model):
+    """Three texts in one stepper: every step holds all three, and the store gets one search of a matrix for the
+    step's rows (the prompts' nine, then one a text)."""
     engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
-    shared, sizes = Company(engine.store), []
-    search_many = engine.store.search_many
+    sizes, search_many = [], engine.store.search_many
 
     def counted(searches):
         sizes.extend(len(s.queries) for s in searches if s.collection.endswith("mlp.c_fc"))
         return search_many(searches)
 
     engine.store.search_many = counted
-    sessions = [engine.open() for _ in range(3)]
-    for s in sessions:
-        shared.join(s)
-
-    def read(s, i):
-        c = s.read([5, 6, 7 + i])
-        for _ in range(3):
-            c = s.read([int(c.ids[0])])
-
-    threads = [threading.Thread(target=read, args=(s, i)) for i, s in enumerate(sessions)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    sessions, stepper = [engine.open() for _ in range(3)], Stepper()
+    for i, s in enumerate(sessions):
+        stepper.add(reading(s, [5, 6, 7 + i], 3))
+    stepper.run()
     layers = engine.hparams.n_layer
     assert sizes == [9] * layers + [3] * 3 * layers  # the prompts' three queries each, then one each
-    assert set(shared.rounds) == {3}
+    assert set(stepper.steps) == {3}
     for s in sessions:
-        shared.leave(s)
         s.close()
 
 
-def test_alone_and_in_company_agree_bit_for_bit_on_logits(tmp_path, tiny_model):
+def test_alone_and_stepped_together_agree_bit_for_bit_on_logits(tmp_path, tiny_model):
     """Every logit of the vocabulary, for a text read alone and beside four others of other lengths."""
     engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
     vocab, prompts = engine.hparams.n_vocab, [[3, 4], [9], [1, 2, 3, 4, 5, 6], [7, 7, 7], [11, 12, 13, 14]]
-
-    def read(prompt, together=None, out=None):
-        s = engine.open()
-        if together:
-            together.join(s)
-        c, got = s.read(prompt, vocab), []
-        for _ in range(4):
-            got.append(c)
-            c = s.read([int(c.ids[0])], vocab)
-        if together:
-            together.leave(s)
-        s.close()
-        out.append(got) if out is not None else None
-        return got
-
-    alone = [read(p) for p in prompts]
-    together, outs = Company(engine.store), [[] for _ in prompts]
-    threads = [threading.Thread(target=read, args=(p, together, o)) for p, o in zip(prompts, outs)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for solo, (shared,) in zip(alone, outs):
-        for a, b in zip(solo, shared):
+    sessions = [engine.open() for _ in range(2 * len(prompts))]
+    alone = []
+    for p, s in zip(prompts, sessions):
+        one = Stepper(at_once=1)
+        job = one.add(reading(s, p, 4, vocab))
+        one.run()
+        alone.append(job.result)
+    stepper = Stepper()
+    jobs = [stepper.add(reading(s, p, 4, vocab)) for p, s in zip(prompts, sessions[len(prompts) :])]
+    stepper.run()
+    for solo, job in zip(alone, jobs):
+        for a, b in zip(solo, job.result):
             assert np.array_equal(a.ids, b.ids) and np.array_equal(a.logits, b.logits)
+    for s in sessions:
+        s.close()

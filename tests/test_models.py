@@ -11,6 +11,7 @@ import pytest
 
 from vecgpt import tokenizer, tolerance, weights
 from vecgpt.api import generate
+from vecgpt.backends.base import one_process
 from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
@@ -143,13 +144,19 @@ def test_two_processes_loading_two_models_at_once_both_land_whole(
         )
         for d in (tiny_model_dir, second_model_dir)
     ]
-    for proc in loads:
+    landed = []
+    for proc, m in zip(loads, models64):
         _, err = proc.communicate(timeout=300)
+        if proc.returncode and one_process(backend, options):  # the file is the other load's: one line says so
+            assert "open in another process" in err.strip().splitlines()[-1], err
+            continue
         assert proc.returncode == 0, err
+        landed.append(m)
+    assert landed, "neither load landed"
     store, loaded = make_store(backend), load_config(config)  # the backend's default encoding and layout
-    keys = [store_fingerprint(m, loaded.metric, loaded.layout) for m in models64]
-    assert sorted(x["fingerprint"] for x in models(store)) == sorted(keys)
-    for m, key in zip(models64, keys):
+    keys = [store_fingerprint(m, loaded.metric, loaded.layout) for m in landed]
+    assert sorted(x["fingerprint"] for x in models(store)) == sorted(keys)  # each whole, or not there
+    for m, key in zip(landed, keys):
         assert not agrees_with_numpy(Engine(store, model=key), m, backend, loaded.metric), key
 
 

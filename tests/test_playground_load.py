@@ -1,5 +1,5 @@
 """The playground under load, over HTTP on the shipped model: texts generated at once each get, bit for bit, the
-tokens and candidates' logits of their runs alone, sharing their store rounds (vecgpt.company); a page arriving
+tokens and candidates' logits of their runs alone, stepped together (vecgpt.stepper); a page arriving
 mid-batch gets its tokens, also while every text of the batch is held between two of its tokens; and a page
 closed, a text deleted, the stores listed and idle texts collected mid-generation hold up no one. Nothing here
 is timed: benchmarks/playground_load.py (the same functions) measures."""
@@ -53,21 +53,23 @@ def closed(url: str, pages: list) -> None:
 
 
 def settled(server) -> None:
-    """Every generation has left its store's company (waited for, at most WAIT_S)."""
+    """Every generation has left its store's steppers (waited for, at most WAIT_S)."""
     shelf, deadline = server.library.shelves[0], time.monotonic() + WAIT_S
-    while shelf.joins or shelf.company.members:
-        assert time.monotonic() < deadline, f"still in the company: {shelf.joins}"
+    while not shelf.idle():
+        assert time.monotonic() < deadline, "texts still in a stepper"
         time.sleep(0.05)
 
 
 def test_sixteen_texts_at_once_get_their_solo_tokens_and_a_page_arriving_mid_batch_its_own(served, alone):
-    (chosen, solo), company = alone, served.library.shelves[0].company
-    company.rounds.clear()
+    (chosen, solo), shelf = alone, served.library.shelves[0]
+    for service in shelf.services.values():
+        service.stepper.steps.clear()
     pages, _, late = load.at_once(served.url, chosen[:16], N, newcomer=chosen[16])
     closed(served.url, [*pages, late])
     assert load.differing(pages, solo[:16]) == [] and [p.ended for p in pages] == ["done"] * 16
     assert late.drawn == solo[16].drawn and late.ended == "done"  # started when half the batch's tokens were in
-    assert max(company.rounds) > 1, company.rounds  # texts did read together: one round for several
+    steps = sum((service.stepper.steps for service in shelf.services.values()), Counter())
+    assert max(steps) > 1, steps  # texts did read together: one step for several
     settled(served)
 
 
@@ -107,7 +109,7 @@ def test_a_page_gets_its_first_token_while_every_text_of_a_batch_waits_between_t
 def test_a_page_closed_or_a_text_deleted_mid_generation_holds_up_no_one(served, alone):
     """Six texts at once: one page goes away after two tokens, another's text is deleted after two; meanwhile the
     stores are listed and idle texts collected (each holds the store alone). The other four get their solo tokens,
-    and every generation leaves the company."""
+    and every generation leaves its stepper."""
     (chosen, solo), url = alone, served.url
     pages = [load.Page(s) for s in chosen[:6]]
     gone, deleted = pages[0], pages[1]

@@ -8,6 +8,8 @@ order, from keys and values the store holds bit for bit.
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import time
 
@@ -16,7 +18,7 @@ import pytest
 from procs import cli, finish, store_config, wait_for
 
 from vecgpt import tokenizer, tolerance, weights
-from vecgpt.backends.base import get_store
+from vecgpt.backends.base import get_store, one_process
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import drop, push, store_fingerprint
@@ -59,25 +61,44 @@ def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_
 
 def interrupt_a_writer(backend, tmp_path, model, sig: int) -> tuple[list[str], int, str, dict]:
     """`generate -n 200 --keep` stopped by `sig` once at least 4 tokens are drawn: CLI args, its exit code and
-    stderr, and the text's record as the store holds it then."""
+    stderr, and the text's record as the store holds it then. A store one process at a time may open is watched
+    through the writer's output (each token's text as it is drawn), and opened once the writer has stopped."""
     config, options = store_config(backend, tmp_path)
     args = ["--config", str(config), "--model", model.source, "--yes"]
     writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
-    store = get_store(backend, **options)
+    alone = one_process(backend, options)
+    store = None if alone else get_store(backend, **options)
     try:
-
-        def progressed() -> bool:
-            records = [store.read_text(t) for t in store.texts()]
-            return any(r and len(r["tokens"]) >= r["prompt_len"] + 4 for r in records)
-
-        assert wait_for(progressed, timeout=120, step=0.005), finish(writer)[2]
+        if alone:
+            assert printed(writer, len(PROMPT) + 40, timeout=120), finish(writer)[2]
+        else:
+            assert wait_for(lambda: progressed(store), timeout=120, step=0.005), finish(writer)[2]
         assert writer.poll() is None, "the writer finished before it could be stopped"
         writer.send_signal(sig)
         rc, _, err = finish(writer)
+        store = store or get_store(backend, **options)
         (text_id,) = store.texts()
         return args, rc, err, {**store.read_text(text_id), "id": text_id}
     finally:
-        store.close()
+        if store is not None:
+            store.close()
+
+
+def progressed(store) -> bool:  # a text's record holds 4 tokens drawn
+    records = [store.read_text(t) for t in store.texts()]
+    return any(r and len(r["tokens"]) >= r["prompt_len"] + 4 for r in records)
+
+
+def printed(proc, chars: int, timeout: float) -> bool:
+    """Whether the process printed `chars` characters within `timeout` seconds (its output read meanwhile)."""
+    got, deadline = 0, time.monotonic() + timeout
+    while got < chars and time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.1)[0]:
+            piece = os.read(proc.stdout.fileno(), chars - got)
+            if not piece:
+                return False
+            got += len(piece.decode(errors="replace"))
+    return got >= chars
 
 
 def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, long_model):

@@ -20,6 +20,7 @@ from vecgpt.errors import VecgptError
 from vecgpt.loading import push, store_fingerprint
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates, choose, draw
+from vecgpt.stepper import run_one
 from vecgpt.text import Text
 
 
@@ -161,7 +162,14 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
     except BaseException:
         store.close()
         raise
-    return Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key)
+    return Engine(
+        store,
+        top_k=config.top_k,
+        prompt_block=config.prompt_block,
+        tile=config.tile,
+        model=key,
+        prefill_chunk=config.prefill_chunk,
+    )
 
 
 def generate_text(
@@ -233,6 +241,11 @@ def about(engine: Engine, text: Text, config: Config) -> dict:
 
 def run_text(text: Text, n: int, stop: bool, on_text) -> dict:
     """Generate n tokens of a text, saying the text as it is made; what `generate --json` reports of it."""
+    return run_one(text_run(text, n, stop, on_text))
+
+
+def text_run(text: Text, n: int, stop: bool, on_text):
+    """run_text as an operation a stepper runs beside other texts' (vecgpt.stepper)."""
     say, stream, steps = on_text or (lambda piece: None), tokenizer.TextStream(), []
     for t in text.tokens[text.prompt_len :]:  # a resumed text: a character may span the last token and the next
         stream.feed(t)
@@ -242,7 +255,7 @@ def run_text(text: Text, n: int, stop: bool, on_text) -> dict:
         steps.append({"position": position, "token": token, "candidates": candidates})
         say(stream.feed(token))
 
-    tokens = text.generate(n, on_token, stop)
+    tokens = yield from text.generating(n, on_token, stop)
     say(stream.end())
     return {
         "prompt_tokens": text.tokens[: text.prompt_len],
@@ -264,7 +277,12 @@ def engine_for_text(config: Config, text_id: str) -> Engine:
         if record is None:
             raise VecgptError(f"the store has no text {text_id}; `vecgpt texts` lists the open ones")
         return Engine(
-            store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=record["model"]
+            store,
+            top_k=config.top_k,
+            prompt_block=config.prompt_block,
+            tile=config.tile,
+            model=record["model"],
+            prefill_chunk=config.prefill_chunk,
         )
     except BaseException:
         store.close()

@@ -1,4 +1,4 @@
-"""Many texts at once: each in a thread of its own, all sharing their rounds (vecgpt.company).
+"""Many texts at once, stepped together: one forward pass a step over every text's new rows (vecgpt.stepper).
 
 >>> from vecgpt import batch
 >>> outs = batch.generate_many(["ROMEO:", "JULIET:"], n=8)   # each: what `generate --json` gives for it alone
@@ -6,18 +6,20 @@
 `vecgpt generate --batch FILE` reads one prompt a line (`read_prompts`). A text's tokens and logits are those it
 computes alone, whatever else runs beside it; a text that fails gives {"error": ...} in its place and the others
 go on. At most `at_once` texts read at a time; the next starts as one finishes (it joins at the next step).
+One thread runs them all: a text's operation is a generator the stepper advances (Text.generating).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from vecgpt import api, tokenizer, weights
-from vecgpt.company import Company
+from vecgpt.backends.base import first_line
 from vecgpt.config import Config
 from vecgpt.errors import VecgptError
+from vecgpt.stepper import Stepper
 from vecgpt.text import Text
 
 AT_ONCE = 16  # texts reading at a time by default: turbopuffer's multi_query takes 16 subqueries a request
@@ -75,7 +77,7 @@ def generate_many(
     where: str = "prompt",
 ) -> list[dict]:
     """Generate a text for each prompt, the texts sharing their rounds; their `generate --json` dicts in order.
-    on_result(i, dict) is called as text i finishes (from its thread)."""
+    on_result(i, dict) is called as text i finishes."""
     if at_once < 1:
         raise VecgptError(f"--at-once must be 1 or more, not {at_once}")
     config = config or Config()
@@ -85,54 +87,40 @@ def generate_many(
     config.top_k = max(config.top_k, k)
     engine = api.open_engine(config, m, progress=progress, confirm=confirm)
     try:
-        return Batch(engine, config, Company(engine.store), at_once).run(ids, n, temperature, k, seed, stop, on_result)
+        return Batch(engine, config, at_once).run(ids, n, temperature, k, seed, stop, on_result)
     finally:
         engine.store.close()
 
 
 class Batch:
-    """Texts of one engine generated in threads, at most `at_once` at a time, in one company."""
+    """Texts of one engine generated together, at most `at_once` at a time, in one stepper."""
 
-    def __init__(self, engine, config: Config, company: Company, at_once: int):
-        self.engine, self.config, self.company, self.at_once = engine, config, company, at_once
-        self.slots = threading.Semaphore(at_once)
+    def __init__(self, engine, config: Config, at_once: int, on_step=None):
+        self.engine, self.config, self.stepper = engine, config, Stepper(at_once, on_step)
 
     def run(self, ids: list, n: int, temperature: float, k: int, seed: int, stop: bool, on_result=None) -> list:
         results: list = [None] * len(ids)
-        # the first texts start their first read together, once each has joined (or failed to start): else the
-        # first to join would start a step alone and the rest wait for the next
-        self.first = threading.Barrier(min(len(ids), self.at_once))
 
-        def one(i: int) -> None:
-            with self.slots:
-                results[i] = self.text(ids[i], n, temperature, k, seed, stop, first=i < self.first.parties)
+        def ended(i: int, job) -> None:
+            results[i] = job.result if job.error is None else {"error": first_line(job.error), "prompt_tokens": ids[i]}
             if on_result is not None:
                 on_result(i, results[i])
 
-        threads = [
-            threading.Thread(target=one, args=(i,), name=f"vecgpt-text-{i}", daemon=True) for i in range(len(ids))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        for i, prompt in enumerate(ids):
+            self.stepper.add(self.text(prompt, n, temperature, k, seed, stop), partial(ended, i))
+        self.stepper.run()
         return results
 
-    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool, first: bool) -> dict:
-        """One text generated in company: what `generate --json` gives, or {"error": one line}."""
+    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool):
+        """One text's operation: what `generate --json` gives, or {"error": one line}."""
         try:
             text = Text.start(self.engine, ids, temperature, k, seed)
-            self.company.join(text.session)
         except VecgptError as e:
             return {"error": str(e), "prompt_tokens": ids}
-        finally:
-            if first:
-                self.first.wait()
         try:
-            out = api.run_text(text, n, stop, None)
+            out = yield from api.text_run(text, n, stop, None)
             return {**out, **api.about(self.engine, text, self.config)}
         except Exception as e:  # this text fails; the others go on
             return {"error": str(e) or type(e).__name__, "prompt_tokens": ids, "text_id": text.id}
         finally:
-            self.company.leave(text.session)
             text.close()

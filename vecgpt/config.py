@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,7 +30,8 @@ class Config:
     layout: str = AUTO  # "four" rounds a layer; "three": weight products made at load; "five"; "auto": see AUTO
     model: str | None = None  # local folder, shipped model name or hub name; None: the shipped demo
     top_k: int = 40  # candidates the token search returns
-    prompt_block: bool = True  # read a prompt as one block of queries per search
+    prompt_block: bool = True  # read a prompt in blocks of queries per search (false: a token at a time)
+    prefill_chunk: int = 64  # a prompt's tokens read in one step (a block), so a long one holds up no other text
     tile: int = 0  # key positions whose values attention sums at a time; 0: as many as 1 MiB holds (engine.chunk)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
@@ -45,6 +45,8 @@ class Config:
             self.layout = auto_layout(self.backend, self.store)
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
+        if self.prefill_chunk < 1:
+            raise VecgptError(f"prefill_chunk must be 1 or more tokens, not {self.prefill_chunk}")
         if self.tile < 0:
             raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
 
@@ -61,12 +63,17 @@ def preferred_metric(backend: str) -> str:
 
 
 def auto_layout(backend: str, store: dict) -> str:
-    """The layout "auto" picks: behind a network (turbopuffer; pgvector given a DSN) the fewest round trips, three;
-    in process (memory, FAISS, LanceDB, pgvector's own local server) the fewest requests, five."""
-    networked = backend == "turbopuffer" or (
-        backend == "pgvector" and bool(store.get("dsn") or os.environ.get("VECGPT_PG_DSN"))
-    )
-    return "three" if networked else "five"
+    """The layout "auto" picks: behind a network (the backend module's NETWORKED, a bool or a function of the [store]
+    options: turbopuffer; pgvector given a DSN; Milvus given a server's URI) the fewest round trips, three; in
+    process (memory, FAISS, LanceDB, SQLite, DuckDB, pgvector's own local server, Milvus Lite) the fewest requests,
+    five. An unknown or uninstalled backend: five (opening the store says what is wrong)."""
+    from vecgpt.backends.base import extra
+
+    try:
+        said = extra(backend, "NETWORKED")
+    except (VecgptError, KeyError, ImportError):
+        return "five"
+    return "three" if (said(**store) if callable(said) else said) else "five"
 
 
 TYPES = {
@@ -76,6 +83,7 @@ TYPES = {
     "model": (str, type(None)),
     "top_k": int,
     "prompt_block": bool,
+    "prefill_chunk": int,
     "tile": int,
     "store": dict,
 }

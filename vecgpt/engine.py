@@ -1,8 +1,11 @@
 """GPT-2 with every matrix multiply as one exact search in a store; read beside reference.py.
 
-The forward pass has reference.py's functions in its order; where the reference computes
-`x @ weight + bias` the engine searches. `Engine.open()` starts a `Session`, one decoding session:
-its attention keys live in the store (collection text-<id>, tagged layer/head/position) and in memory.
+The forward pass (`Step`) has reference.py's functions in its order; where the reference computes
+`x @ weight + bias` the engine searches. A step's block of rows belongs to one text or to several (vecgpt.stepper
+steps every text in flight together): each matrix is one search with every row, each text's keys are searched in
+its own collection in the same round, and the layer norms, GELU and residual adds run once over the block.
+`Engine.open()` starts a `Session`, one text's decoding state: its attention keys live in the store (collection
+text-<id>, tagged layer/head/position) and in memory; `Session.read` is a step of that text alone.
 Attention's output projection is applied per head to each position's value when it is computed
 (collections h.<i>.attn.c_proj.<h>, in the same round as the key search), so a layer is four dependent
 rounds: c_attn; key search and value projections; c_fc; c_proj. The projected values are kept in float32,
@@ -10,8 +13,8 @@ in memory and as the key rows' payload. Writes go out in order beside the search
 search brings the next token's rows along (its candidates' documents, the next position's wpe row), so a
 generated token's first round is c_attn.
 Layer norm, GELU, softmax, residual adds and sampling stay in numpy, in float64. A model loaded with
-`--layout three` runs vecgpt.three_rounds' Session instead: three rounds a layer (Engine.session picks it);
-`--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
+`--layout three` runs vecgpt.three_rounds' Session and Step instead: three rounds a layer (Engine.session picks
+it); `--layout five` runs vecgpt.five_rounds': five, the textbook order, with the raw values kept.
 A store holds any number of models; an Engine runs one, named by its store fingerprint (its collections
 are `<fingerprint>.<matrix>`), and a text stays on that model whatever else is loaded or dropped.
 Writing a model into a store is vecgpt.loading; counting requests is vecgpt.meter. `Session.inspect` reads a
@@ -25,11 +28,13 @@ import math
 import time
 import uuid
 from contextlib import nullcontext, suppress
+from functools import partial
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
 
-from vecgpt import encoding
+from vecgpt import encoding, rounds
 from vecgpt.backends.base import Search, Store, Where, row_order
 from vecgpt.errors import VecgptError
 from vecgpt.loading import check_layout, collection, text_row
@@ -45,6 +50,7 @@ from vecgpt.writer import Writer
 # Attention converts a chunk of kept values (float32) to float64 at a time: within a core's L2 cache, the chunk is
 # read back from there, not from memory.
 CHUNK_BYTES = 1 << 20
+PREFILL_CHUNK = 64  # a prompt's tokens read in one step (a chunk: its boundaries at multiples of this, from 0)
 AHEAD_MOST = 64  # candidates whose rows the token search brings along (Session.gpt2); more: the next read fetches
 
 
@@ -52,10 +58,18 @@ class Engine:
     """A store holding a model, ready to open decoding sessions."""
 
     def __init__(
-        self, store: Store, top_k: int = 40, prompt_block: bool = True, tile: int = 0, model: str | None = None
+        self,
+        store: Store,
+        top_k: int = 40,
+        prompt_block: bool = True,
+        tile: int = 0,
+        model: str | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ):
-        """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds."""
+        """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds.
+        A prompt is read `prefill_chunk` tokens at a time (prompt_block=False: one at a time)."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
+        self.chunk_size = prefill_chunk if prompt_block else 1
         self.key = model or only_model(store)
         manifest = store.read_manifest(self.key)
         if manifest is None:
@@ -137,6 +151,13 @@ def write_points(n_layer: int) -> frozenset[int]:
     return frozenset({max(0, n_layer // 2 - 1), n_layer - 1})
 
 
+def chunks(ids: list[int], start: int, size: int) -> list[list[int]]:
+    """Tokens read from position `start`, cut where a position is a multiple of `size`: where a text's chunks end
+    depends on the text alone, never on what else is read with it or where a read began."""
+    cuts = [p - start for p in range((start // size + 1) * size, start + len(ids), size)]
+    return [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)]) if b > a]
+
+
 def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] -> in row order
     order = row_order(ids.shape[1])
     if ids.base is order or (ids == order).all():  # found in row order already (an in-process scan says so)
@@ -193,7 +214,7 @@ class Session:
     )
     kept = np.float32  # `projected` in memory: each value is a float32 (as stored) in either
     capture: list | None = None  # set by `inspect`: weighted_values appends (q.k, weights) of each layer
-    company = None  # set by vecgpt.company.Company.join: each read's rounds go out with other texts'
+    step: type[Step]  # the forward pass of a block in the layout's order (Step, or the layout's own)
 
     def __init__(self, engine: Engine, name: str | None = None, create: bool = True):
         """`name`: the text collection (text-<id>); create=False: it exists (call `restore` or `adopt`)."""
@@ -280,25 +301,25 @@ class Session:
         self.close()
 
     def read(self, ids, k: int | None = None) -> Candidates:
-        """Feed tokens; the best k next tokens after the last one."""
+        """Feed tokens, a chunk of the engine's size at a time (a step of this text alone); the best k next tokens
+        after the last one."""
         ids = [int(i) for i in ids]
-        if self.position + len(ids) > self.hp.n_ctx:
-            raise VecgptError(
-                f"the text would reach {self.position + len(ids)} tokens; the context holds {self.hp.n_ctx}"
-            )
-        # a store that reads a manifest for free is asked each time (it may serve a dropped model from
-        # memory); any other is asked when a read fails
-        if getattr(self.engine.store, "local", False) and self.engine.dropped():
-            raise self.model_dropped()
-        try:
-            with self.company.read(self.store) if self.company else nullcontext():
-                for block in [ids] if self.engine.prompt_block else [[i] for i in ids]:
-                    h = self.hidden(block)
-                return self.gpt2(h[-1:], k or self.engine.top_k)
-        except VecgptError:
-            if self.engine.dropped():
-                raise self.model_dropped() from None
-            raise
+        self.check_room(len(ids))
+        pieces = chunks(ids, self.position, self.engine.chunk_size)
+        for j, piece in enumerate(pieces):
+            (out,) = self.step([Read(self, piece, (k or self.engine.top_k) if j == len(pieces) - 1 else None)]).run()
+            if isinstance(out, BaseException):
+                raise out
+        return out
+
+    def check_room(self, m: int) -> None:
+        if self.position + m > self.hp.n_ctx:
+            raise VecgptError(f"the text would reach {self.position + m} tokens; the context holds {self.hp.n_ctx}")
+
+    def check_read(self, start: int) -> None:
+        """Ready to read from `start`: every position before it queued for the store."""
+        self.pending = []  # what a read cut short (Ctrl-C) left
+        self.check_written(start)
 
     def model_dropped(self) -> VecgptError:
         return VecgptError(
@@ -306,21 +327,7 @@ class Session:
             f"load it again and start the text again"
         )
 
-    # ------------------------------------------------------------ the forward pass, in reference.py's order
-
-    def linear(self, x, name):  # [m, in] -> [m, out]: x @ weight + bias as one search returning every row
-        search, decode = self.search_of(x, name)
-        return decode(self.store.search(search.collection, search.queries))
-
-    def search_of(self, x, name):  # x [m, in] -> (a search of every row of a matrix, decode(hits) -> [m, out])
-        q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
-        return Search(self.engine.name(name), q), lambda hits: self.scatter(hits, q, name)
-
-    def feed_forward(self, x, layer):  # [m, d] -> [m, d]
-        return self.linear(gelu(self.linear(x, f"h.{layer}.mlp.c_fc")), f"h.{layer}.mlp.c_proj")
-
-    def attention(self, q, searched, own, layer, start):  # q [m, H, hd] -> [m, d]: sum_h softmax(q k^T / sqrt(hd)) pv_h
-        return self.weighted_values(q, searched, own, layer, start).sum(axis=0)
+    # ------------------------------------------------------------ this text's part of a step (engine.Step)
 
     def weighted_values(self, q, searched, own, layer, start):  # q [m, H, hd] -> [H, m, value_width]
         """searched: q.k of every key below the last query's position, from the store [H, m, start + m - 1];
@@ -351,110 +358,39 @@ class Session:
     def values_at(self, layer, a, b):  # positions a..b-1 -> their kept values [H, b - a, w] in float64
         return self.projected[layer, a:b].transpose(1, 0, 2).astype(np.float64, copy=False)
 
-    def mha(self, x, layer, start):  # [m, d] -> [m, d]; earlier keys searched in the store, the own one in memory
-        hp, m = self.hp, len(x)
-        q, k, v = self.linear(x, f"h.{layer}.attn.c_attn").reshape(m, 3, hp.n_head, -1).transpose(1, 0, 2, 3)
-        k32 = k.astype(np.float32)  # keys as the store holds them
-        self.key_norms[layer, :, start : start + m] = squared_norms(k32).T
-        searched = self.scores_and_projections(q, v, k32, layer, start)
-        return self.attention(q, searched, own_scores(q, k32), layer, start)
-
-    def scores_and_projections(self, q, v, k32, layer, start):
-        """The new positions' values projected by their heads' rows of c_proj, kept in float32 in `projected`, and
-        q.k of every earlier key: one round for a decode step; a block's rows are written before its key search."""
-        m, (project, decode) = len(q), self.projections(v, layer)
-        if m > 1:
-            self.projected[layer, start : start + m] = decode(self.store.search_many(project))
-            self.queue_rows(layer, start, k32, self.projected[layer, start : start + m])
-            return self.key_round(q, layer, start)[0]
-        searched, (found,) = self.key_round(q, layer, start, later.search_many(project))
-        self.projected[layer, start] = decode(found)[0]
-        self.queue_rows(layer, start, k32, self.projected[layer, start : start + 1])
-        return searched
-
-    def projections(self, v, layer):  # v [m, H, hd] -> (a search per head, decode(hits) -> [m, H, d])
-        m, n_head, hd = v.shape
-        names = [f"h.{layer}.attn.c_proj.{h}" for h in range(n_head)]
-        m2 = np.repeat([self.engine.m2[name] for name in names], m)[:, None]  # [H m, 1]
-        vq = encoding.encode_queries(v.transpose(1, 0, 2).reshape(n_head * m, hd), self.metric, m2[:, 0])
-        searches = [Search(self.engine.name(name), vq[h * m : (h + 1) * m]) for h, name in enumerate(names)]
-
-        def decode(found):  # H x hits [m, d] -> [m, H, d]
-            ids, dists = np.vstack([hits.ids for hits in found]), np.vstack([hits.dists for hits in found])
-            y = put_rows(ids, encoding.decode_dists(dists, vq, m2, self.metric))
-            return y.reshape(n_head, m, -1).transpose(1, 0, 2)
-
-        return searches, decode
-
-    def scatter(self, hits, q, name):  # a search of every row -> outputs [m, out] in row order
-        return put_rows(hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric))
-
-    def transformer_block(self, x, layer, start):  # [m, d] -> [m, d]
-        ln, eps = self.ln[layer], self.hp.eps
-        x = x + self.mha(layer_norm(x, **ln["ln_1"], eps=eps), layer, start)
-        return x + self.feed_forward(layer_norm(x, **ln["ln_2"], eps=eps), layer)
-
-    def hidden(self, ids: list[int]) -> np.ndarray:  # [m] -> [m, d], the final vectors ln_f(x)
-        start, d = self.position, self.hp.n_embd
-        self.pending = []  # what a read cut short (Ctrl-C) left
-        self.check_written(start)
-        wte, wpe = self.embeddings(ids, start)
-        x = wte[:, :d].astype(np.float64) + wpe.astype(np.float64)  # [m, d]
-        xs = [x]
-        for layer in range(self.hp.n_layer):
-            x = self.transformer_block(x, layer, start)
-            xs.append(x)
-        if self.trace is not None:
-            self.trace.append(xs)
+    def ended(self, ids: list[int], start: int) -> None:
+        """A read of `ids` from `start` went through every layer: they are the text's, their rows queued."""
         self.tokens += ids
         self.positions_read += len(ids)
         self._key_writes.append((self.writer.issued - 1, start, self.position))  # the last layer's write
-        return layer_norm(x, **self.ln_f, eps=self.hp.eps)
 
-    def embeddings(self, ids, start):  # tokens at start.. -> their wte and wpe rows, as stored
+    def take_ahead(self, ids, start):  # -> (wte rows [1, dim], wpe row [1, d]) come with the last token search, or None
         ahead, self.ahead = self.ahead, None
         if ahead is not None and len(ids) == 1 and ahead.position == start and ids[0] in ahead.tokens:
             return ahead.tokens[ids[0]][None], ahead.wpe
-        return self.send(
-            later.fetch(self.engine.name("wte"), np.asarray(ids)),
-            later.fetch(self.engine.name("wpe"), np.arange(start, start + len(ids))),
-        )
-
-    def gpt2(self, h, k):  # [1, d] -> the k best next tokens: h @ wte.T as a top-k search
-        q = encoding.encode_queries(h, self.metric, self.engine.m2["wte"])
-        # The candidates' rows come with them (a token document's first d columns are its embedding), and the next
-        # position's row beside them: the next token's read needs no round of its own for them. Not for a long
-        # list of candidates, whose vectors would weigh more than a round (a token's top 1,000: 3 MB).
-        nxt, ahead = self.position, k <= AHEAD_MOST
-        wpe = [later.fetch(self.engine.name("wpe"), np.arange(nxt, nxt + 1))] if ahead and nxt < self.hp.n_ctx else []
-        search = Search(self.engine.name("wte"), q, k=k, vectors=bool(wpe))
-        *row, (hits,) = self.send(*wpe, later.search_many([search]))
-        if row and hits.vectors is not None:  # a store that cannot give them: the next read fetches them
-            self.ahead = Ahead(nxt, dict(zip(hits.ids[0].tolist(), hits.vectors[0])), row[0])
-        return ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, self.engine.m2["wte"], self.metric)[0])
+        return None
 
     # ------------------------------------------------------------ the keys in the store
 
-    def key_searches(self, q, layer, end):  # q [m, H, hd] -> ((sent queries [H, m, hd], scale [H, m]), the search)
-        sent = encoding.key_queries(q.transpose(1, 0, 2), self.key_norms[layer, :, :end], self.metric)
-        where = Where(eq={"layer": layer}, lt={"position": end})
-        return sent, [Search(self.name, sent[0], where=where, by="head")]  # a search of each head's keys
-
-    def key_round(self, q, layer, start, *also):  # q [m, H, hd] -> (q.k [H, m, start + m - 1], the results of `also`)
-        """One round: the search of this layer's keys below the last query's position, once their rows have landed,
-        and `also` beside it."""
+    def key_search(self, q, layer, start):  # q [m, H, hd] -> (sent, the round's call), or None: no earlier key
+        """The search of this layer's keys below the last query's position, once their rows have landed."""
         m, n_head = q.shape[:2]
         end = searched_end(start, m)
         if not end:
             self.meter.scored(store=0, memory=n_head * m)
-            return np.zeros((n_head, m, 0)), self.send(*also)
+            return None
         self.await_layer(layer)
-        sent, keys = self.key_searches(q, layer, end)
-        *found, hits = self.send(*also, later.search_many(keys))
-        scores = self.key_columns(sent, hits, layer, end)
+        sent = encoding.key_queries(q.transpose(1, 0, 2), self.key_norms[layer, :, :end], self.metric)
+        where = Where(eq={"layer": layer}, lt={"position": end})
+        return sent, later.search_many([Search(self.name, sent[0], where=where, by="head")])  # each head's keys
+
+    def key_scores(self, asked, found, layer, start, m):  # the key search's hits -> q.k [H, m, start + m - 1]
+        if asked is None:
+            return np.zeros((self.hp.n_head, m, 0))
+        scores = self.key_columns(asked[0], found, layer, searched_end(start, m))
         used = np.arange(scores.shape[-1]) < np.arange(start, start + m)[:, None]  # each query's earlier keys
-        self.meter.scored(store=n_head * int(used.sum()), memory=n_head * m)
-        return scores, found
+        self.meter.scored(store=self.hp.n_head * int(used.sum()), memory=self.hp.n_head * m)
+        return scores
 
     def key_columns(self, sent, found, layer, end):  # the key search's hits -> q.k [H, m, end], in position order
         ((ids, dists, _),) = found  # [H, m, n]
@@ -582,16 +518,11 @@ class Session:
         self.check_written(position)
 
     def read_again(self, position: int, token: int) -> np.ndarray:  # -> the residual after each layer [L, d]
-        d = self.hp.n_embd
-        wte, wpe = self.send(
-            later.fetch(self.engine.name("wte"), np.asarray([token])),
-            later.fetch(self.engine.name("wpe"), np.arange(position, position + 1)),
-        )
-        x, out = wte[:, :d].astype(np.float64) + wpe.astype(np.float64), []
-        for layer in range(self.hp.n_layer):
-            x = self.transformer_block(x, layer, position)
-            out.append(x[0])
-        return np.stack(out)
+        step = self.step([Read(self, [token], None, position)], again=True)
+        (out,) = step.run()
+        if isinstance(out, BaseException):
+            raise out
+        return step.residuals[0]
 
     def lens(self, residuals: np.ndarray, k: int = LENS_K) -> list[Candidates]:
         """Each residual [L, d] through ln_f, then a top-k search of the token table (gpt2's, a row at a time, so
@@ -603,3 +534,259 @@ class Session:
         return [
             ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, m2, self.metric)[0]) for q, hits in zip(qs, found)
         ]
+
+
+class Read(NamedTuple):
+    """One text's rows in a step: tokens `ids` read from `start` (None: where the text is), and then, if `k`, the
+    text's best k next tokens."""
+
+    session: Session
+    ids: list[int]
+    k: int | None = None
+    start: int | None = None
+
+
+class Step:
+    """One forward pass over a block of rows that belong to several texts (a text alone: a block of one), in
+    reference.py's order; where the reference computes `x @ weight + bias`, one search with every text's rows. Each
+    text's attention is its own: its keys are searched in its collection, in the same round for all texts. A row's
+    numbers never depend on the others in the block: every store computes each query alone (docs/batching.md)."""
+
+    def __init__(self, reads: list[Read], again: bool = False):
+        """again: read positions a second time to look inside (Session.inspect): nothing written, no text changed."""
+        self.reads, self.again = reads, again
+        self.engine = reads[0].session.engine
+        self.hp, self.metric = self.engine.hparams, self.engine.metric
+        self.starts = [r.session.position if r.start is None else r.start for r in reads]
+        self.bounds = [0, *accumulate(len(r.ids) for r in reads)]  # text i's rows: bounds[i] to bounds[i + 1]
+        self.errors: dict[int, BaseException] = {}
+        self.residuals: list = [[] for _ in reads]  # again: each text's residual after each layer
+        self.ln, self.ln_f = reads[0].session.ln, reads[0].session.ln_f
+
+    def texts(self, only=None):  # the texts still reading: (index, session, start, its rows in the block)
+        for i, r in enumerate(self.reads):
+            if i not in self.errors and (only is None or only(len(r.ids))):
+                yield i, r.session, self.starts[i], slice(self.bounds[i], self.bounds[i + 1])
+
+    def run(self) -> list:
+        """Each read's candidates (None where it asked for none), or the error that stopped that text."""
+        # a store that reads a manifest for free is asked each time (it may serve a dropped model from memory); any
+        # other is asked when a read fails
+        local_drop = getattr(self.engine.store, "local", False) and self.engine.dropped()
+        for i, s, start, _ in self.texts():
+            if local_drop:
+                self.errors[i] = s.model_dropped()
+            elif not self.again:
+                self.guard(i, partial(s.check_read, start))
+        out = {}
+        with suppress(Stopped):
+            out = self.gpt2(self.hidden()) if len(self.errors) < len(self.reads) else {}
+        return [self.errors.get(i, out.get(i)) for i in range(len(self.reads))]
+
+    def guard(self, i: int, fn):
+        """fn(); its VecgptError stops text i alone (others read on)."""
+        try:
+            return fn()
+        except VecgptError as e:
+            self.fail(i, e)
+
+    def fail(self, i: int, error: BaseException) -> None:
+        session = self.reads[i].session
+        dropped = isinstance(error, VecgptError) and self.engine.dropped()
+        self.errors[i] = session.model_dropped() if dropped else error
+
+    def send(self, shared=(), own=None, rows=None) -> tuple[list, dict]:
+        """One round: `shared` calls for the texts' rows (`rows`: each text's part, by default its rows in the
+        block), and each text's `own` calls {index: calls}; (the shared results, {index: its own results})."""
+        session = {i: s for i, s, *_ in self.texts()}
+        parts = {session[i]: (b.stop - b.start if rows is None else rows.get(i, 0)) for i, _, _, b in self.texts()}
+        mine = {session[i]: c for i, c in (own or {}).items()}
+        out, found, failed = rounds.send(self.engine.store, list(shared), parts, mine)
+        index = {id(s): i for i, s in session.items()}
+        for s, e in failed.items():
+            self.fail(index[id(s)], e)
+        if len(self.errors) == len(self.reads):
+            raise Stopped
+        return out, {index[id(s)]: r for s, r in found.items()}
+
+    # ------------------------------------------------------------ the forward pass, in reference.py's order
+
+    def linear(self, x, name):  # [m, in] -> [m, out]: x @ weight + bias as one search returning every row
+        search, decode = self.search_of(x, name)
+        (found,), _ = self.send([later.search_many([search])])
+        return decode(found[0])
+
+    def search_of(self, x, name):  # x [m, in] -> (a search of every row of a matrix, decode(hits) -> [m, out])
+        q = encoding.encode_queries(x, self.metric, self.engine.m2[name])
+        return Search(self.engine.name(name), q), lambda hits: self.scatter(hits, q, name)
+
+    def scatter(self, hits, q, name):  # a search of every row -> outputs [m, out] in row order
+        return put_rows(hits.ids, encoding.decode_dists(hits.dists, q, self.engine.m2[name], self.metric))
+
+    def feed_forward(self, x, layer):  # [m, d] -> [m, d]
+        return self.linear(gelu(self.linear(x, f"h.{layer}.mlp.c_fc")), f"h.{layer}.mlp.c_proj")
+
+    def attention(self, q, searched, own, layer):  # q [m, H, hd] -> [m, d]: sum_h softmax(q k^T / sqrt(hd)) pv_h
+        out = np.zeros((len(q), self.hp.n_embd))
+        for i, s, start, rows in self.texts():
+            out[rows] = s.weighted_values(q[rows], searched[i], own[:, rows], layer, start).sum(axis=0)
+        return out
+
+    def mha(self, x, layer):  # [m, d] -> [m, d]; earlier keys searched in the store, the own one in memory
+        m = len(x)
+        q, k, v = self.linear(x, f"h.{layer}.attn.c_attn").reshape(m, 3, self.hp.n_head, -1).transpose(1, 0, 2, 3)
+        k32 = k.astype(np.float32)  # keys as the store holds them
+        for _, s, start, rows in self.texts():
+            s.key_norms[layer, :, start : start + rows.stop - rows.start] = squared_norms(k32[rows]).T
+        searched = self.scores_and_projections(q, v, k32, layer)
+        return self.attention(q, searched, own_scores(q, k32), layer)
+
+    def scores_and_projections(self, q, v, k32, layer):  # -> {text: q.k of its earlier keys [H, m, start + m - 1]}
+        """The new positions' values projected by their heads' rows of c_proj (kept in float32 in each text's
+        `projected`), in one round with the key searches of the texts reading one position; a block's rows are
+        written, then its keys searched in a round of its own."""
+        project, decode = self.projections(v, layer)
+        asked = self.key_searches(q, layer, one)
+        (found,), own = self.send([later.search_many(project)], calls(asked))
+        projected = decode(found)
+        for _, s, start, rows in self.texts():
+            s.projected[layer, start : start + rows.stop - rows.start] = projected[rows]
+            s.queue_rows(layer, start, k32[rows], projected[rows])
+        searched = self.key_scores(asked, own, layer)
+        return {**searched, **self.key_round(q, layer, only=several)}
+
+    def projections(self, v, layer):  # v [m, H, hd] -> (a search per head, decode(hits) -> [m, H, d])
+        m, n_head, hd = v.shape
+        names = [f"h.{layer}.attn.c_proj.{h}" for h in range(n_head)]
+        m2 = np.repeat([self.engine.m2[name] for name in names], m)[:, None]  # [H m, 1]
+        vq = encoding.encode_queries(v.transpose(1, 0, 2).reshape(n_head * m, hd), self.metric, m2[:, 0])
+        searches = [Search(self.engine.name(name), vq[h * m : (h + 1) * m]) for h, name in enumerate(names)]
+
+        def decode(found):  # H x hits [m, d] -> [m, H, d]
+            ids = found[0].ids if all(h.ids is found[0].ids for h in found) else np.vstack([h.ids for h in found])
+            dists = np.vstack([hits.dists for hits in found])
+            y = put_rows(ids, encoding.decode_dists(dists, vq, m2, self.metric))
+            return y.reshape(n_head, m, -1).transpose(1, 0, 2)
+
+        return searches, decode
+
+    def key_round(self, q, layer, only=None):  # q [m, H, hd] -> {text: q.k [H, m_text, start + m_text - 1]}
+        """One round: each text's search of this layer's keys below its last query's position."""
+        asked = self.key_searches(q, layer, only)
+        _, own = self.send([], calls(asked)) if calls(asked) else ([], {})
+        return self.key_scores(asked, own, layer)
+
+    def key_searches(self, q, layer, only=None) -> dict:  # {text: (sent, its key search) or None: no earlier key}
+        asked = {}
+        for i, s, start, rows in self.texts(only=only):
+            asked[i] = self.guard(i, partial(s.key_search, q[rows], layer, start))
+        return {i: a for i, a in asked.items() if i not in self.errors}
+
+    def key_scores(self, asked, own, layer):  # each text's key search's hits -> its q.k
+        out = {}
+        for i, s, start, rows in self.texts():
+            if i in asked:
+                found = own.get(i, [None])[0] if asked[i] is not None else None
+                m = rows.stop - rows.start
+                out[i] = self.guard(i, partial(s.key_scores, asked[i], found, layer, start, m))
+        return out
+
+    def transformer_block(self, x, layer):  # [m, d] -> [m, d]
+        ln, eps = self.ln[layer], self.hp.eps
+        x = x + self.mha(layer_norm(x, **ln["ln_1"], eps=eps), layer)
+        return x + self.feed_forward(layer_norm(x, **ln["ln_2"], eps=eps), layer)
+
+    def hidden(self) -> np.ndarray:  # the block's rows [m] -> [m, d], the final vectors ln_f(x)
+        x = self.embeddings()  # [m, d]
+        xs = [x]
+        for layer in range(self.hp.n_layer):
+            x = self.transformer_block(x, layer)
+            xs.append(x)
+        for i, s, start, rows in self.texts():
+            self.residuals[i] = np.stack([a[rows][0] for a in xs[1:]]) if self.again else None
+            if self.again:
+                continue
+            if s.trace is not None:
+                s.trace.append([a[rows] for a in xs])
+            s.ended(self.reads[i].ids, start)
+        return layer_norm(x, **self.ln_f, eps=self.hp.eps)
+
+    def embeddings(self):  # every text's tokens -> their wte and wpe rows, as stored, summed [m, d]
+        d, rows = self.hp.n_embd, [None] * len(self.reads)
+        for i, s, start, _ in self.texts():
+            rows[i] = None if self.again else s.take_ahead(self.reads[i].ids, start)
+        need = [i for i, *_ in self.texts() if rows[i] is None]
+        if need:
+            ids = np.concatenate([self.reads[i].ids for i in need]).astype(np.int64)
+            pos = np.concatenate([np.arange(self.starts[i], self.starts[i] + len(self.reads[i].ids)) for i in need])
+            wte, wpe = self.fetch_rows([("wte", ids), ("wpe", pos)], {i: len(self.reads[i].ids) for i in need})
+            at = np.cumsum([0] + [len(self.reads[i].ids) for i in need])
+            for j, i in enumerate(need):
+                rows[i] = wte[at[j] : at[j + 1]], wpe[at[j] : at[j + 1]]
+        x = np.zeros((self.bounds[-1], d))
+        for i, *_, block in self.texts():
+            x[block] = rows[i][0][:, :d].astype(np.float64) + rows[i][1].astype(np.float64)
+        return x
+
+    def fetch_rows(self, tables, weights, shared=()) -> list:
+        """Rows of the model's tables [(table, ids)] in one round (each table one fetch, its ids once), `shared`
+        calls after them ({text: its part} `weights`); each table's rows in the order asked, then `shared`'s results."""
+        fetches, inverse = [], []
+        for table, ids in tables:
+            unique, back = np.unique(ids, return_inverse=True)
+            fetches.append(later.fetch(self.engine.name(table), unique))
+            inverse.append(back)
+        found, _ = self.send([*fetches, *shared], rows=weights)
+        return [*(f[back] for f, back in zip(found, inverse)), *found[len(fetches) :]]
+
+    def gpt2(self, h) -> dict:  # [m, d] -> {text: its k best next tokens}: h @ wte.T as a top-k search
+        asking = [i for i, *_ in self.texts() if self.reads[i].k]
+        if not asking:
+            return {}
+        m2 = self.engine.m2["wte"]
+        q = encoding.encode_queries(h[[self.bounds[i + 1] - 1 for i in asking]], self.metric, m2)
+        # The candidates' rows come with them (a token document's first d columns are its embedding), and the next
+        # position's row beside them: the next token's read needs no round of its own for them. Not for a long
+        # list of candidates, whose vectors would weigh more than a round (a token's top 1,000: 3 MB).
+        sessions = {i: self.reads[i].session for i in asking}
+        ahead = [i for i in asking if self.reads[i].k <= AHEAD_MOST and sessions[i].position < self.hp.n_ctx]
+        groups: dict = {}  # (k, rows come along) -> the places in `asking` of the texts searched together
+        for j, i in enumerate(asking):
+            groups.setdefault((self.reads[i].k, i in ahead), []).append(j)
+        searches = [Search(self.engine.name("wte"), q[js], k=k, vectors=a) for (k, a), js in groups.items()]
+        nxt = np.array([sessions[i].position for i in ahead], np.int64)
+        weights = dict.fromkeys(asking, 1)
+        if len(ahead):
+            wpe, found = self.fetch_rows([("wpe", nxt)], weights, [later.search_many(searches)])
+        else:
+            wpe, ((found,), _) = None, self.send([later.search_many(searches)], rows=weights)
+        out = {}
+        for hits, ((_, a), js) in zip(found, groups.items()):
+            for row, j in enumerate(js):
+                i, ids = asking[j], hits.ids[row]
+                out[i] = ordered(
+                    ids, encoding.decode_dists(hits.dists[row : row + 1], q[j : j + 1], m2, self.metric)[0]
+                )
+                if a and hits.vectors is not None:  # a store that cannot give them: the next read fetches them
+                    s = sessions[i]
+                    s.ahead = Ahead(s.position, dict(zip(ids.tolist(), hits.vectors[row])), wpe[ahead.index(i)][None])
+        return out
+
+
+class Stopped(Exception):
+    """Every text of a step has failed: the step ends (each text's error is in Step.errors)."""
+
+
+def one(m: int) -> bool:  # a text reading one position (a decode step)
+    return m == 1
+
+
+def several(m: int) -> bool:  # a text reading a block (a prompt's chunk)
+    return m > 1
+
+
+def calls(asked: dict) -> dict:  # {text: (sent, call) or None} -> {text: [call]} of the texts that search
+    return {i: [a[1]] for i, a in asked.items() if a is not None}
+
+
+Session.step = Step

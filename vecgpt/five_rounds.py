@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vecgpt.engine import Session, layout
+from vecgpt.engine import Session, Step, layout, one, several
 
 
 @layout("five")
@@ -30,20 +30,29 @@ class FiveRounds(Session):
         """A position's kept value: the raw value of its head, hd."""
         return self.hp.n_embd // self.hp.n_head
 
-    def scores_and_projections(self, q, v, k32, layer, start):
-        """q.k of every earlier key (one round); a block's rows are queued first (its key search sees them), a decode
-        step's after (its search needs only earlier rows: it waits for no write of its own)."""
-        m, v32 = len(v), v.astype(np.float32)  # as the store holds them
-        self.projected[layer, start : start + m] = v32
-        if m > 1:
-            self.queue_rows(layer, start, k32, v32)
-        searched = self.key_round(q, layer, start)[0]
-        if m == 1:
-            self.queue_rows(layer, start, k32, v32)
+
+class FiveRoundsStep(Step):
+    """A step on a model loaded with layout "five": attention's heads side by side, then one search of c_proj."""
+
+    def scores_and_projections(self, q, v, k32, layer):  # -> {text: q.k of its earlier keys}
+        """q.k of every earlier key (one round for every text); a block's rows are queued first (its key search sees
+        them), a decode step's after (its search needs only earlier rows: it waits for no write of its own)."""
+        v32 = v.astype(np.float32)  # as the store holds them
+        for _, s, start, rows in self.texts():
+            s.projected[layer, start : start + rows.stop - rows.start] = v32[rows]
+        for _, s, start, rows in self.texts(only=several):
+            s.queue_rows(layer, start, k32[rows], v32[rows])
+        searched = self.key_round(q, layer)
+        for _, s, start, rows in self.texts(only=one):
+            s.queue_rows(layer, start, k32[rows], v32[rows])
         return searched
 
-    def attention(
-        self, q, searched, own, layer, start
-    ):  # q [m, H, hd] -> [m, d]: concat_h softmax(q k^T / sqrt(hd)) v_h
-        heads = self.weighted_values(q, searched, own, layer, start)  # [H, m, hd]
-        return self.linear(heads.transpose(1, 0, 2).reshape(len(q), -1), f"h.{layer}.attn.c_proj")
+    def attention(self, q, searched, own, layer):  # q [m, H, hd] -> [m, d]: concat_h softmax(q k^T / sqrt(hd)) v_h
+        heads = np.zeros((len(q), self.hp.n_embd))
+        for i, s, start, rows in self.texts():
+            h = s.weighted_values(q[rows], searched[i], own[:, rows], layer, start)  # [H, m, hd]
+            heads[rows] = h.transpose(1, 0, 2).reshape(rows.stop - rows.start, -1)
+        return self.linear(heads, f"h.{layer}.attn.c_proj")
+
+
+FiveRounds.step = FiveRoundsStep

@@ -98,7 +98,7 @@ class Meter:
         return results
 
     def shared_round(self, kind: str, seconds: float) -> None:
-        """A round trip this text waited for, sent with other texts' (vecgpt.company)."""
+        """A round trip this text waited for, sent with other texts' (vecgpt.rounds)."""
         with self.lock:
             self.current["rounds"][kind] += 1
             self.current["seconds"][kind] += seconds
@@ -126,12 +126,9 @@ class Metered:
 
     def __init__(self, store, meter: Meter | None = None):
         self.inner, self.meter = store, meter or Meter(store)
-        self.company = None  # vecgpt.company.Company: while set, a read's rounds go out with other texts'
 
     def together(self, *calls: Call, background: dict | None = None) -> list:
         """Send the calls as one round trip; their results in order (background: see Meter.round)."""
-        if background is None and self.company is not None and self.company.stepping(self):
-            return self.company.round(self, calls)
         return self.meter.round([(c.kind, bound(self.inner, c)) for c in calls], background)
 
     def __getattr__(self, name: str):
@@ -172,5 +169,5 @@ def summarize(tokens: list[dict]) -> dict:
 
 
 def exact(n: float) -> float | int:
-    """A count: a whole number as an int; a share of requests sent for several texts (vecgpt.company) rounded."""
+    """A count: a whole number as an int; a share of requests sent for several texts (vecgpt.rounds) rounded."""
     return int(n) if float(n).is_integer() else round(n, 4)

@@ -24,10 +24,11 @@ from contextlib import contextmanager, nullcontext, suppress
 import numpy as np
 
 from vecgpt import tokenizer
-from vecgpt.engine import Engine, Inspection, Session
+from vecgpt.engine import Engine, Inspection, Read, Session, chunks
 from vecgpt.errors import VecgptError
 from vecgpt.meter import SESSION_PREFIX, later, summarize
 from vecgpt.sampling import Candidates, choose, draw
+from vecgpt.stepper import run_one
 
 CANDIDATES = ".c"  # text-<id>.c: a row a generated position, its candidates as `pack` lays them out
 
@@ -128,7 +129,12 @@ class Text:
 
     def generate(self, n: int, on_token=None, stop: bool = True) -> list[int]:
         """Draw n tokens (fewer if one is <|endoftext|> and `stop`); `on_token(position, token, candidates)`
-        is called as each is chosen. Returns the tokens drawn."""
+        is called as each is chosen. Returns the tokens drawn. The text steps alone (vecgpt.stepper)."""
+        return run_one(self.generating(n, on_token, stop))
+
+    def generating(self, n: int, on_token=None, stop: bool = True):
+        """`generate` as an operation a stepper runs beside other texts': it yields each read it needs (engine.Read)
+        and is sent back that read's candidates; it returns the tokens drawn."""
         if n < 0:
             raise VecgptError(f"-n must be 0 or more, not {n}")
         with self._operation():
@@ -140,7 +146,8 @@ class Text:
             drawn = []
             for _ in range(n):
                 p = len(self.tokens)
-                token = choose(self._scores(p), self.settings["temperature"], self.settings["top_k"], self._draw(p))
+                scores = yield from self._scores(p)
+                token = choose(scores, self.settings["temperature"], self.settings["top_k"], self._draw(p))
                 self.tokens.append(token)
                 drawn.append(token)
                 self._save()
@@ -150,19 +157,23 @@ class Text:
                     break
             return drawn
 
-    def _scores(self, p: int) -> Candidates:
-        """The candidates for position p, read only if not known: tokens[:p] must all have been read.
-        Read as they were first read (the prompt as one block, later tokens one at a time), so that a text
-        resumed after kill -9 computes exactly what the uninterrupted one did."""
+    def _scores(self, p: int):
+        """The candidates for position p (an operation: it yields its reads), read only if not known: tokens[:p]
+        must all have been read. Read as they were first read (the prompt in the engine's chunks, later tokens one
+        at a time), so that a text resumed after kill -9 computes exactly what the uninterrupted one did."""
         if p not in self._candidates:
-            start = min(self.session.position, p - 1)  # the last token is read again if its scores were lost
-            self.session.truncate(start)
+            session = self.session
+            start = min(session.position, p - 1)  # the last token is read again if its scores were lost
+            session.truncate(start)
             split = min(max(start, self.prompt_len), p)
-            chunks = ([self.tokens[start:split]] if split > start else []) + [[t] for t in self.tokens[split:p]]
-            for chunk in chunks:
-                if self.session.meter.current["rounds"].get("token_search"):  # a read ended: the next token's
-                    self.session.meter.start_token()
-                cands = self.session.read(chunk, self.settings["top_k"])
+            prompt = chunks(self.tokens[start:split], start, self.engine.chunk_size)  # a prompt's last chunk, and
+            k = self.settings["top_k"]  # each later token, end with a token search
+            reads = [(c, k if j == len(prompt) - 1 else None) for j, c in enumerate(prompt)]
+            session.check_room(p - start)
+            for piece, wanted in reads + [([t], k) for t in self.tokens[split:p]]:
+                if session.meter.current["rounds"].get("token_search"):  # a read ended: the next token's
+                    session.meter.start_token()
+                cands = yield Read(session, piece, wanted)
             self._candidates[p] = cands
             self._queue(p)
         return self._candidates[p]
@@ -173,7 +184,7 @@ class Text:
         with self._operation():
             if not 0 <= p < len(self.tokens):
                 raise VecgptError(f"position {p} is beyond the text: its positions are 0 to {len(self.tokens) - 1}")
-            self._read_to(p)
+            run_one(self._read_to(p))
             return self.session.inspect(p, self.tokens[p])
 
     def _read_to(self, p: int) -> None:
@@ -182,7 +193,7 @@ class Text:
         if p > self.session.position:
             q = max(p, self.prompt_len)
             known = self._candidates.pop(q, None)
-            self._scores(q)
+            yield from self._scores(q)
             if known is not None:
                 self._candidates[q] = known
 

@@ -33,6 +33,7 @@ import numpy as np
 from vecgpt import encoding
 from vecgpt.encoding import U32, U64
 from vecgpt.engine import searched_end
+from vecgpt.errors import VecgptError
 from vecgpt.orders import InOrder, query_rows, value_output
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates
@@ -43,8 +44,16 @@ MEMO_ENTRIES = 32  # the numpy sides remembered (`remembered`); a GPT-2 small ro
 
 
 def unit_roundoff(backend: str) -> float:
-    """The precision a store computes distances in: the memory store float64, every other float32."""
-    return U64 if backend == "memory" else U32
+    """The precision a store computes distances in: its module's UNIT_ROUNDOFF where it says (a store returning the
+    L2 distance, not its square, rounds once more: SQLite, DuckDB), else the memory store float64, every other
+    float32."""
+    from vecgpt.backends.base import extra
+
+    try:
+        said = extra(backend, "UNIT_ROUNDOFF")
+    except (VecgptError, ImportError, KeyError):  # an unknown or uninstalled backend
+        said = None
+    return said or (U64 if backend == "memory" else U32)
 
 
 class Perturbation:

@@ -87,6 +87,12 @@ class Writer:
                 self.error = e if isinstance(e, Exception) else VecgptError(CUT_SHORT)
             raise
 
+    def fail(self, error: Exception) -> None:
+        """A round carrying writes failed (vecgpt.rounds): the writer stops with its error, as in `failing`."""
+        with self.cond:
+            self.error = error
+            self.cond.notify_all()
+
     def check(self) -> None:
         if self.error is not None:
             raise self.error

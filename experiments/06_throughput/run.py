@@ -1,13 +1,13 @@
-"""Experiment 6: texts that share their rounds (vecgpt.company), 1 to 32 at once, on each store, against numpy.
+"""Experiment 6: texts stepped together (vecgpt.stepper), 1 to 32 at once, on each store, against numpy.
 
 For each store and each number of texts B, B texts with prompts of their own are generated at once, greedily,
-`-n` tokens each (never stopped early), in one `Company` (vecgpt.batch.Batch, at most B at a time, so every text
-reads in every step). Per row: aggregate tokens a second (every text's decode tokens over the span from the last
+`-n` tokens each (never stopped early), in one stepper (vecgpt.batch.Batch, at most B at a time, so every text
+reads in every step: one forward pass over all their rows). Per row: aggregate tokens a second (every text's decode tokens over the span from the last
 text's first token to the last token made), each text's ms a token (the median over every text's decode steps),
 requests, round trips and subqueries a token a text from each text's own meter (a shared request counts as a
 fraction), and on turbopuffer the dollars a token a text (the store's billed usage over that span, shared by the
 decode tokens in it). The reference is numpy float32 with the B texts' rows in one matrix product per matrix
-(`BatchedNumpy`). FAISS runs twice: its invariant kernel (a query's bits never depend on its company) and
+(`BatchedNumpy`). FAISS runs twice: its invariant kernel (a query's bits never depend on the other rows) and
 invariant=False (several queries take FAISS's own BLAS search). turbopuffer runs on the local server
 (`vecgpt.backends.turbopuffer.server`) at --latency-ms a request; dollars at the published prices.
 """
@@ -256,29 +256,21 @@ def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
 # ------------------------------------------------------------ one size on one store
 
 
-def timed_company(store):
-    """A vecgpt.company.Company noting when each text's every read ends (a token's candidates known; the first
-    read is the prompt's), and the store's billed usage as each text's first read ends."""
-    from collections import defaultdict
-    from contextlib import contextmanager
+class Timed:
+    """When each text's every read ends (a token's candidates known; the first read is the prompt's), and the
+    store's billed usage as each text's first read ends: a stepper's on_step."""
 
-    from vecgpt.company import Company
+    def __init__(self, store):
+        from collections import defaultdict
 
-    class Timed(Company):
-        def __init__(self):
-            super().__init__(store)
-            self.ends, self.firsts = defaultdict(list), []  # member -> read end times; [(time, usage)]
+        self.store, self.ends, self.firsts = store, defaultdict(list), []  # job -> read end times; [(time, usage)]
 
-        @contextmanager
-        def read(self, member):
-            with super().read(member):
-                yield
-            now = time.perf_counter()
-            self.ends[member].append(now)
-            if len(self.ends[member]) == 1:
-                self.firsts.append((now, usage(store)))
-
-    return Timed()
+    def __call__(self, jobs) -> None:
+        now = time.perf_counter()
+        for job in jobs:
+            self.ends[job].append(now)
+            if len(self.ends[job]) == 1:
+                self.firsts.append((now, usage(self.store)))
 
 
 def usage(store) -> dict | None:
@@ -293,23 +285,24 @@ def usage(store) -> dict | None:
 
 
 def measure(engine, config, prompts, n: int) -> dict:
-    """The texts generated at once in one company: the row's figures (see the module's docstring)."""
+    """The texts generated at once in one stepper: the row's figures (see the module's docstring)."""
     from vecgpt.batch import Batch
     from vecgpt.errors import VecgptError
 
-    company = timed_company(engine.store)
+    timed = Timed(engine.store)
     began = time.perf_counter()
-    outs = Batch(engine, config, company, len(prompts)).run(prompts, n, 0.0, config.top_k, 0, False)
+    batch = Batch(engine, config, len(prompts), on_step=timed)
+    outs = batch.run(prompts, n, 0.0, config.top_k, 0, False)
     wall, end = time.perf_counter() - began, usage(engine.store)
     failed = [o["error"] for o in outs if "error" in o]
     if failed:
         raise VecgptError(f"{len(failed)} of {len(outs)} texts failed: {failed[0]}")
-    return figures(outs, wall, company, end)
+    return figures(outs, wall, timed, batch.stepper.steps, end)
 
 
-def figures(outs: list[dict], wall: float, company, end: dict | None) -> dict:
-    start, begun = max(company.firsts)  # the last text's first token: every text decodes from here on
-    times = list(company.ends.values())  # each text's reads: its prompt's, then a read a token
+def figures(outs: list[dict], wall: float, timed: Timed, steps_by_texts, end: dict | None) -> dict:
+    start, begun = max(timed.firsts)  # the last text's first token: every text decodes from here on
+    times = list(timed.ends.values())  # each text's reads: its prompt's, then a read a token
     steps = np.concatenate([np.diff(t) for t in times])
     decode = [t for o in outs for t in o["requests"]["per_token"][1:]]  # per_token[0]: the prompt's read
     row = {
@@ -321,7 +314,7 @@ def figures(outs: list[dict], wall: float, company, end: dict | None) -> dict:
         "tokens_per_s_with_prompt": sum(len(o["tokens"]) for o in outs) / wall,
         "ms_per_token": 1e3 * float(np.median(steps)),
         "ms_per_token_p90": p90(steps),
-        "rounds_by_texts": {str(k): v for k, v in sorted(company.rounds.items())},
+        "steps_by_texts": {str(k): v for k, v in sorted(steps_by_texts.items())},
     }
     for key, field in (("requests", "total"), ("round_trips", "round_trips"), ("subqueries", "subqueries")):
         row[f"{key}_per_token"] = float(np.mean([t[field] for t in decode]))
@@ -357,28 +350,35 @@ def same_as_numpy(rows: list[dict], reference: list[dict]) -> None:
 
 
 def goals(rows: list[dict]) -> list[dict]:
-    """The goals at GOAL_TEXTS texts against one: FAISS (invariant) speed, turbopuffer's requests and dollars."""
+    """The goals at GOAL_TEXTS texts (issue "One step for every text in flight"): FAISS (invariant) against its one
+    text and against numpy batched, 32 texts no slower in aggregate than 16, turbopuffer's round trips those of a
+    text alone. turbopuffer bills a query vector as a subquery whether packed or not: its dollars are no goal."""
     at = {(r["store"], r["texts"]): r for r in rows}
     faiss = next((s for s, _ in at if s.startswith("faiss") and FAISS_BLAS not in s), None)
     tpuf = next((s for s, _ in at if s.startswith("turbopuffer")), None)
     wanted = [
-        (faiss, "aggregate tokens/s, x one text's", "tokens_per_s", ">=", 6.0),
-        (faiss, "each text's ms a token, x alone", "ms_per_token", "<=", 3.0),
-        (tpuf, "requests a token a text, x alone", "requests_per_token", "<=", 1 / 8),
-        (tpuf, "dollars a token a text, x alone", "dollars_per_token", "<=", 1 / 8),
-        (tpuf, "round trips a token a text, x alone", "round_trips_per_token", "==", 1.0),
+        (faiss, 1, "aggregate tokens/s, x one text's", "tokens_per_s", ">=", 4.0),
+        (faiss, NUMPY, "aggregate tokens/s, x numpy batched's", "tokens_per_s", ">=", 0.7),
+        (faiss, 2 * GOAL_TEXTS, f"aggregate tokens/s at {2 * GOAL_TEXTS} texts, x", "tokens_per_s", ">=", 1.0),
+        (faiss, 1, "each text's ms a token, x alone", "ms_per_token", "<=", 4.0),
+        (tpuf, 1, "round trips a token a text, x alone", "round_trips_per_token", "==", 1.0),
     ]
-    out = []
-    for store, what, key, sense, target in wanted:
-        one, many = at.get((store, 1)), at.get((store, GOAL_TEXTS))
-        ratio = many[key] / one[key] if one and many and key in one and one[key] else None
-        met = None if ratio is None else {">=": ratio >= target, "<=": ratio <= target}.get(sense)
-        if sense == "==" and ratio is not None:
-            met = abs(many[key] - one[key]) < 0.5  # whole round trips: the same count
-        shown = f"{sense} {target:g}" if sense != "<=" or target >= 1 else f"<= 1/{round(1 / target)}"
-        out.append({"store": store or "(not run)", "goal": f"{what} at {GOAL_TEXTS} texts", "target": shown})
-        out[-1].update(measured=ratio, met=None if met is None else bool(met))
-    return out
+    return [goal(at, *w) for w in wanted]
+
+
+def goal(at: dict, store, base, what: str, key: str, sense: str, target: float) -> dict:
+    """One goal: the measure at GOAL_TEXTS texts over the same at `base` (1: one text; NUMPY: numpy batched at
+    GOAL_TEXTS; more texts than GOAL_TEXTS: the store at that many over the store at GOAL_TEXTS)."""
+    many = at.get((store, GOAL_TEXTS))
+    other = at.get((NUMPY, GOAL_TEXTS)) if base == NUMPY else at.get((store, base))
+    if isinstance(base, int) and base > GOAL_TEXTS:
+        many, other = other, many  # 32 texts' figure over 16's: at least 1 means 32 is no slower
+    ratio = many[key] / other[key] if many and other and other.get(key) else None
+    met = None if ratio is None else {">=": ratio >= target, "<=": ratio <= target}.get(sense)
+    if sense == "==" and ratio is not None:
+        met = abs(many[key] - other[key]) < 0.5  # whole round trips: the same count
+    row = {"store": store or "(not run)", "goal": f"{what} at {GOAL_TEXTS} texts", "target": f"{sense} {target:g}"}
+    return {**row, "measured": ratio, "met": None if met is None else bool(met)}
 
 
 def table_rows(rows: list[dict]) -> list[dict]:

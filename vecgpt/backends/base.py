@@ -621,6 +621,14 @@ def extra(backend: str, name: str):
     return getattr(importlib.import_module(connector(backend).__module__), name, None)
 
 
+def one_process(backend: str, options: dict) -> bool:
+    """Whether only one process at a time may open the store these options name (an embedded engine that locks its
+    file: DuckDB, Milvus Lite): the backend module's ONE_PROCESS, a bool or a function of the [store] options. A
+    second process gets a one-line error saying so; tests that open a store from two processes ask this first."""
+    said = extra(backend, "ONE_PROCESS")
+    return bool(said(**options) if callable(said) else said)
+
+
 LOCATIONS = ("path", "schema", "prefix")  # what a store's connect() may call where it keeps its data
 
 

@@ -2,7 +2,7 @@
 
 Handlers run in worker threads; a generation runs in a thread of its own, which hands each token to its event
 stream on the event loop (no thread waits on a stream). Generations of different texts run at once, their
-reads sharing rounds (server.Shelf.joined).
+reads stepped together (server.Shelf.generate).
 
 Errors are JSON {"error": one line}: 4xx for a request to fix, 503 for a store that failed (the server keeps
 running). A message never carries a config's DSN or key: `clean` strips them and any URL with credentials.
@@ -220,8 +220,7 @@ def inspected(lens_only: bool):
         entry, position, layer = inspect_request(library, request)
         t, shelf = entry.text, library.shelf(entry.store)
         try:
-            reads = position > t.session.position  # a resumed text reads its positions again first
-            with shelf.measured(entry) as cost, shelf.joined(t.session) if reads else contextlib.nullcontext():
+            with shelf.measured(entry) as cost:
                 found = t.inspect(position)
         except VecgptError:
             refuse_if_closed(library, shelf, t)
@@ -281,25 +280,24 @@ async def generate(request: Request):
 
 def produce(library: Library, entry, n: int, put, hook, gone: threading.Event) -> None:
     """Draw n tokens one at a time (each its own operation and cost), handing each to put(kind, data), stopping
-    early once the page has gone (its Stop button, or closed). While it runs the text is in its store's company:
-    its reads share their rounds with other texts generated at once, and it leaves when done, stopped or failed."""
+    early once the page has gone (its Stop button, or closed). Each token is stepped with those of the other texts
+    generating on the same model of the store (Shelf.generate)."""
     t, shelf = entry.text, library.shelf(entry.store)
     try:
-        with shelf.joined(t.session):
-            for _ in range(n):
-                if gone.is_set():
-                    break
-                if hook is not None:
-                    hook(len(t.tokens))
-                library.within_budget(entry.store)
-                with shelf.measured(entry) as cost:
-                    drawn = t.generate(1)
-                    position = len(t.tokens) - 1
-                if not drawn:
-                    break
-                put("token", {**views.token_rows([drawn[-1]], position)[0], "cost": cost})
-                if drawn[-1] == tokenizer.ENDOFTEXT:
-                    break
+        for _ in range(n):
+            if gone.is_set():
+                break
+            if hook is not None:
+                hook(len(t.tokens))
+            library.within_budget(entry.store)
+            with shelf.measured(entry) as cost:
+                drawn = shelf.generate(t, 1)
+                position = len(t.tokens) - 1
+            if not drawn:
+                break
+            put("token", {**views.token_rows([drawn[-1]], position)[0], "cost": cost})
+            if drawn[-1] == tokenizer.ENDOFTEXT:
+                break
         put("done", {"tokens": len(t.tokens)})
     except Exception as e:  # noqa: BLE001
         put("error", json.loads(failure(e, library).body))

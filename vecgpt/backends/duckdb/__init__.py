@@ -15,6 +15,10 @@ from vecgpt.backends.duckdb.store import DuckStore
 # as fast as array_distance (a row is one chain of float32 multiply-adds either way), a fifth of its logit error, and
 # within the engine's error bound where l2 is one rounding past it (docs/duckdb.md)
 PREFERRED_METRIC = "ip"
+# array_distance is the L2 distance rounded to float32, then squared: one rounding past the rule's sum, which
+# 1.5 u covers (as sqlite-vec's; tolerance.unit_roundoff)
+UNIT_ROUNDOFF = 1.5 * 2.0**-24
+ONE_PROCESS = True  # DuckDB locks its file: a second process gets one line saying so
 
 __all__ = ["DuckStore", "connect"]
 

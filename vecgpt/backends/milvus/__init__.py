@@ -22,6 +22,16 @@ PREFERRED_METRIC = (
 __all__ = ["Limits", "MilvusStore", "connect"]
 
 
+def NETWORKED(uri: str | None = None, **_) -> bool:  # noqa: N802 (config.auto_layout: a flag or a function)
+    """A Milvus server (an http URI) is behind a network; Milvus Lite runs in process."""
+    return "://" in str(uri or "")
+
+
+def ONE_PROCESS(uri: str | None = None, **_) -> bool:  # noqa: N802 (base.one_process: a flag or a function)
+    """Milvus Lite serves one process a folder; a server (an http URI) any number."""
+    return "://" not in str(uri or "")
+
+
 def connect(path: str | None = None, uri: str | None = None, prefix: str = "vecgpt", timeout: float = 30.0):
     """path: the store's folder (manifests, text records and, without uri, Milvus Lite's files in milvus.db);
     uri: a Milvus server (http://host:19530; its token from VECGPT_MILVUS_TOKEN) or Milvus Lite's folder;

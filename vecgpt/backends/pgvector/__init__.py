@@ -21,6 +21,13 @@ from vecgpt.backends.pgvector.store import PgStore
 from vecgpt.errors import VecgptError
 
 PREFERRED_METRIC = "ip"  # <#> has no pad and no decoding arithmetic: faster than <->, as exact (docs/speed.md)
+
+
+def NETWORKED(dsn: str | None = None, **_) -> bool:  # noqa: N802 (config.auto_layout: a flag or a function)
+    """A server named by a DSN is behind a network; pgvector's own local server (pgserver) is not."""
+    return bool(dsn or os.environ.get(ENV_DSN))
+
+
 MAX_CONNECTIONS = 64  # one server backend each; a scan gains nothing from more than the server's cores
 
 __all__ = ["ENV_DSN", "PgStore", "connect", "describe_dsn", "dsn_params", "local_server", "scrub"]

@@ -39,7 +39,7 @@ def assign(costs: list[float], n: int) -> list[int]:
 def merge(found: list[tuple], k: int | None, parts: int = 1) -> tuple:
     """One query's (ids, dists, vectors or None) from its pieces'. A wide collection's (parts > 1) scan of every
     row gives each part row's distance under its document's id: those are added up, smallest first. Not in the
-    order the rows came: a statement over several query vectors (texts sharing a round, vecgpt.company) may
+    order the rows came: a statement over several query vectors (texts sharing a round, vecgpt.stepper) may
     return a query's rows in another order than the statement for it alone, and with three parts or more the
     sum's bits would follow (tests/test_batch.py)."""
     if len(found) == 1 and (parts == 1 or k is not None):

@@ -22,6 +22,7 @@ from vecgpt.errors import VecgptError
 
 __all__ = ["PRICES", "TurbopufferStore", "b64", "connect", "dollars", "estimate_cost"]
 
+NETWORKED = True  # every request a round trip: layout "auto" takes three (vecgpt.config.auto_layout)
 LAYOUTS = ("namespace-per-matrix",)
 CLONES = ("copy", "branch")
 

@@ -1,0 +1,150 @@
+"""Texts in flight on one model advance together, a step at a time, in one thread (continuous batching).
+
+A text's operation (`Text.generating`: generate tokens; reading a prompt) is a generator that yields each read it
+needs (engine.Read: a chunk of its prompt, or its one new token) and gets back that read's candidates. The stepper
+plays the scheduler of a serving engine: each `step` admits waiting operations (at most `at_once` in flight), takes
+every operation's next read, runs them as one engine.Step (one block of rows: each matrix one search for all the
+texts, each text's keys searched in its own collection in the same round), and hands each its result. Texts join
+and leave between steps; nothing waits on a timer. A prompt is read in chunks (Engine.chunk_size), so a long prompt
+does not hold up the texts that decode. A text alone is a stepper of one, on the same path.
+
+>>> stepper = Stepper(at_once=16)
+>>> jobs = [stepper.add(text.generating(20)) for text in texts]
+>>> stepper.run()          # jobs[i].result: what text i's generating returned (or jobs[i].error)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, deque
+from collections.abc import Generator
+
+from vecgpt.engine import Read
+
+
+class Job:
+    """One text's operation in a stepper: its generator, the read it waits for, and how it ended."""
+
+    def __init__(self, operation: Generator, on_end=None):
+        self.operation, self.on_end = operation, on_end
+        self.read: Read | None = None
+        self.done, self.result, self.error = False, None, None
+
+    def advance(self, answer=None) -> None:
+        """Hand the operation its read's answer (an error is raised in it); it runs to its next read, or ends."""
+        try:
+            if isinstance(answer, BaseException):
+                self.read = self.operation.throw(answer)
+            else:
+                self.read = self.operation.send(answer)
+        except StopIteration as stop:
+            self.finish(stop.value, None)
+        except Exception as e:  # this text fails; the others go on
+            self.finish(None, e)
+
+    def finish(self, result, error) -> None:
+        self.done, self.read, self.result, self.error = True, None, result, error
+        if self.on_end is not None:
+            self.on_end(self)
+
+    def close(self) -> None:
+        """Stop the operation where it is (Ctrl-C): it leaves its text as the store holds it."""
+        if not self.done:
+            self.operation.close()
+            self.done = True
+
+
+class Stepper:
+    """Operations of texts on one engine, stepped together."""
+
+    def __init__(self, at_once: int = 16, on_step=None):
+        """on_step(jobs): called after each step with the jobs whose reads it ran (the throughput experiment's)."""
+        self.at_once, self.on_step = at_once, on_step
+        self.waiting: deque[Job] = deque()
+        self.running: list[Job] = []
+        self.steps = Counter()  # steps run, by the number of texts in them
+
+    def add(self, operation: Generator, on_end=None) -> Job:
+        """An operation to start at the next step with room for it."""
+        job = Job(operation, on_end)
+        self.waiting.append(job)
+        return job
+
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> None:
+        """Admit what fits, then one forward pass over every running text's next read."""
+        while self.waiting and len(self.running) < self.at_once:
+            job = self.waiting.popleft()
+            job.advance()  # runs to its first read (or ends at once: nothing to read)
+            if not job.done:
+                self.running.append(job)
+        if not self.running:
+            return
+        reads = [job.read for job in self.running]
+        session = reads[0].session
+        answers = session.step(reads).run()
+        self.steps[len(reads)] += 1
+        if self.on_step is not None:
+            self.on_step(list(self.running))
+        for job, answer in zip(self.running, answers):
+            job.advance(answer)
+        self.running = [job for job in self.running if not job.done]
+
+    def run(self) -> None:
+        """Step until every operation has ended; cut short (Ctrl-C), every operation is closed first."""
+        try:
+            while self.busy():
+                self.step()
+        except BaseException:
+            for job in [*self.running, *self.waiting]:
+                job.close()
+            raise
+
+
+def run_one(operation: Generator):
+    """One operation, stepped alone: its result, or its error raised."""
+    stepper = Stepper(at_once=1)
+    job = stepper.add(operation)
+    stepper.run()
+    if job.error is not None:
+        raise job.error
+    return job.result
+
+
+class Service:
+    """A stepper run by a thread of its own for callers in other threads (the playground's pages): `run` hands in
+    an operation and waits for its end, while the operations of every caller step together."""
+
+    def __init__(self, at_once: int = 16):
+        self.stepper, self.cond = Stepper(at_once), threading.Condition()
+        self.thread: threading.Thread | None = None
+
+    def run(self, operation: Generator):
+        """The operation's result once it has been stepped to its end with the others (its error raised)."""
+        ended = threading.Event()
+        with self.cond:
+            job = self.stepper.add(operation, lambda _: ended.set())
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="vecgpt-stepper", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+        ended.wait()
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def idle(self) -> bool:
+        return not self.stepper.busy()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(self.stepper.busy)
+            try:
+                self.stepper.step()
+            except BaseException as e:  # a fault of the stepper's own: every text in it gets it, none waits on
+                for job in [*self.stepper.running, *self.stepper.waiting]:
+                    job.finish(None, e if isinstance(e, Exception) else RuntimeError(repr(e)))
+                self.stepper.running, self.stepper.waiting = [], deque()
