@@ -25,7 +25,7 @@ import pytest
 
 from vecgpt import encoding, tokenizer, tolerance
 from vecgpt.config import auto_layout
-from vecgpt.engine import Engine, Read
+from vecgpt.engine import Engine, Read, chunks
 from vecgpt.loading import push, store_fingerprint
 from vecgpt.sampling import Candidates
 from vecgpt.stepper import Stepper, run_one
@@ -404,3 +404,58 @@ def test_a_wide_pgvector_documents_parts_add_up_alike_in_any_row_order():
         assert got_ids.tolist() == [3, 7]
         sums.add(got.tobytes())
     assert len(sums) == 1
+
+
+# ------------------------------------------------------------ prompts read in chunks
+
+
+def test_chunks_end_where_the_text_says():
+    """A read's chunks end at positions that are multiples of the size, counted from the text's start, wherever
+    the read began: the same positions whatever else is read."""
+    assert chunks(list(range(10)), 0, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert chunks(list(range(10, 16)), 10, 4) == [[10, 11], [12, 13, 14, 15]]
+    assert chunks([7], 5, 4) == [[7]] and chunks([], 3, 4) == []
+    assert chunks(list(range(5)), 0, 64) == [list(range(5))]
+
+
+@pytest.mark.parametrize("backend", [b for b in ("memory", "faiss") if b in BACKENDS])
+def test_prompts_read_in_chunks_beside_decoding_texts_are_bit_exact(make_store, tiny_model, backend):
+    """Prompts of 1 token to the whole context but the tokens drawn, read 8 tokens a step beside texts that decode:
+    every text's candidates (every logit) as alone, and a step held rows of a chunk and of decoding texts at once."""
+    store = make_store(backend)
+    push(store, tiny_model, "l2", progress=False, layout="five")
+    key = store_fingerprint(tiny_model, "l2", "five")
+    engine, n_ctx = Engine(store, model=key, prefill_chunk=8), tiny_model.hparams.n_ctx
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, 50000, size=n).tolist() for n in (1, 5, 8, 9, 23, n_ctx - 3)]
+
+    def drawn(stepper: Stepper) -> list[dict]:
+        texts = [Text.start(engine, p, temperature=0.0, top_k=engine.hparams.n_vocab) for p in prompts]
+        jobs = [stepper.add(t.generating(3, stop=False)) for t in texts]
+        stepper.run()
+        try:
+            assert all(job.error is None for job in jobs), [job.error for job in jobs]
+            return [dict(t._candidates) for t in texts]
+        finally:
+            for t in texts:
+                t.close()
+
+    solo = []
+    for p in prompts:
+        with Text.start(engine, p, temperature=0.0, top_k=engine.hparams.n_vocab) as t:
+            t.generate(3, stop=False)
+            solo.append(dict(t._candidates))
+    sizes: list[int] = []
+    search_many = store.search_many
+
+    def spy(searches):
+        sizes.extend(len(s.queries) for s in searches if s.collection.endswith("h.0.mlp.c_fc"))
+        return search_many(searches)
+
+    store.search_many = spy
+    together = drawn(Stepper())
+    assert max(sizes) > 8, sizes  # a step held a chunk's 8 rows and more: chunks and other texts' rows at once
+    for i, (a, b) in enumerate(zip(solo, together)):
+        assert a.keys() == b.keys()
+        for p in a:
+            same_bits([a[p]], [b[p]], f"{backend}: a {len(prompts[i])}-token prompt, position {p}")
