@@ -82,7 +82,7 @@ def test_sampling_draws_the_same_tokens(make_store, backend, tiny_model, model64
         assert choose(cands, temperature, k, u) == want, step
         checked += 1
     print(f"{backend}: {checked} draws checked, skipped {dict(skipped)}")
-    assert checked >= 8  # deterministic: which steps count depends on float64 numpy alone
+    assert checked >= 6  # deterministic: which steps count depends on float64 numpy and the store's roundoff alone
 
 
 def test_token_by_token_equals_block(make_store, tiny_model):
