@@ -20,7 +20,7 @@ def send(store, shared: list[Call], weights: dict, own: dict) -> tuple[list, dic
     """Send `shared` calls (each text's part by `weights`: session -> its rows) and each session's `own` calls, with
     the writes waiting to ride along, as one round: (the shared results, {session: its own results}, {session: the
     error that failed it})."""
-    members = [s for s in weights if shared or own.get(s)] + [s for s in own if s not in weights]
+    members = [s for s in weights if (shared and weights[s]) or own.get(s)] + [s for s in own if s not in weights]
     plan, takes, failed = [], {}, {}
     for s in members:
         try:
