@@ -1,10 +1,11 @@
 """README's speed table in one command: every store against numpy float32 in the same run.
 
-    python benchmarks/speed_table.py [--stores faiss faiss-l2 memory pgvector pgvector-l2 lancedb turbopuffer] [-n 16] [--repeat 1]
+    python benchmarks/speed_table.py [--stores CONFIG ...] [-n 16] [--repeat 1]
                                      [--threads 2] [--latency-ms 25] [--model DIR] [--out benchmarks/results/speed]
                                      [--layout four|three|five ...]
 
-Random weights at GPT-2 small shape unless --model. Each store is emptied first in a place of its own
+--stores names configs/<name>.toml, a row each (default: every config there, by name). Random weights at GPT-2
+small shape unless --model. Each store is emptied first in a place of its own
 (a temporary folder, schema vecgpt_speed_<store>, or a private local turbopuffer server), so the load
 time is a real load and a user's default stores are not touched. After a ten-token prompt, n greedy
 tokens are timed per store (median), and numpy's n tokens just before each store's: a row's ratio is against
@@ -42,7 +43,7 @@ from vecgpt import tokenizer  # noqa: E402
 from vecgpt.config import LAYOUTS, load_config  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-STORES = ["faiss", "faiss-l2", "memory", "pgvector", "pgvector-l2", "lancedb", "turbopuffer"]
+STORES = sorted(p.stem for p in CONFIGS.glob("*.toml"))  # every shipped config, a row each
 
 
 def parse_args(argv=None):

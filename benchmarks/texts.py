@@ -1,14 +1,15 @@
 """What a text's operations cost on each store, against reading the same positions from scratch.
 
-    python benchmarks/texts.py [--stores memory faiss lancedb pgvector turbopuffer] [--latency-ms 25]
+    python benchmarks/texts.py [--stores STORE ...] [--latency-ms 25]
 
 On the shipped model (4 layers, context 256), greedy: a 200-token text ("ROMEO:" and 198 drawn), then
   - branch at position 190 with its second candidate and draw 10 tokens (positions 190..199 read),
   - retry the last token with another seed, step back 5 positions and draw them again,
   - resume the text in a new connection (its keys, values and candidates fetched once),
-each against reading its positions from scratch (the first 200 positions' cost, per position). Prints a
-table, writes benchmarks/results/texts.json and texts.png. turbopuffer runs against the local server
-with a fixed delay a request and reports dollars from the published prices.
+each against reading its positions from scratch (the first 200 positions' cost, per position), on every store with
+a config (configs/<store>.toml) unless --stores names some. Prints a table, writes benchmarks/results/texts.json
+and texts.png. turbopuffer runs against the local server with a fixed delay a request and reports dollars from the
+published prices.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 from provenance import machine  # noqa: E402
 
 from vecgpt import tokenizer, weights  # noqa: E402
-from vecgpt.backends.base import get_store  # noqa: E402
+from vecgpt.backends.base import available, get_store  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
 from vecgpt.loading import push, store_fingerprint  # noqa: E402
@@ -37,11 +38,12 @@ from common.subjects import place  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
+STORES = [s for s in available() if (ROOT / "configs" / f"{s}.toml").is_file()]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stores", nargs="+", default=["memory", "faiss", "lancedb", "pgvector", "turbopuffer"])
+    p.add_argument("--stores", nargs="+", choices=STORES, default=STORES, help="configs/<store>.toml each")
     p.add_argument("--latency-ms", type=float, default=25.0, help="turbopuffer: the local server's delay a request")
     p.add_argument("--length", type=int, default=200)
     p.add_argument("--at", type=int, default=190, help="where the branch starts")

@@ -61,11 +61,21 @@ def planned(model, metric: str) -> dict:
     return by_kind({name: {"documents": n, "bytes": n * d * 4} for name, n, d in plan(model, metric)})
 
 
+ONE_FILE_BESIDE = ("-wal", "-shm", ".wal")  # what SQLite and DuckDB keep beside a store's file
+
+
 def disk_bytes(store) -> int | None:
-    path = getattr(store, "path", None)
-    if not path or not Path(path).is_dir():
+    """Bytes under the store's folder, or of its file and its write-ahead log beside it (SQLite, DuckDB)."""
+    path = getattr(store, "path", None) or getattr(store, "file", None)  # SQLite's store names its file `file`
+    if not path:
         return None
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+    path = Path(path)
+    if path.is_file():
+        files = [path, *(path.with_name(path.name + end) for end in ONE_FILE_BESIDE)]
+        return sum(f.stat().st_size for f in files if f.is_file())
+    if not path.is_dir():
+        return None
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def fresh_load(store, model, metric: str, progress: bool) -> float:

@@ -33,13 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, fo
 
 import numpy as np  # noqa: E402
 
+from vecgpt.backends.base import available  # noqa: E402
+
 from common import plots  # noqa: E402
 from common.plots import pyplot  # noqa: E402
 from common.subjects import CONFIGS, RANDOM_SMALL, load_model, model_label, place  # noqa: E402
 
 NAME = "throughput"
 HELP = "aggregate tokens a second and each text's cost, 1 to 32 texts sharing their rounds, per store and numpy"
-STORES = ("numpy", "memory", "faiss", "lancedb", "pgvector", "turbopuffer")
+STORES = ("numpy", *(s for s in available() if (CONFIGS / f"{s}.toml").is_file()))  # every store with a config
 TEXTS = (1, 2, 4, 8, 16, 32)
 NUMPY = "numpy float32, batched"
 FAISS_BLAS = "invariant=False"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -13,18 +14,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = (
-    "numpy",
-    "faiss-cpu",
-    "lancedb",
-    "pyarrow",
-    "psycopg",
-    "pgvector",
-    "pgserver",
-    "turbopuffer",
-    "hnswlib",
-    "tiktoken",
-)
+BASE_PACKAGES = ("numpy", "tiktoken", "hnswlib")  # beside every store's client libraries (store_packages)
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -44,9 +34,28 @@ def commit() -> str | None:
         return None
 
 
+def store_packages() -> list[str]:
+    """The libraries of every store's extra in vecgpt's metadata (an extra named after a backend: `vecgpt[duckdb]`),
+    so a new store's clients are recorded without a list to extend here."""
+    from vecgpt.backends.base import available
+
+    stores = set(available())
+    try:
+        requires = metadata.requires("vecgpt") or []
+    except metadata.PackageNotFoundError:
+        return []
+    found = []
+    for req in requires:
+        extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", req)
+        name = re.match(r"[A-Za-z0-9_.-]+", req).group(0)
+        if extra and extra.group(1) in stores and name not in found:
+            found.append(name)
+    return found
+
+
 def versions() -> dict[str, str]:
     found = {}
-    for name in PACKAGES:
+    for name in (*BASE_PACKAGES, *store_packages()):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
