@@ -2,7 +2,7 @@
 
 A backend whose tests need a server (pgvector, turbopuffer) has a module tests/setup_<backend>.py
 with `options(tmp_path) -> dict` giving its connect() arguments; it starts the server once per
-run and stops it at exit. Other backends get a fresh folder.
+run and stops it at exit. Other backends get a fresh path.
 """
 
 from __future__ import annotations
