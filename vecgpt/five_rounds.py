@@ -22,9 +22,9 @@ from vecgpt.engine import Session, Step, layout, one, several
 class FiveRounds(Session):
     """A Session on a model loaded with layout "five"; `projected` holds each position's raw value [.., H, hd]."""
 
-    # hd floats a head: float64 in memory is twice a small array and spares attention converting every kept value
-    # at every read
-    kept = np.float64
+    # float32, as stored: attention converts a chunk at a time (engine.CHUNK_BYTES). In float64 a text held twice the
+    # memory, and a step of 16 texts spent more time taking fresh pages for new positions than converting
+    kept = np.float32
 
     def value_width(self) -> int:
         """A position's kept value: the raw value of its head, hd."""

@@ -42,29 +42,31 @@ def send(store, shared: list[Call], weights: dict, own: dict) -> tuple[list, dic
 
 def settle(plan, outcomes, weights, members, takes, failed, seconds) -> tuple[list, dict, dict]:
     """Each member's results and meter, from the round's outcomes [(result or error, counts)]."""
-    shared_out, own_out = [], {s: [] for s in members}
-    total = sum(weights.values()) or 1
+    shared_out, own_out, last = [], {s: [] for s in members}, {}  # last: a member's round is filed under its
+    total = sum(weights.values()) or 1  # last call's kind (writes, then the shared calls, then its own: plan's order)
     for (call, owner, write), (result, counts) in zip(plan, outcomes):
+        kind = call.kind
         if owner is None:
             shared_out.append(result)
             for s in members:
                 if isinstance(result, Exception):
                     failed.setdefault(s, result)
                 elif weights.get(s):
-                    s.meter.shared_requests(call.kind, counts, weights[s] / total)
+                    s.meter.shared_requests(kind, counts, weights[s] / total)
+                last[s] = kind
             continue
+        last[owner] = kind
         if isinstance(result, Exception):
             failed.setdefault(owner, result)
             if write:  # as Writer.failing: a later round's acknowledgement must not count this write as landed
                 owner.writer.fail(result)
             continue
-        owner.meter.shared_requests(call.kind, counts, 1.0)
+        owner.meter.shared_requests(kind, counts, 1.0)
         if not write:
             own_out[owner].append(result)
     for s in members:
-        mine = [c for c, o, _ in plan if o is s or o is None]
-        if mine:
-            s.meter.shared_round(mine[-1].kind, seconds)
+        if s in last:
+            s.meter.shared_round(last[s], seconds)
         if s not in failed:
             s.writer.done(takes[s])
     return shared_out, own_out, failed

@@ -52,12 +52,16 @@ class Writer:
         self.check()
         if self.background:
             return [], self.landed
+        if not self.queued:  # read without the lock: only this text's own thread queues its writes
+            return [], self.issued
         with self.cond:
             calls, self.queued = merged([c for c, _ in self.queued]), []
             return calls, self.issued
 
     def done(self, upto: int) -> None:
         """The writes `take` handed out, up to ticket `upto`, have landed."""
+        if upto <= self.landed:
+            return
         with self.cond:
             self.landed = max(self.landed, upto)
             self.cond.notify_all()
