@@ -40,7 +40,7 @@ from common.plots import pyplot  # noqa: E402
 from common.subjects import CONFIGS, RANDOM_SMALL, load_model, model_label, place  # noqa: E402
 
 NAME = "throughput"
-HELP = "aggregate tokens a second and each text's cost, 1 to 32 texts sharing their rounds, per store and numpy"
+HELP = "aggregate tokens a second and each text's cost, 1 to 32 texts stepped together, per store and numpy"
 STORES = ("numpy", *(s for s in available() if (CONFIGS / f"{s}.toml").is_file()))  # every store with a config
 TEXTS = (1, 2, 4, 8, 16, 32)
 NUMPY = "numpy float32, batched"
@@ -492,7 +492,7 @@ def write(out: Path, args, model, rows: list[dict], limits: dict) -> None:
         + markdown_table(goal_rows(found))
     )
     title = (
-        f"texts sharing their rounds, {args.n} tokens each, greedy; {what}\n"
+        f"texts stepped together, {args.n} tokens each, greedy; {what}\n"
         f"{os.cpu_count()} cores, {os.environ.get('OPENBLAS_NUM_THREADS', '?')} BLAS threads; turbopuffer: local server, "
         f"{args.latency_ms:g} ms a request"
     )
