@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 from dataclasses import fields
 
@@ -247,7 +248,9 @@ def world(tmp_path_factory, tiny_model_dir):
     (root / "garbage_model").mkdir()
     (root / "garbage_model" / "config.json").write_text('{"n_layer": "two"')
     (root / "garbage_model" / "model.safetensors").write_bytes(b"\x00" * 64)
-    return {"root": root, "model": tiny_model_dir, "counter": itertools.count()}
+    # a copy: a fuzzed `make-model --out @model` must not rewrite the session's tiny model under later tests
+    model = shutil.copytree(tiny_model_dir, root / "model")
+    return {"root": root, "model": model, "counter": itertools.count()}
 
 
 def resolve(word: str, world: dict, config_text: str) -> str:
