@@ -48,7 +48,7 @@ class Budget:
         with self.lock:
             now, total = self.clock(), self.total()
             later = next((t for t, v in self.samples if total - v < self.limit), now)
-            return max(1.0, later + self.window_s - now)
+            return min(self.window_s, max(1.0, (later - now) + self.window_s))  # never past the window by a rounding
 
     def over(self) -> str | None:
         """None while under the limit; else the one line refusing."""
