@@ -76,7 +76,7 @@ def generate_many(
     on_result: Callable[[int, dict], None] | None = None,
     where: str = "prompt",
 ) -> list[dict]:
-    """Generate a text for each prompt, the texts sharing their rounds; their `generate --json` dicts in order.
+    """Generate a text for each prompt, the texts stepped together; their `generate --json` dicts in order.
     on_result(i, dict) is called as text i finishes."""
     if at_once < 1:
         raise VecgptError(f"--at-once must be 1 or more, not {at_once}")

@@ -34,7 +34,7 @@ def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
 
 
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
-# A search of every row with several queries (a prompt block; texts sharing a round, vecgpt.company) scans the rows
+# A search of every row with several queries (a prompt block; texts stepped together, vecgpt.stepper) scans the rows
 # a block at a time, each block for every query while it is in a core's L2 cache: the rows are read from memory
 # once for all the queries, and each query's sums are FAISS's one-query kernel's, whatever else is searched with it.
 BLOCK_BYTES = 1 << 20

@@ -201,7 +201,7 @@ def cmd_generate(args) -> int:
 
 
 def generate_batch(args, config, common: dict) -> int:
-    """--batch FILE: a text for each line, sharing their rounds; printed in the file's order as they are ready."""
+    """--batch FILE: a text for each line, stepped together; printed in the file's order as they are ready."""
     from tqdm import tqdm
 
     from vecgpt import batch
@@ -348,7 +348,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")
     p.add_argument(
-        "--batch", metavar="FILE", help="a text for each line of FILE, sharing their rounds (--json: a line each)"
+        "--batch", metavar="FILE", help="a text for each line of FILE, stepped together (--json: a line each)"
     )
     p.add_argument("--at-once", type=int, default=16, help="with --batch: texts reading at a time (default 16)")
     add_yes(p)
