@@ -215,9 +215,7 @@ class InProcessStore(FolderStore):
         base.check_metric(self.backend, metric, self.metrics)
         if self._has(name):
             col = self._col(name)
-            base.check_same(name, (col.table.dim, col.table.metric), dim, metric)
-            if col.width != payload:
-                raise VecgptError(f"collection {name!r} exists with payload {col.width}, not {payload}; drop it first")
+            base.check_same(name, (col.table.dim, col.table.metric, col.width), dim, metric, payload)
             return
         self._add(name, Collection(self.table_class(dim, metric), attrs, payload))
 

@@ -383,13 +383,16 @@ def check_metric(backend: str, metric: Metric, offered: Sequence[Metric]) -> Non
         )
 
 
-def check_same(name: str, held: tuple[int, Metric], dim: int, metric: Metric) -> None:
-    """Creating a collection that exists: a no-op with the same dimension and metric, else an error."""
-    if tuple(held) != (dim, metric):
+def check_same(name: str, held: tuple, dim: int, metric: Metric, payload: int | None = None) -> None:
+    """Creating a collection that exists: a no-op with the same dimension and metric, and the same payload width
+    where `held` (dim, metric[, payload]) gives one, else an error."""
+    if tuple(held[:2]) != (dim, metric):
         raise VecgptError(
             f"collection {name!r} exists with dimension {held[0]} and metric {held[1]}, "
             f"not {dim} and {metric}; drop it first"
         )
+    if payload is not None and len(held) > 2 and held[2] != payload:
+        raise VecgptError(f"collection {name!r} exists with payload width {held[2]}, not {payload}; drop it first")
 
 
 def check_vectors(name: str, vectors: np.ndarray, dim: int) -> np.ndarray:

@@ -118,11 +118,7 @@ class DuckStore(Records):
         base.check_metric(self.backend, metric, self.metrics)
         meta = self._get(name)
         if meta is not None:
-            base.check_same(name, (meta.dim, meta.metric), dim, metric)
-            if meta.payload != payload:
-                raise VecgptError(
-                    f"collection {name!r} exists with payload {meta.payload}, not {payload}; drop it first"
-                )
+            base.check_same(name, (meta.dim, meta.metric, meta.payload), dim, metric, payload)
             return
         check_shape(dim, payload, attrs)
         meta = Meta(table_name(name), int(dim), metric, list(attrs), int(payload))

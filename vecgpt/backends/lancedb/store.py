@@ -73,11 +73,7 @@ class LanceStore(FolderStore):
             raise VecgptError(f"attribute names {sorted(RESERVED)} are reserved")
         table = self._open(name)
         if table is not None:
-            base.check_same(name, (table.dim, table.metric), dim, metric)
-            if table.width != payload:
-                raise VecgptError(
-                    f"collection {name!r} exists with payload {table.width}, not {payload}; drop it first"
-                )
+            base.check_same(name, (table.dim, table.metric, table.width), dim, metric, payload)
             return
         handle = self.db.create_table(name, schema=schema(dim, metric, list(attrs), payload), exist_ok=True)
         table = Table(handle)

@@ -74,9 +74,7 @@ class MilvusStore(FolderStore):
             raise VecgptError(f"collection {name!r}: Milvus keeps at most {MAX_PAYLOAD} floats of payload a row")
         held = self._open(name)
         if held is not None:
-            base.check_same(name, (held.dim, held.metric), dim, metric)
-            if held.width != payload:
-                raise VecgptError(f"collection {name!r} exists with payload {held.width}, not {payload}; drop it first")
+            base.check_same(name, (held.dim, held.metric, held.width), dim, metric, payload)
             return
         info = Info(dim, metric, tuple(attrs), payload)
         stored = self._name(name)

@@ -176,11 +176,7 @@ class PgStore(Manifests, Texts, Session):
         self._commit()
         meta = self._get(name)
         if meta is not None:
-            base.check_same(name, (meta.dim, meta.metric), dim, metric)
-            if meta.payload != payload:
-                raise VecgptError(
-                    f"collection {name!r} exists with payload width {meta.payload}, not {payload}; drop it first"
-                )
+            base.check_same(name, (meta.dim, meta.metric, meta.payload), dim, metric, payload)
             return
         check_shape(dim, payload, attrs)
         meta = Meta(table_name(name), dim, metric, attrs, payload, 1 if payload else parts_for(dim))

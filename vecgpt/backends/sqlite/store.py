@@ -95,11 +95,7 @@ class SqliteStore(Searching):
         base.check_metric(self.backend, metric, self.metrics)
         held = self._get(name)
         if held is not None:
-            base.check_same(name, (held.dim, held.metric), dim, metric)
-            if held.payload != payload:
-                raise VecgptError(
-                    f"collection {name!r} exists with payload {held.payload}, not {payload}; drop it first"
-                )
+            base.check_same(name, (held.dim, held.metric, held.payload), dim, metric, payload)
             return
         check_shape(int(dim), attrs)
         table = Table(table_name(name), int(dim), metric, list(attrs), int(payload))
