@@ -27,7 +27,7 @@ import importlib
 import math
 import time
 import uuid
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from functools import partial
 from itertools import accumulate
 from typing import NamedTuple
@@ -439,15 +439,12 @@ class Session:
         return (layer * self.hp.n_head + head) * self.hp.n_ctx + pos
 
     def send(self, *calls) -> list:
-        """One round trip: the calls, with the writes waiting to ride along (a store without a writer thread);
-        the calls' results."""
-        writes, upto = self.writer.take()
-        if not writes and not calls:
-            return []
-        with self.writer.failing() if writes else nullcontext():
-            results = self.store.together(*writes, *calls)
-        self.writer.done(upto)
-        return results[len(writes) :]
+        """One round trip of this text alone (vecgpt.rounds, as a step's): the calls, with the writes waiting to ride
+        along (a store without a writer thread); the calls' results."""
+        _, found, failed = rounds.send(self.engine.store, [], {}, {self: list(calls)})
+        if self in failed:
+            raise failed[self]
+        return found.get(self, [])
 
     def await_layer(self, layer: int) -> None:
         """Block until this layer's rows of every position read have landed, counted as a wait with its seconds. A
@@ -560,7 +557,7 @@ class Step:
         self.starts = [r.session.position if r.start is None else r.start for r in reads]
         self.bounds = [0, *accumulate(len(r.ids) for r in reads)]  # text i's rows: bounds[i] to bounds[i + 1]
         self.errors: dict[int, BaseException] = {}
-        self.residuals: list = [[] for _ in reads]  # again: each text's residual after each layer
+        self.residuals: list = [None] * len(reads)  # again: each text's residual after each layer [L, d]
         self.ln, self.ln_f = reads[0].session.ln, reads[0].session.ln_f
 
     def texts(self, only=None):  # the texts still reading: (index, session, start, its rows in the block)
@@ -703,8 +700,8 @@ class Step:
             x = self.transformer_block(x, layer)
             xs.append(x)
         for i, s, start, rows in self.texts():
-            self.residuals[i] = np.stack([a[rows][0] for a in xs[1:]]) if self.again else None
             if self.again:
+                self.residuals[i] = np.stack([a[rows][0] for a in xs[1:]])
                 continue
             if s.trace is not None:
                 s.trace.append([a[rows] for a in xs])
