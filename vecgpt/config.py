@@ -32,6 +32,8 @@ class Config:
     top_k: int = 40  # candidates the token search returns
     prompt_block: bool = True  # read a prompt in blocks of queries per search (false: a token at a time)
     prefill_chunk: int = 64  # a prompt's tokens read in one step (a block), so a long one holds up no other text
+    # each head's key search returns its K best earlier keys by q.k (softmax over them and the query's own); unset: all
+    attention_top_k: int | None = None
     tile: int = 0  # key positions whose values attention sums at a time; 0: as many as 1 MiB holds (engine.chunk)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
@@ -47,6 +49,8 @@ class Config:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
         if self.prefill_chunk < 1:
             raise VecgptError(f"prefill_chunk must be 1 or more tokens, not {self.prefill_chunk}")
+        if self.attention_top_k is not None and self.attention_top_k < 1:
+            raise VecgptError(f"attention_top_k must be 1 or more keys (unset: every key), not {self.attention_top_k}")
         if self.tile < 0:
             raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
 
@@ -84,6 +88,7 @@ TYPES = {
     "top_k": int,
     "prompt_block": bool,
     "prefill_chunk": int,
+    "attention_top_k": int,
     "tile": int,
     "store": dict,
 }

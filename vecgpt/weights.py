@@ -276,6 +276,28 @@ def default_models_dir() -> Path:
 
 
 GPT2_SMALL = HParams(n_layer=12, n_head=12, n_embd=768, n_ctx=1024, n_vocab=50257)
+# The four GPT-2 checkpoints, by their names on the Hugging Face hub; every head is 64 wide
+SIZES = {
+    "gpt2": GPT2_SMALL,
+    "gpt2-medium": HParams(n_layer=24, n_head=16, n_embd=1024, n_ctx=1024, n_vocab=50257),
+    "gpt2-large": HParams(n_layer=36, n_head=20, n_embd=1280, n_ctx=1024, n_vocab=50257),
+    "gpt2-xl": HParams(n_layer=48, n_head=25, n_embd=1600, n_ctx=1024, n_vocab=50257),
+}
+
+
+def size_shape(name: str, scale: int = 1) -> HParams:
+    """A GPT-2 size's shape (SIZES), or at `scale` > 1 the same shape scaled down and keeping its ratios: the heads
+    (12, 16, 20, 25) as they are, each head 64 / scale wide, a twelfth of the layers for scale 16 and more (so every
+    size keeps its 1:2:3:4 depths), the context and vocabulary divided by `scale` (at least 16 and 256)."""
+    if name not in SIZES:
+        raise VecgptError(f"no GPT-2 size {name!r}; sizes: {', '.join(SIZES)}")
+    hp = SIZES[name]
+    if scale == 1:
+        return hp
+    if scale < 1 or 64 % scale:
+        raise VecgptError(f"--scale must divide a head's 64 columns (1, 2, 4, 8, 16, 32 or 64), not {scale}")
+    layers = hp.n_layer // 12 if scale >= 16 else hp.n_layer
+    return HParams(layers, hp.n_head, hp.n_embd // scale, max(16, hp.n_ctx // scale), max(256, hp.n_vocab // scale))
 
 
 def random_gpt2_small(seed: int = 0) -> Path:

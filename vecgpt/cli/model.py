@@ -19,8 +19,8 @@ def cmd_tokenize(args) -> int:
 def cmd_make_model(args) -> int:
     from vecgpt import weights
 
-    hp = weights.HParams(args.layers, args.heads, args.embd, args.ctx, args.vocab)
-    if min(args.layers, args.heads, args.embd, args.ctx, args.vocab) < 1 or args.embd % args.heads:
+    hp = shape_of(args)
+    if min(hp.n_layer, hp.n_head, hp.n_embd, hp.n_ctx, hp.n_vocab) < 1 or hp.n_embd % hp.n_head:
         raise VecgptError("--layers, --heads, --embd, --ctx, --vocab must be positive and --embd divisible by --heads")
     if args.seed < 0:
         raise VecgptError(f"--seed must be 0 or more, not {args.seed}")
@@ -30,6 +30,20 @@ def cmd_make_model(args) -> int:
     out = weights.make_model(args.out, hp, args.seed)
     print(f"{out}: random GPT-2 ({weights.describe(hp)}), seed {args.seed}")
     return 0
+
+
+def shape_of(args):
+    """--size (scaled by --scale) gives the shape; --layers/--heads/--embd/--ctx/--vocab given beside it override it."""
+    from vecgpt import weights
+
+    given = {f: getattr(args, f) for f in ("layers", "heads", "embd", "ctx", "vocab")}
+    if args.size is None:
+        if args.scale is not None:
+            raise VecgptError("--scale scales a --size: give both, e.g. --size gpt2-xl --scale 16")
+        return weights.HParams(*(v if v is not None else DEFAULTS[f] for f, v in given.items()))
+    hp = weights.size_shape(args.size, args.scale or 1)
+    fields = dict(zip(given, (hp.n_layer, hp.n_head, hp.n_embd, hp.n_ctx, hp.n_vocab)))
+    return weights.HParams(*(v if v is not None else fields[f] for f, v in given.items()))
 
 
 def check_room(size: int, out: str) -> None:
@@ -56,6 +70,14 @@ def tokenize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_model_arguments(p: argparse.ArgumentParser) -> None:
+    from vecgpt.weights import SIZES
+
     p.add_argument("out")
-    for flag, default in (("layers", 12), ("heads", 12), ("embd", 768), ("ctx", 1024), ("vocab", 50257), ("seed", 0)):
-        p.add_argument(f"--{flag}", type=int, default=default)
+    p.add_argument("--size", choices=list(SIZES), help="a GPT-2 size's shape (default: gpt2, the small one)")
+    p.add_argument("--scale", type=int, help="with --size: that shape scaled down, heads kept, each 64/SCALE wide")
+    for flag in DEFAULTS:
+        p.add_argument(f"--{flag}", type=int)
+    p.add_argument("--seed", type=int, default=0)
+
+
+DEFAULTS = {"layers": 12, "heads": 12, "embd": 768, "ctx": 1024, "vocab": 50257}
