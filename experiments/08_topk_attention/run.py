@@ -1,0 +1,200 @@
+"""Top-k attention (issue 48): how few earlier keys does each query need?
+
+Each query's softmax runs over its own key and its K best earlier keys by q.k (vecgpt.reference.keep_top_k), in
+numpy float64 against full attention, on passages of the tenth of Tiny Shakespeare the shipped model did not train
+on, at several context lengths. Per context length and K: the greedy agreement with full attention over
+teacher-forced steps (every step reads exactly `context` tokens of the passage), the mean KL divergence of the
+next-token distribution from full attention's, the attention mass the kept keys hold under full attention per
+layer and head, keys returned and values read a token (by formula, and from the engine's meter on the stores), and
+the smallest K at which 99% of steps agree. Beside the exact search, an HNSW index (hnswlib, in numpy: not a
+store's search) over each head's keys: its recall of the exact top K and the agreement that results. Through the
+stores (configs given with --configs, `attention_top_k` set): ms a token and the meter's counts. Writes
+topk_attention.json, .md, .png and mass.png to ./results/topk-attention/<timestamp>/ (or --out).
+
+The measurements are in measure.py (numpy) and stores.py (the engine), the tables and plots in report.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this experiment's modules, and experiments/ for common/
+
+import numpy as np  # noqa: E402
+from measure import ALL, per_token, run_context, smallest_k  # noqa: E402
+
+from common import subjects  # noqa: E402
+
+NAME = "topk-attention"
+HELP = "attention over each query's K best earlier keys: agreement, KL and mass against full attention, by K"
+KS = [1, 2, 4, 8, 16, 32, 64, ALL]
+CONTEXTS = [64, 128, 255]
+QUICK = {"contexts": [24], "ks": [1, ALL], "passages": 1, "steps": 8, "approx_passages": 1}
+REPO = HERE.parents[1]
+
+
+def k_arg(text: str):
+    from vecgpt.errors import VecgptError
+
+    if text == ALL:
+        return ALL
+    if not text.isdigit() or int(text) < 1:
+        raise VecgptError(f"K must be a whole number of keys, 1 or more, or 'all'; not {text!r}")
+    return int(text)
+
+
+def add_arguments(p) -> None:
+    p.add_argument(
+        "--model", default=None, help="model folder, shipped name, hub name, or random-small (default: shipped)"
+    )
+    p.add_argument(
+        "--corpus", default=None, help="Tiny Shakespeare (default: data/tinyshakespeare.txt, or /work/shared/data)"
+    )
+    p.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS, help="context lengths in tokens (64 128 255)")
+    p.add_argument("--ks", nargs="+", default=[str(k) for k in KS], help="K values, 'all' for every key")
+    p.add_argument("--passages", type=int, default=32, help="held-out passages per context length (32)")
+    p.add_argument("--steps", type=int, default=32, help="teacher-forced steps per passage (32)")
+    p.add_argument("--approx-passages", type=int, default=4, help="passages the hnsw search also reads (4)")
+    p.add_argument("--hnsw-m", type=int, default=16)
+    p.add_argument("--hnsw-ef-construction", type=int, default=64)
+    p.add_argument("--hnsw-ef", type=int, default=16, help="search breadth: max(this, K) (16)")
+    p.add_argument("--configs", nargs="*", default=[], help="stores to time with attention_top_k (TOML configs)")
+    p.add_argument("--store-ks", nargs="+", default=None, help="K values on the stores (default: --ks)")
+    p.add_argument("--store-tokens", type=int, default=8, help="tokens generated a store run (8)")
+    p.add_argument("--store-root", default=None, help="put each store under DIR/<config name>")
+    p.add_argument("--quick", action="store_true", help="one short passage, K in 1 and all (the test's run)")
+    p.add_argument("--seed", type=int, default=0, help="hnswlib's graph seed")
+    p.add_argument("--out", default=None, help="results folder (default: a new ./results/topk-attention/<timestamp>)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def settings(args) -> dict:
+    s = {
+        "contexts": args.contexts,
+        "ks": [k_arg(k) for k in args.ks],
+        "passages": args.passages,
+        "steps": args.steps,
+        "approx_passages": args.approx_passages,
+    }
+    if args.quick:
+        s.update(QUICK)
+    s["ks"] = sorted(s["ks"], key=lambda k: float("inf") if k == ALL else k)
+    s["hnsw"] = {"m": args.hnsw_m, "ef_construction": args.hnsw_ef_construction, "ef": args.hnsw_ef, "seed": args.seed}
+    s.update(quick=args.quick, dtype="float64", teacher_forced=True)
+    return s
+
+
+def load_passages(args, s, hp):
+    from passages import QUICK_TEXT, cut, find_corpus, held_out_tokens
+
+    from vecgpt import tokenizer
+    from vecgpt.errors import VecgptError
+
+    longest = max(s["contexts"])
+    if longest > hp.n_ctx or min(s["contexts"]) < 2:
+        raise VecgptError(f"context lengths must be 2 to the model's {hp.n_ctx} tokens, not {s['contexts']}")
+    if args.quick:
+        tokens, source = np.asarray(tokenizer.encode(QUICK_TEXT), np.int64), "passages.QUICK_TEXT"
+    else:
+        path = find_corpus(args.corpus, REPO)
+        tokens, source = held_out_tokens(path), f"{path} (last 10% of characters)"
+    s["corpus"] = source
+    return cut(tokens, s["passages"], longest + s["steps"])
+
+
+def run(args) -> int:
+    from common.record import new_run, provenance
+
+    s = settings(args)
+    model = subjects.load_model(args.model, dtype=np.float64)
+    passages = load_passages(args, s, model.hparams)
+    out = new_run(NAME, args.out)
+    result = {
+        "provenance": provenance(args.seed, model, settings=s),
+        "settings": s,
+        "model": {"label": subjects.model_label(model, args.model), "name": args.model or "shakespeare"},
+        "rows": [],
+        "mass": {},
+        "full_accuracy": {},
+        "stores": [],
+        "stores_skipped": [],
+    }
+    hnsw = {"m": s["hnsw"]["m"], "ef_construction": s["hnsw"]["ef_construction"], "ef": s["hnsw"]["ef"]}
+    for context in s["contexts"]:
+        got = run_context(model, passages, context, s["ks"], s["steps"], s["approx_passages"], hnsw, args.quiet)
+        add_context(result, model.hparams, context, s["ks"], got)
+    result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in s["contexts"]}
+    result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in s["contexts"]}
+    if args.configs:
+        from stores import run_stores
+
+        run_stores(args, s, model, passages, result)
+    publish(out, result)
+    return 0
+
+
+def add_context(result, hp, context, ks, got) -> None:
+    mass = got["mass"]  # [K, L, H]
+    result["mass"][str(context)] = mass
+    result["full_accuracy"][str(context)] = got["full_accuracy"]
+    for i, k in enumerate(ks):
+        result["rows"].append(
+            {
+                "context": context,
+                "k": k,
+                "search": "exact",
+                **got["exact"][k].row(),
+                "mass_mean": float(mass[i].mean()),
+                "mass_min_head": float(mass[i].min()),
+                "per_token": with_bytes(per_token(hp, context, k), hp),
+            }
+        )
+    for k, tally in got["hnsw"].items():
+        same = got["exact_on_hnsw_passages"][k].row()
+        result["rows"].append(
+            {
+                "context": context,
+                "k": k,
+                "search": "hnsw",
+                **tally.row(),
+                "exact_agreement_same_steps": same["agreement"],
+                "exact_kl_same_steps": same["kl_mean"],
+            }
+        )
+
+
+def with_bytes(counts: dict, hp) -> dict:
+    """Bytes a token: a float32 score a returned key, and a float32 value row (layout four: the value projected by
+    c_proj, n_embd wide) a value read."""
+    return {**counts, "bytes": 4 * counts["keys_returned"] + 4 * hp.n_embd * counts["values_read"]}
+
+
+def publish(out, result) -> None:
+    from report import mass_plot, plot, report
+
+    from vecgpt.errors import VecgptError
+
+    from common.record import write_json
+
+    write_json(out / "topk_attention.json", result)
+    md = report(result)
+    (out / "topk_attention.md").write_text(md)
+    try:
+        plot(result, out / "topk_attention.png")
+        mass_plot(result, out / "mass.png")
+    except VecgptError as e:  # matplotlib missing: the tables still count
+        print(f"no plot: {e}", file=sys.stderr)
+    print(md)
+    print(f"wrote {out}/topk_attention.json, .md, .png, mass.png", file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    import common
+
+    return common.main(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
