@@ -88,14 +88,46 @@ def get(params: dict, name: str, n_head: int | None = None) -> dict:
     return node
 
 
-def plan(model: Model, metric: str, layout: str = "four") -> list[tuple[str, int, int]]:
-    """(collection, documents, dimension) of everything a load writes."""
-    hp = model.hparams
-    rows = [(name, get(model.params, name, hp.n_head)["weight"].shape) for name in matrices(hp, layout)]
+def matrix_shape(hp: HParams, name: str) -> tuple[int, int]:
+    """The [in, out] shape of a matrix of `matrices` (wte as stored, [vocab, d]), from the hyper-parameters alone."""
+    d, hd = hp.n_embd, hp.n_embd // hp.n_head
+    if name == "wte":
+        return (hp.n_vocab, d)
+    kind = re.sub(r"^h\.\d+\.", "", name)
+    if re.fullmatch(r"attn\.c_proj\.\d+", kind):
+        return (hd, d)
+    if re.fullmatch(r"attn\.qk\.\d+", kind):
+        return (hd, d + 1)
+    if re.fullmatch(r"attn\.vo\.\d+", kind):
+        return (d, d)
+    return {"attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, 4 * d), "mlp.c_proj": (4 * d, d)}[kind]
+
+
+def plan(model: Model | HParams, metric: str, layout: str = "four") -> list[tuple[str, int, int]]:
+    """(collection, documents, dimension) of everything a load writes, from the model's shape alone."""
+    hp = model.hparams if isinstance(model, Model) else model
+    rows = [(name, matrix_shape(hp, name)) for name in matrices(hp, layout)]
     out = [
         (n, s[0] if n == "wte" else s[1], encoding.doc_dim(hp.n_embd if n == "wte" else s[0], metric)) for n, s in rows
     ]
     return out + [("wpe", hp.n_ctx, hp.n_embd), ("ln", 4 * hp.n_layer + 2, hp.n_embd)]
+
+
+class Reader:
+    """A model's matrices for `get`, read from its checkpoint a layer at a time: the layer last asked for is held,
+    nothing else (matrices come in layer order, so each layer is read once)."""
+
+    def __init__(self, model: Model):
+        self.model, self.layer, self.held = model, None, {}
+
+    def get(self, name: str) -> dict:
+        layer = re.match(r"h\.(\d+)\.", name)
+        if layer is None:
+            return {"weight": self.model.tensor(f"{name}.weight")}
+        if int(layer[1]) != self.layer:
+            self.layer, self.held = None, {}  # the previous layer goes before the next is read
+            self.layer, self.held = int(layer[1]), {"h": {int(layer[1]): self.model.block(int(layer[1]))}}
+        return get(self.held, name, self.model.hparams.n_head)
 
 
 def push(store: Store, model: Model, metric: str = "l2", progress: bool = True, layout: str = "four") -> dict:
@@ -178,21 +210,23 @@ def drop_old_layout(store: Store) -> list[str]:
 
 
 def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool, layout: str) -> dict[str, float]:
-    """Every collection of `plan`; M^2 of each matrix (see vecgpt.encoding)."""
+    """Every collection of `plan`, matrix by matrix as read from the checkpoint; M^2 of each (see vecgpt.encoding)."""
     from tqdm import tqdm
 
-    m2 = {}
+    m2, reader = {}, Reader(model)
     total = sum(n for _, n, _ in plan(model, metric, layout))
     bar = tqdm(total=total, unit="doc", desc="load", disable=not progress)
     for name in matrices(model.hparams, layout):
-        p = get(model.params, name, model.hparams.n_head)
+        p = reader.get(name)
         weight, bias = p["weight"].T if name == "wte" else p["weight"], p.get("bias")  # [in, out]
         m2[name] = m = encoding.largest_norm2(weight, bias)
         rows = partial(encoding.encode_block, weight, bias, metric, m)  # a batch of documents at a time
         _write(
             store, collection(key, name), rows, weight.shape[1], encoding.doc_dim(weight.shape[0], metric), metric, bar
         )
-    for name, table in (("wpe", model.params["wpe"]["weight"]), ("ln", ln_table(model))):
+        del p, weight, bias, rows
+    reader = None
+    for name, table in (("wpe", model.tensor("wpe.weight")), ("ln", ln_table(model))):
         _write(store, collection(key, name), table.__getitem__, len(table), table.shape[1], "l2", bar)
     bar.close()
     return m2
@@ -209,5 +243,5 @@ def _write(store: Store, name: str, rows, n: int, dim: int, metric: str, bar) ->
 
 def ln_table(model: Model) -> np.ndarray:  # [4 * n_layer + 2, d]
     hp = model.hparams
-    rows = [get(model.params, f"h.{i}.{part}") for i in range(hp.n_layer) for part in LN_PARTS]
-    return np.stack(rows + [model.params["ln_f"]["weight"], model.params["ln_f"]["bias"]])
+    rows = [model.tensor(f"h.{i}.{part}") for i in range(hp.n_layer) for part in LN_PARTS]
+    return np.stack(rows + [model.tensor("ln_f.weight"), model.tensor("ln_f.bias")])

@@ -49,15 +49,42 @@ class HParams:
         }
 
 
-@dataclass
 class Model:
-    hparams: HParams
-    params: dict
-    source: str
+    """A checkpoint's shape and where it came from. `params` (every tensor, nested) is read on first use; code
+    that streams asks `tensor(name)` for one at a time, so a load never holds the weights whole."""
+
+    def __init__(self, hparams: HParams, params: dict | None = None, source: str = "", checkpoint=None, dtype=None):
+        self.hparams, self.source, self.checkpoint = hparams, source, checkpoint
+        self.dtype = np.dtype(dtype or np.float32)
+        self._params, self._fingerprint = params, None
+
+    @property
+    def params(self) -> dict:
+        if self._params is None:
+            self._params = unflatten({name: self.tensor(name) for name in expected_shapes(self.hparams)})
+        return self._params
+
+    def tensor(self, name: str) -> np.ndarray:
+        """One parameter by its flat name ("h.3.mlp.c_fc.weight"): from memory if held, else read alone."""
+        if self._params is not None or self.checkpoint is None:
+            return lookup(self.params, name)
+        return self.checkpoint.read(name, self.dtype)
+
+    def block(self, layer: int) -> dict:
+        """Layer `layer`'s parameters, nested as in params["h"][layer]."""
+        if self._params is not None or self.checkpoint is None:
+            return self.params["h"][layer]
+        names = expected_shapes_of_block(self.hparams)
+        return unflatten({n: self.tensor(f"h.{layer}.{n}") for n in names}, blocks=False)
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.params)
+        if self._fingerprint is None:
+            if self._params is not None or self.checkpoint is None:
+                self._fingerprint = fingerprint(self.params)
+            else:
+                self._fingerprint = self.checkpoint.fingerprint()
+        return self._fingerprint
 
 
 def parameter_count(hp: HParams) -> int:
@@ -67,25 +94,29 @@ def parameter_count(hp: HParams) -> int:
 
 
 def expected_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
-    d, shapes = hp.n_embd, {"wte.weight": (hp.n_vocab, hp.n_embd), "wpe.weight": (hp.n_ctx, hp.n_embd)}
+    shapes = {"wte.weight": (hp.n_vocab, hp.n_embd), "wpe.weight": (hp.n_ctx, hp.n_embd)}
     for i in range(hp.n_layer):
-        for name, shape in {
-            "ln_1.weight": (d,),
-            "ln_1.bias": (d,),
-            "ln_2.weight": (d,),
-            "ln_2.bias": (d,),
-            "attn.c_attn.weight": (d, 3 * d),
-            "attn.c_attn.bias": (3 * d,),
-            "attn.c_proj.weight": (d, d),
-            "attn.c_proj.bias": (d,),
-            "mlp.c_fc.weight": (d, 4 * d),
-            "mlp.c_fc.bias": (4 * d,),
-            "mlp.c_proj.weight": (4 * d, d),
-            "mlp.c_proj.bias": (d,),
-        }.items():
-            shapes[f"h.{i}.{name}"] = shape
-    shapes["ln_f.weight"] = shapes["ln_f.bias"] = (d,)
+        shapes.update({f"h.{i}.{name}": shape for name, shape in expected_shapes_of_block(hp).items()})
+    shapes["ln_f.weight"] = shapes["ln_f.bias"] = (hp.n_embd,)
     return shapes
+
+
+def expected_shapes_of_block(hp: HParams) -> dict[str, tuple[int, ...]]:
+    d = hp.n_embd
+    return {
+        "ln_1.weight": (d,),
+        "ln_1.bias": (d,),
+        "ln_2.weight": (d,),
+        "ln_2.bias": (d,),
+        "attn.c_attn.weight": (d, 3 * d),
+        "attn.c_attn.bias": (3 * d,),
+        "attn.c_proj.weight": (d, d),
+        "attn.c_proj.bias": (d,),
+        "mlp.c_fc.weight": (d, 4 * d),
+        "mlp.c_fc.bias": (4 * d,),
+        "mlp.c_proj.weight": (4 * d, d),
+        "mlp.c_proj.bias": (d,),
+    }
 
 
 def read_hparams(config: dict, where: str) -> HParams:
@@ -108,7 +139,7 @@ def read_hparams(config: dict, where: str) -> HParams:
     return hp
 
 
-def resolve(model: str | None) -> Path:
+def resolve(model: str | None, files: tuple = ("config.json", "model.safetensors")) -> Path:
     """A local folder, a model shipped with vecgpt, or a Hugging Face hub name."""
     model = model or DEFAULT_MODEL
     if (folder := expand(model)).is_dir():
@@ -122,18 +153,18 @@ def resolve(model: str | None) -> Path:
         raise VecgptError(
             f"no model {model!r}; did you mean {close[0]!r}? Shipped models: {', '.join(shipped_names())}"
         )
-    return download(model)
+    return download(model, files)
 
 
 def shipped_names() -> list[str]:
     return sorted(p.parent.name for p in SHIPPED.glob("*/config.json"))
 
 
-def download(name: str) -> Path:
+def download(name: str, files: tuple = ("config.json", "model.safetensors")) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name, allow_patterns=["config.json", "model.safetensors"]))
+        return Path(snapshot_download(name, allow_patterns=list(files)))
     except Exception as e:  # offline, unknown repo, bad name, auth: all end the same way for the user
         raise VecgptError(
             f"cannot fetch {name!r} from the Hugging Face hub ({type(e).__name__}); shipped models: "
@@ -143,59 +174,183 @@ def download(name: str) -> Path:
 
 
 def load(model: str | None = None, dtype=np.float32) -> Model:
+    """A checkpoint checked from its header (names, shapes, sizes against the file's), its tensors read when asked.
+    Its fingerprint is known at once: from the cache of fingerprints, else from one streaming read of the file."""
     folder = resolve(model)
-    config_path, tensors_path = folder / "config.json", folder / "model.safetensors"
-    for path in (config_path, tensors_path):
-        if not path.is_file():
-            raise VecgptError(f"{folder}: missing {path.name} (a GPT-2 folder holds config.json and model.safetensors)")
+    tensors_path = folder / "model.safetensors"
+    hp = read_config(folder)
+    if not tensors_path.is_file():
+        raise VecgptError(
+            f"{folder}: missing {tensors_path.name} (a GPT-2 folder holds config.json and model.safetensors)"
+        )
+    checkpoint = Checkpoint(tensors_path, hp)
+    model = Model(hp, None, str(folder), checkpoint, dtype)
+    model.fingerprint  # noqa: B018 (a damaged file fails here, before anything uses it)
+    return model
+
+
+def read_config(folder: Path) -> HParams:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise VecgptError(f"{folder}: missing config.json (a GPT-2 folder holds config.json and model.safetensors)")
     try:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise VecgptError(f"{config_path}: not valid JSON ({e})") from None
-    hp = read_hparams(config, str(folder))
-    flat = check_tensors(read_tensors(tensors_path), hp, str(tensors_path))
-    params = unflatten({k: v.astype(dtype) for k, v in flat.items()})
-    return Model(hp, params, str(folder))
+    if not isinstance(config, dict):
+        raise VecgptError(f"{config_path}: not a GPT-2 config.json (a JSON object of hyper-parameters)")
+    return read_hparams(config, str(folder))
 
 
-def read_tensors(path: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+def shape(model: str | None = None) -> tuple[HParams, str]:
+    """A model's shape without its weights: a GPT-2 size by hub name (SIZES), else its config.json alone (a
+    folder, a shipped model, or the hub's config.json only). Also what it is: the folder, or the hub name."""
+    name = model or DEFAULT_MODEL
+    if name in SIZES and not expand(name).is_dir():
+        return SIZES[name], name
+    folder = resolve(name, files=("config.json",))
+    return read_config(folder), str(folder)
 
+
+# safetensors dtype codes numpy reads as they are; BF16 is widened to float32 by a shift
+DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+
+
+class Checkpoint:
+    """A safetensors file read tensor by tensor: the header parsed and checked against the file's size, each
+    tensor read with np.fromfile at its offset into an array of its own (no memory map, so nothing of the file
+    stays resident once a tensor is converted and dropped)."""
+
+    def __init__(self, path: Path, hp: HParams):
+        self.path, self.hp = path, hp
+        self.size, header, self.start = read_header(path)
+        raw = {k.removeprefix("transformer."): k for k in header}
+        raw = {k: v for k, v in raw.items() if not k.endswith(IGNORED_SUFFIXES)}
+        self.entries = {name: header[key] for name, key in raw.items()}
+        check_tensors({k: tuple(v["shape"]) for k, v in self.entries.items()}, hp, str(path))
+
+    def read(self, name: str, dtype=np.float32) -> np.ndarray:
+        entry = self.entries[name]
+        code, shape, (begin, _) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+        with open(self.path, "rb") as f:
+            a = np.fromfile(f, DTYPES[code], int(np.prod(shape, dtype=np.int64)), offset=self.start + begin)
+        if code == "BF16":
+            a = (a.astype(np.uint32) << 16).view(np.float32)
+        return a.reshape(shape).astype(dtype, copy=False)
+
+    def fingerprint(self) -> str:
+        """`fingerprint` of the weights, from the cache when this file (path, size, mtime) was read before, else
+        read tensor by tensor in name order (lm_head checked against wte on the way) and filed in the cache."""
+        stat = self.path.stat()
+        key = [str(self.path.resolve()), stat.st_size, stat.st_mtime_ns]
+        cached = read_fingerprints().get(key[0])
+        if cached and cached[:2] == key[1:]:
+            return cached[2]
+        digest = hashlib.sha256()
+        for name in sorted(expected_shapes(self.hp)):
+            value = self.read(name)
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
+            if name == "wte.weight" and "lm_head.weight" in self.entries:
+                if not np.array_equal(self.read("lm_head.weight"), value):
+                    raise VecgptError(
+                        f"{self.path}: lm_head.weight differs from wte.weight; GPT-2 ties them and vecgpt needs that"
+                    )
+        value = digest.hexdigest()[:16]
+        file_fingerprint(key, value)
+        return value
+
+
+def read_header(path: Path) -> tuple[int, dict, int]:
+    """(file size, {name: entry} without __metadata__, where the data starts); a header that cannot be parsed, an
+    unknown dtype, or tensors that run past the end of the file are each one line."""
+    size = path.stat().st_size
     try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises several types for a damaged file
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n < 2 or 8 + n > size:
+                raise ValueError(f"header of {n:,} bytes in a file of {size:,}")
+            header = json.loads(f.read(n))
+        header.pop("__metadata__", None)
+        ends = [int(e["data_offsets"][1]) for e in header.values()]
+        for name, e in header.items():
+            if e["dtype"] not in DTYPES:
+                raise ValueError(f"{name} is {e['dtype']}; vecgpt reads {', '.join(DTYPES)}")
+            begin, end = e["data_offsets"]
+            if end - begin != int(np.prod(e["shape"], dtype=np.int64)) * np.dtype(DTYPES[e["dtype"]]).itemsize:
+                raise ValueError(f"{name}'s offsets disagree with its shape")
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
         raise VecgptError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0][:120]})") from None
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        raise VecgptError(
+            f"{path}: cut short: its header declares {need:,} bytes, the file holds {size:,}; download or copy it again"
+        )
+    return size, header, 8 + n
 
 
-def check_tensors(tensors: dict[str, np.ndarray], hp: HParams, where: str) -> dict[str, np.ndarray]:
-    flat = {k.removeprefix("transformer."): v for k, v in tensors.items()}
-    flat = {k: v for k, v in flat.items() if not k.endswith(IGNORED_SUFFIXES)}
-    head = flat.pop("lm_head.weight", None)
-    shapes = expected_shapes(hp)
-    missing = sorted(set(shapes) - set(flat))
+def fingerprints_path() -> Path:
+    return default_models_dir().parent / "fingerprints.json"
+
+
+def read_fingerprints() -> dict:
+    try:
+        held = json.loads(fingerprints_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def file_fingerprint(key: list, value: str) -> None:
+    """File a checkpoint's fingerprint under its absolute path with its size and mtime; entries of files gone are
+    dropped. Written whole to a file of its own, then renamed: a reader sees the old cache or the new."""
+    held = {p: v for p, v in read_fingerprints().items() if Path(p).is_file()}
+    held[key[0]] = [*key[1:], value]
+    path = fingerprints_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
+        tmp.write_text(json.dumps(held, indent=1) + "\n")
+        tmp.replace(path)
+    except OSError:  # a read-only cache only costs a read of the weights next time
+        pass
+
+
+def check_tensors(shapes: dict[str, tuple], hp: HParams, where: str) -> None:
+    """Names and shapes as GPT-2 with these hyper-parameters has them (lm_head, tied to wte, may be there)."""
+    flat = {k: v for k, v in shapes.items() if k != "lm_head.weight"}
+    expected = expected_shapes(hp)
+    missing = sorted(set(expected) - set(flat))
     if missing:
         raise VecgptError(
             f"{where}: missing tensor {missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
         )
-    extra = sorted(set(flat) - set(shapes))
+    extra = sorted(set(flat) - set(expected))
     if extra:
         raise VecgptError(f"{where}: unexpected tensor {extra[0]} (not part of GPT-2 with {hp.n_layer} layers)")
-    for name, shape in shapes.items():
-        if tuple(flat[name].shape) != shape:
-            raise VecgptError(f"{where}: {name} has shape {tuple(flat[name].shape)}, config.json implies {shape}")
-    if head is not None and not np.array_equal(head, flat["wte.weight"]):
+    for name, shape in expected.items():
+        if flat[name] != shape:
+            raise VecgptError(f"{where}: {name} has shape {flat[name]}, config.json implies {shape}")
+    if "lm_head.weight" in shapes and shapes["lm_head.weight"] != expected["wte.weight"]:
         raise VecgptError(f"{where}: lm_head.weight differs from wte.weight; GPT-2 ties them and vecgpt needs that")
-    return flat
 
 
-def unflatten(flat: dict[str, np.ndarray]) -> dict:
+def lookup(params: dict, name: str) -> np.ndarray:
+    node = params
+    for part in name.split("."):
+        node = node[int(part)] if part.isdigit() else node[part]
+    return node
+
+
+def unflatten(flat: dict[str, np.ndarray], blocks: bool = True) -> dict:
     params: dict = {}
     for key, value in flat.items():
         node, parts = params, [int(p) if p.isdigit() else p for p in key.split(".")]
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
-    params["h"] = [params["h"][i] for i in sorted(params.get("h", {}))]
+    if blocks:
+        params["h"] = [params["h"][i] for i in sorted(params.get("h", {}))]
     return params
 
 
