@@ -1,0 +1,88 @@
+"""`vecgpt experiment sizes` end to end at 1/64 scale (two sizes, numpy, memory and FAISS), its exponent fit on
+made-up numbers, and its shape-only plan against loading.plan."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from vecgpt import weights
+from vecgpt.cli import main
+from vecgpt.cli.experiments import experiments
+from vecgpt.loading import plan
+
+sizes = experiments()["sizes"]  # puts experiments/07_sizes on sys.path
+from size_fit import exponent, layout_costs, shape_plan  # noqa: E402
+
+HAVE_FAISS = importlib.util.find_spec("faiss") is not None
+STORES = ["numpy", "memory"] + (["faiss"] if HAVE_FAISS else [])
+SIZES, N = ["gpt2", "gpt2-medium"], 2
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sizes")
+    argv = ["experiment", "sizes", "--scale", "64", "--sizes", *SIZES, "--stores", *STORES, "-n", str(N)]
+    argv += ["--models", str(tmp / "models"), "--store-root", str(tmp / "stores"), "--out", str(tmp / "out")]
+    assert main([*argv, "--quiet"]) == 0
+    for suffix in (".json", ".md", ".png"):
+        assert (tmp / "out" / f"sizes{suffix}").stat().st_size > 0
+    assert not list((tmp / "stores").glob("memory-*")), "a store's model is dropped after its run (no --keep)"
+    return json.loads((tmp / "out" / "sizes.json").read_text())
+
+
+def test_a_row_for_every_size_and_store(data):
+    assert [(r["size"], r["store"]) for r in data["rows"]] == [(s, t) for s in SIZES for t in STORES]
+    for r in data["rows"]:
+        assert r["error"] is None and r["skipped"] is None
+        assert r["parameters"] == weights.parameter_count(weights.size_shape(r["size"], 64))
+        assert r["ms_per_token"] > 0 and r["load_s"] > 0 and r["peak_mb"] > 0
+        assert len(r["tokens"]) == N + 1  # the prompt's candidate, then one a generated token
+
+
+def test_a_store_row_splits_its_first_read_and_counts_its_requests(data):
+    for r in (r for r in data["rows"] if r["store"] not in ("numpy", "transformers")):
+        hp = weights.size_shape(r["size"], 64)
+        assert r["layout"] == "five" and r["documents"] == sum(n for _, n, _ in shape_plan(hp, "l2", "five"))
+        assert r["mb_per_s"] > 0 and r["stored_mb"] > 0 and r["disk_mb"] > 0 and r["peak_mb_load"] > 0
+        parts = r["open_s"] + r["find_model_s"] + r["engine_text_s"] + r["first_read_s"]
+        assert 0 < parts <= r["first_token_s"] + 1e-3  # the parts are timed inside the whole
+        assert r["round_trips_per_token"] == 5 * hp.n_layer + 1  # layout five: 5 rounds a layer, the token search
+        assert r["tokens_as_numpy"] == f"{N + 1}/{N + 1}" and r["x_numpy"] > 0  # numpy top-2 gaps >= 5e-3 here
+
+
+def test_fits_and_layout_costs(data):
+    fits = {f["store"]: f for f in data["fits"]}
+    assert set(fits) == set(STORES)
+    assert all(fits[s]["ms_per_token"] is not None and fits[s]["load_s"] is not None for s in STORES)
+    for size in SIZES:
+        costs = {c["layout"]: c for c in data["layout_costs"] if c["size"] == size}
+        assert set(costs) == {"four", "three", "five"}
+        assert costs["five"]["subqueries_per_token"] < costs["four"]["subqueries_per_token"]
+        assert all(c["dollars_per_token"] > 0 for c in costs.values())
+    assert data["provenance"]["commit"] and data["settings"]["scale"] == 64
+
+
+def test_exponent_of_a_power_law():
+    x = np.array([124e6, 355e6, 774e6, 1558e6])
+    assert exponent(x, 3.0 * x**1.5) == pytest.approx(1.5, abs=1e-9)
+    assert exponent(x, 0.2 * x) == pytest.approx(1.0, abs=1e-9)
+    assert exponent([1.0, 2.0, 4.0], [5.0, None, 20.0]) == pytest.approx(1.0, abs=1e-9)  # a missing figure skipped
+    assert exponent([1.0], [2.0]) is None and exponent([2.0, 2.0], [1.0, 3.0]) is None
+
+
+@pytest.mark.parametrize("layout", ["four", "three", "five"])
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_shape_plan_is_loadings_plan(layout, metric):
+    hp = weights.size_shape("gpt2-xl", 64)  # 25 heads
+    model = weights.Model(hp, weights.make_params(hp), "made")
+    assert shape_plan(hp, metric, layout) == plan(model, metric, layout)
+
+
+def test_layout_costs_read_back_the_estimate():
+    hp = weights.SIZES["gpt2-xl"]
+    five = {c["layout"]: c for c in layout_costs(hp)}["five"]
+    assert five["documents"] == sum(n for _, n, _ in shape_plan(hp, "l2", "five"))  # one copy
+    assert five["subqueries_per_token"] == 48 * 4 + 1 + 48 * 25
+    assert f"${five['dollars_per_token']:.6f}" in five["estimate"]
