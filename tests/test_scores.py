@@ -24,7 +24,8 @@ def opened(make_store, backend: str, model, layout: str) -> Engine:
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_earlier_key_is_scored_by_a_search(make_store, tiny_model, backend, layout):
     """Under the rule: memory = layers x heads x positions read (each its own key), store = layers x heads x the sum
-    of each read position's index (every earlier position), per token and over the call."""
+    of each read position's index (every earlier position), per token and over the call; each key search returns every
+    key below its last query for each query, and attention reads a value for each score."""
     hp, ids = tiny_model.hparams, tokenizer.encode(PROMPT)
     with opened(make_store, backend, tiny_model, layout).open() as text:
         generate(text, ids, 4, stop=False)
@@ -32,9 +33,13 @@ def test_every_earlier_key_is_scored_by_a_search(make_store, tiny_model, backend
     per_head = hp.n_layer * hp.n_head
     reads = [range(len(ids))] + [[len(ids) + i] for i in range(3)]
     for tally, positions in zip(summary["per_token"], reads, strict=True):
-        assert tally["scores"] == {"store": per_head * sum(positions), "memory": per_head * len(positions)}
+        store, memory = per_head * sum(positions), per_head * len(positions)
+        returned = per_head * len(positions) * (positions[-1] if len(positions) > 1 else positions[0])
+        assert tally["scores"] == {"store": store, "memory": memory, "returned": returned, "values": store + memory}
     everything = [p for positions in reads for p in positions]
-    assert summary["scores"] == {"store": per_head * sum(everything), "memory": per_head * len(everything)}
+    store, memory = per_head * sum(everything), per_head * len(everything)
+    assert summary["scores"]["store"] == store and summary["scores"]["memory"] == memory
+    assert summary["scores"]["values"] == store + memory
 
 
 def altered(store, session, layer: int, head: int, position: int) -> None:

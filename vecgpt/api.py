@@ -129,7 +129,7 @@ def text_json(text: Text) -> dict:
         "prompt": tokenizer.decode(text.tokens[: text.prompt_len]),
         "text": tokenizer.decode(text.tokens[text.prompt_len :]),
         "tokens": [{"position": p, "id": t, "text": tokenizer.decode([t])} for p, t in enumerate(text.tokens)],
-        "settings": {k: text.settings[k] for k in ("temperature", "top_k", "seed")},
+        "settings": {k: text.settings.get(k) for k in ("temperature", "top_k", "seed", "attention_top_k")},
         "candidates": [{"position": p, "rows": candidate_rows(text, p)} for p in generated],
         "spent": text.record.get("spent") or {},
         "created": text.record["created"],
@@ -169,6 +169,7 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
         tile=config.tile,
         model=key,
         prefill_chunk=config.prefill_chunk,
+        attention_top_k=config.attention_top_k,
     )
 
 
@@ -233,6 +234,7 @@ def about(engine: Engine, text: Text, config: Config) -> dict:
         "layout": engine.manifest.get("layout") or "four",
         "model_fingerprint": engine.manifest["model_fingerprint"],
         **settings(text.settings["temperature"], text.settings["top_k"], text.settings["seed"]),
+        "attention_top_k": text.settings.get("attention_top_k"),
         "store": location(engine.store, config.backend),
         "text_id": text.id,
         "kept": text.kept,
@@ -283,6 +285,7 @@ def engine_for_text(config: Config, text_id: str) -> Engine:
             tile=config.tile,
             model=record["model"],
             prefill_chunk=config.prefill_chunk,
+            attention_top_k=config.attention_top_k,
         )
     except BaseException:
         store.close()
@@ -299,11 +302,14 @@ def generate_reference(
     stop: bool = True,
     dtype=np.float64,
     on_text: Callable[[str], None] | None = None,
+    attention_top_k: int | None = None,
 ) -> dict:
     m = weights.load(model, dtype=dtype)
     ids = tokenizer.encode(prompt)
     check_request(m.hparams, ids, n, top_k, temperature, seed)
-    gen = generate(Reference(m, dtype), ids, n, temperature, top_k, seed, stop, on_text)
+    if attention_top_k is not None and not 1 <= attention_top_k < m.hparams.n_ctx:
+        raise VecgptError(f"attention_top_k must be 1 to {m.hparams.n_ctx - 1} keys, not {attention_top_k}")
+    gen = generate(Reference(m, dtype, attention_top_k), ids, n, temperature, top_k, seed, stop, on_text)
     return {
         "prompt_tokens": gen.prompt_tokens,
         "tokens": gen.tokens,
@@ -312,6 +318,7 @@ def generate_reference(
         "backend": f"numpy-{np.dtype(dtype).name}",
         "model_fingerprint": m.fingerprint,
         **settings(temperature, top_k, seed),
+        "attention_top_k": attention_top_k,
         "store": None,
         "text_id": None,
     }

@@ -51,6 +51,11 @@ class Config:
             raise VecgptError(f"prefill_chunk must be 1 or more tokens, not {self.prefill_chunk}")
         if self.attention_top_k is not None and self.attention_top_k < 1:
             raise VecgptError(f"attention_top_k must be 1 or more keys (unset: every key), not {self.attention_top_k}")
+        if self.attention_top_k is not None and self.metric != "ip":
+            raise VecgptError(
+                "attention_top_k ranks each head's earlier keys by q.k, not by l2 distance: use --metric ip "
+                '(metric = "ip"), on a store that ranks by inner product'
+            )
         if self.tile < 0:
             raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
 

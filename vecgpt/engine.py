@@ -65,9 +65,11 @@ class Engine:
         tile: int = 0,
         model: str | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
+        attention_top_k: int | None = None,
     ):
         """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds.
-        A prompt is read `prefill_chunk` tokens at a time (prompt_block=False: one at a time)."""
+        A prompt is read `prefill_chunk` tokens at a time (prompt_block=False: one at a time). `attention_top_k`: a
+        new session's K (Session.attention_top_k), None: every earlier key."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
         self.chunk_size = prefill_chunk if prompt_block else 1
         self.key = model or only_model(store)
@@ -80,6 +82,29 @@ class Engine:
         self.metric = manifest["metric"]
         self.hparams = HParams(**manifest["hparams"])
         self.m2 = manifest["m2"]
+        self.attention_top_k = self.check_top_k(attention_top_k)
+
+    def check_top_k(self, k: int | None) -> int | None:
+        """K for top-k attention, refused in one line before any search where it cannot run: the key search must
+        rank by q.k (a model loaded with metric ip), and K no more than the earlier keys a context holds."""
+        if k is None:
+            return None
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise VecgptError(f"attention_top_k must be 1 or more keys (unset: every key), not {k!r}")
+        if k >= self.hparams.n_ctx:
+            raise VecgptError(
+                f"attention_top_k = {k} is more keys than a query can have: the context holds {self.hparams.n_ctx} "
+                f"positions, so at most {self.hparams.n_ctx - 1} earlier keys; give fewer, or unset it for every key"
+            )
+        if self.metric != "ip":
+            offers = getattr(self.store, "metrics", ("l2",))
+            hint = (
+                "load the model with --metric ip"
+                if "ip" in offers
+                else f"this store ranks by {'/'.join(offers)} only, so run top-k attention on one that ranks by ip"
+            )
+            raise VecgptError(f"attention_top_k ranks each head's earlier keys by q.k, not by l2 distance: {hint}")
+        return k
 
     def name(self, matrix: str) -> str:
         """The collection holding one of this model's matrices or tables."""
@@ -156,6 +181,15 @@ def chunks(ids: list[int], start: int, size: int) -> list[list[int]]:
     depends on the text alone, never on what else is read with it or where a read began."""
     cuts = [p - start for p in range((start // size + 1) * size, start + len(ids), size)]
     return [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)]) if b > a]
+
+
+def keep_best(scores, k: int) -> np.ndarray:
+    """scores [H, m, n] with -inf for keys a query may not see -> each query's k best kept, the rest -inf."""
+    if (np.isfinite(scores).sum(axis=-1) <= k).all():
+        return scores
+    worse = np.argsort(-scores, axis=-1, kind="stable")[..., k:]
+    np.put_along_axis(scores, worse, -np.inf, axis=-1)
+    return scores
 
 
 def put_rows(ids, values):  # outputs [m, n] found in the order of ids [m, n] -> in row order
@@ -238,6 +272,8 @@ class Session:
         # allocate lazily: a page is taken when a position is written, about 450 MB at GPT-2 small's 1,024)
         self.projected = np.zeros((hp.n_layer, hp.n_ctx, hp.n_head, self.value_width()), self.kept)
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
+        # each query's softmax over its own key and its K best earlier ones by q.k (None: every earlier key)
+        self.attention_top_k: int | None = engine.attention_top_k
         dim, payload = self.row_widths()
         opening = [later.create(self.name, dim, self.metric, ("layer", "head", "position"), payload=payload)]
         opening = opening if create else []
@@ -334,6 +370,8 @@ class Session:
         own: each query's own key's, from memory [H, m]. Each query sees the positions up to its own."""
         m, n_head, hd = q.shape
         n, rows = start + m, np.arange(m)
+        if m == 1 and self.capture is None and self.pruned(start, m):
+            return self.kept_values(searched, own, layer, hd)
         scores = np.empty((n_head, m, n))
         scores[..., : n - 1] = searched
         scores[:, rows, start + rows] = own
@@ -348,6 +386,31 @@ class Session:
         for t in range(chunk, n, chunk):  # the values in float64 a chunk at a time, while in cache
             out += weights[..., t : t + chunk] @ self.values_at(layer, t, min(t + chunk, n))
         return out
+
+    def kept_values(self, searched, own, layer, hd):  # a query's K best earlier keys' q.k [H, 1, n - 1] -> [H, 1, w]
+        """weighted_values for one query under top-k attention: the softmax over its kept keys and its own, and only
+        their values read (the K kept positions differ by head)."""
+        n_head, n = searched.shape[0], searched.shape[-1] + 1
+        kept = np.isfinite(searched[:, 0])  # [H, n - 1]: K of each head's
+        pos = np.nonzero(kept)[1].reshape(n_head, -1)  # [H, K], ascending
+        pos = np.hstack([pos, np.full((n_head, 1), n - 1)])  # and the query's own
+        scores = np.hstack([np.take_along_axis(searched[:, 0], pos[:, :-1], -1), own]) / math.sqrt(hd)  # [H, K + 1]
+        weights = softmax_in_place(scores)
+        values = self.projected[layer][pos, np.arange(n_head)[:, None]].astype(np.float64)  # [H, K + 1, w]
+        return weights[:, None] @ values
+
+    def pruned(self, start: int, m: int) -> bool:
+        """Whether top-k attention leaves out an earlier key of some query of a read of m positions from `start`."""
+        return self.attention_top_k is not None and self.attention_top_k < searched_end(start, m)
+
+    def keys_asked(self, start: int, m: int) -> int | None:
+        """The keys of each head a key search asks for: None, every one below the last query (no query has more
+        than K earlier keys, or K + m - 1 reaches them all); else K + m - 1: a block's later positions are at most
+        m - 1 of them, so every query's K best below its own position are among them."""
+        if not self.pruned(start, m):
+            return None
+        k = self.attention_top_k + m - 1
+        return k if k < searched_end(start, m) else None
 
     def chunk(self, m: int = 1) -> int:
         """Key positions whose kept values attention converts to float64 and sums at a time, for m queries: the
@@ -374,22 +437,53 @@ class Session:
 
     def key_search(self, q, layer, start):  # q [m, H, hd] -> (sent, the round's call), or None: no earlier key
         """The search of this layer's keys below the last query's position, once their rows have landed."""
-        m, n_head = q.shape[:2]
-        end = searched_end(start, m)
+        end = searched_end(start, len(q))
         if not end:
-            self.meter.scored(store=0, memory=n_head * m)
             return None
         self.await_layer(layer)
         sent = encoding.key_queries(q.transpose(1, 0, 2), self.key_norms[layer, :, :end], self.metric)
         where = Where(eq={"layer": layer}, lt={"position": end})
-        return sent, later.search_many([Search(self.name, sent[0], where=where, by="head")])  # each head's keys
+        search = Search(
+            self.name, sent[0], k=self.keys_asked(start, len(q)), where=where, by="head"
+        )  # each head's keys
+        return sent, later.search_many([search])
 
     def key_scores(self, asked, found, layer, start, m):  # the key search's hits -> q.k [H, m, start + m - 1]
+        """Every earlier key's q.k; under top-k attention -inf for each query's keys not among its K best."""
+        n_head, end = self.hp.n_head, searched_end(start, m)
         if asked is None:
-            return np.zeros((self.hp.n_head, m, 0))
-        scores = self.key_columns(asked[0], found, layer, searched_end(start, m))
-        used = np.arange(scores.shape[-1]) < np.arange(start, start + m)[:, None]  # each query's earlier keys
-        self.meter.scored(store=self.hp.n_head * int(used.sum()), memory=self.hp.n_head * m)
+            self.meter.scored(store=0, memory=n_head * m, returned=0, values=n_head * m)
+            return np.zeros((n_head, m, 0))
+        k, returned = self.keys_asked(start, m), found[0].ids.size
+        scores = (
+            self.key_columns(asked[0], found, layer, end)
+            if k is None
+            else self.top_columns(asked[0], found, layer, end, k)
+        )
+        used = np.arange(end) < np.arange(start, start + m)[:, None]  # each query's earlier keys
+        if self.pruned(start, m):
+            scores = keep_best(np.where(used, scores, -np.inf), self.attention_top_k)
+            read = int(np.isfinite(scores).sum())
+        else:
+            read = n_head * int(used.sum())
+        self.meter.scored(
+            store=n_head * int(used.sum()), memory=n_head * m, returned=returned, values=read + n_head * m
+        )
+        return scores
+
+    def top_columns(self, sent, found, layer, end, k):  # the k best keys' hits -> q.k [H, m, end], -inf where not found
+        ((ids, dists, _),) = found  # [H, m, K]
+        n_head, n_ctx = self.hp.n_head, self.hp.n_ctx
+        heads = (layer * n_head + np.arange(n_head))[:, None, None]
+        if ids.shape[-1] != k or (ids // n_ctx != heads).any() or (ids % n_ctx >= end).any():
+            raise VecgptError(
+                f"the store's top-k key search in layer {layer} returned other keys than this session wrote; "
+                f"start the text again"
+            )
+        scores = np.full((*ids.shape[:2], end), -np.inf)
+        np.put_along_axis(
+            scores, ids % n_ctx, encoding.decode_key_dists(dists, *sent[:1], 0.0, self.metric, sent[1]), -1
+        )
         return scores
 
     def key_columns(self, sent, found, layer, end):  # the key search's hits -> q.k [H, m, end], in position order

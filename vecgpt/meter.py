@@ -71,9 +71,10 @@ class Meter:
         }
         self.tokens.append(self.current)
 
-    def scored(self, store: int, memory: int) -> None:
-        """q.k products attention took: `store` from a key search's distances, `memory` computed in numpy."""
-        self.current["scores"].update(store=store, memory=memory)
+    def scored(self, store: int, memory: int, returned: int, values: int) -> None:
+        """q.k products attention took: `store` from a key search's distances, `memory` computed in numpy; the keys
+        the search `returned` and the `values` attention read (top-k attention: each query's K best and its own)."""
+        self.current["scores"].update(store=store, memory=memory, returned=returned, values=values)
 
     def waited(self, seconds: float) -> None:
         """A search waited for a write to land (kind "wait"): on the critical path, but no request of its own."""
@@ -164,7 +165,7 @@ def summarize(tokens: list[dict]) -> dict:
         "round_trips_by_kind": {k: rounds[k] for k in KINDS if rounds[k]},
         "seconds": round(sum(seconds.values()), 6),
         "seconds_by_kind": {k: round(seconds[k], 6) for k in KINDS if seconds[k]},
-        "scores": {"store": scores["store"], "memory": scores["memory"]},
+        "scores": {k: scores[k] for k in ("store", "memory", "returned", "values")},
     }
 
 

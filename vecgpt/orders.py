@@ -8,7 +8,7 @@ with `perturb` moving each multiply's output. The orders (perturb.order):
 - "three" (layout three, vecgpt.three_rounds): projected values from x by the product W_v W_o, and the
   keys' documents scored against (x, 1) (`three_round_heads`, `value_output`, `query_rows`);
 - "plain" (layout five, vecgpt.five_rounds, and numpy itself): heads side by side, then c_proj.
-perturb sees .linear(x, weight, bias, y) and .scores(q, k, q @ k.T), and per order .kept(v),
+perturb sees .linear(x, weight, bias, y) and .scores(q, k, q @ k.T), its .top_k (None: every key), and per order .kept(v),
 .project(v, weight, bias, y), .products / .product, .searched(n, m), .searched_scores(x1, docs, x1 @ docs.T).
 """
 
@@ -31,7 +31,12 @@ def feed_forward(x, c_fc, c_proj, perturb):  # [m, d] -> [m, d]
 
 
 def attention(q, k, v, mask, perturb):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
-    return softmax(perturb.scores(q, k, q @ k.T) / math.sqrt(q.shape[-1]) + mask) @ v
+    return softmax(kept(perturb.scores(q, k, q @ k.T) / math.sqrt(q.shape[-1]) + mask, perturb)) @ v
+
+
+def kept(scores, perturb):  # [m, n] -> [m, n]: under top-k attention (perturb.top_k), reference.keep_top_k's
+    top_k = getattr(perturb, "top_k", None)
+    return scores if top_k is None else reference.keep_top_k(scores, top_k)
 
 
 def mha(x, c_attn, c_proj, n_head, cache, perturb):  # [m, d] -> [m, d]; cache: "k", "v" [n, d], "pv", "doc"
@@ -79,7 +84,7 @@ def three_round_heads(x, q, c_attn, c_proj, n_head, cache, mask, perturb):  # [m
         doc = cache["doc"][:end, h]
         far = perturb.searched_scores(x1, doc, x1 @ doc.T) if end else np.zeros((m, 0))
         scores = np.hstack([far, perturb.scores(qh, kh, qh @ kh.T)[:, end:]])
-        out = out + softmax(scores / math.sqrt(hd) + mask) @ cache["pv"][:, h]
+        out = out + softmax(kept(scores / math.sqrt(hd) + mask, perturb)) @ cache["pv"][:, h]
     return out
 
 
@@ -121,7 +126,7 @@ class InOrder(reference.Reference):
     """The reference's KV cache, read in perturb.order's order with every multiply's output through perturb."""
 
     def __init__(self, model, perturb, dtype=np.float64):
-        super().__init__(model, dtype)
+        super().__init__(model, dtype, getattr(perturb, "top_k", None))
         self.perturb = perturb
 
     def hidden(self, ids) -> np.ndarray:  # [m] -> [m, d]

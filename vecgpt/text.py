@@ -42,14 +42,22 @@ class Text:
         self.kept = False
         self.resumed = False  # set by resume: `unread` then counts positions read again
         self._take(record)
+        session.attention_top_k = self.settings.get("attention_top_k")  # a record from before it: every key
 
     # ------------------------------------------------------------ opening
 
     @classmethod
     def start(
-        cls, engine: Engine, prompt: list[int], temperature: float = 0.0, top_k: int | None = None, seed: int = 0
+        cls,
+        engine: Engine,
+        prompt: list[int],
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        seed: int = 0,
+        attention_top_k: int | None = None,
     ):
-        """A new text holding the prompt; nothing is read until the first `generate`."""
+        """A new text holding the prompt; nothing is read until the first `generate`. `attention_top_k`: its
+        queries' K (Session.attention_top_k; None: the engine's), kept in its record for as long as it lives."""
         if not prompt:
             raise VecgptError("the prompt is empty; give at least one token")
         check_tokens(engine, prompt)
@@ -58,7 +66,12 @@ class Text:
             "model": engine.key,
             "tokens": [int(t) for t in prompt],
             "prompt_len": len(prompt),
-            "settings": {"seed": seed, "temperature": temperature, "top_k": top_k or engine.top_k},
+            "settings": {
+                "seed": seed,
+                "temperature": temperature,
+                "top_k": top_k or engine.top_k,
+                "attention_top_k": engine.check_top_k(attention_top_k) or engine.attention_top_k,
+            },
             "written": 0,
             "scored": len(prompt),
             "created": now,

@@ -59,8 +59,18 @@ def unit_roundoff(backend: str) -> float:
 class Perturbation:
     """Moves every multiply of the reference by its search's error bound, with random signs (vecgpt.orders' hook)."""
 
-    def __init__(self, metric: str, u: float, seed: int, per_output: bool, stored: float = U32, layout: str = "four"):
+    def __init__(
+        self,
+        metric: str,
+        u: float,
+        seed: int,
+        per_output: bool,
+        stored: float = U32,
+        layout: str = "four",
+        top_k: int | None = None,
+    ):
         self.metric, self.u, self.per_output, self.stored, self.layout = metric, u, per_output, stored, layout
+        self.top_k = top_k  # top-k attention's K (the softmax over each query's own key and K best), None: every key
         self.rng, self.m2, self._products = np.random.default_rng(seed), {}, {}
         # a store runs attention in its layout's order (vecgpt.orders); plain maths (stored = 0) in layout "four" as numpy
         self.order = "three" if layout == "three" else "projected" if stored > 0 and layout != "five" else "plain"
@@ -125,16 +135,17 @@ def teacher_forced(reader, prompt: list[int], tokens: list[int], k: int) -> list
     return out + [reader.read([t], k) for t in tokens[:-1]]
 
 
-def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=None) -> np.ndarray:
-    """float64 numpy's full logits [steps, vocab] at the same steps as teacher_forced."""
+def forced_logits(model64: Model, prompt: list[int], tokens: list[int], perturb=None, top_k=None) -> np.ndarray:
+    """float64 numpy's full logits [steps, vocab] at the same steps as teacher_forced (top_k: under top-k
+    attention; with perturb, perturb.top_k)."""
     if perturb is None:
-        key = ("forced", ints(prompt), ints(tokens))
-        return remembered(model64, key, lambda: _forced_logits(model64, prompt, tokens, None))
+        key = ("forced", ints(prompt), ints(tokens), top_k)
+        return remembered(model64, key, lambda: _forced_logits(model64, prompt, tokens, None, top_k))
     return _forced_logits(model64, prompt, tokens, perturb)
 
 
-def _forced_logits(model64, prompt, tokens, perturb) -> np.ndarray:
-    ref = Reference(model64, np.float64) if perturb is None else InOrder(model64, perturb, np.float64)
+def _forced_logits(model64, prompt, tokens, perturb, top_k=None) -> np.ndarray:
+    ref = Reference(model64, np.float64, top_k) if perturb is None else InOrder(model64, perturb, np.float64)
     rows = [ref.logits(prompt)[-1]] + [ref.logits([t])[-1] for t in tokens[:-1]]
     return np.stack(rows)
 
@@ -148,19 +159,24 @@ def logit_tolerance(
     exact: np.ndarray | None = None,
     stored: float = U32,
     layout: str = "four",
+    top_k: int | None = None,
 ) -> np.ndarray:
     """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
     (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way;
-    layout: the model's, vecgpt.config.LAYOUTS; exact: forced_logits of the same arguments, if the caller has it)."""
-    key = ("tolerance", ints(prompt), ints(tokens), metric, float(u), float(stored), layout)
-    return remembered(model64, key, lambda: _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout))
+    layout: the model's, vecgpt.config.LAYOUTS; top_k: top-k attention's K; exact: forced_logits of the same
+    arguments, if the caller has it)."""
+    key = ("tolerance", ints(prompt), ints(tokens), metric, float(u), float(stored), layout, top_k)
+    return remembered(
+        model64, key, lambda: _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout, top_k)
+    )
 
 
-def _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout) -> np.ndarray:
-    exact = forced_logits(model64, prompt, tokens) if exact is None else exact
+def _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout, top_k) -> np.ndarray:
+    exact = forced_logits(model64, prompt, tokens, top_k=top_k) if exact is None else exact
     moved = [
         np.abs(
-            forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout)) - exact
+            forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout, top_k))
+            - exact
         ).max(1)
         for seed in range(PATTERNS)
     ]
@@ -173,8 +189,10 @@ def forced_comparison(
     """A store's reader and float64 numpy fed the same tokens: the rule at every step, the derived
     tolerance (in the reader's layout) and the largest error seen."""
     cands = teacher_forced(reader, prompt, tokens, k)
-    exact = forced_logits(model64, prompt, tokens)
-    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact, layout=getattr(reader, "layout", "four"))
+    top_k = getattr(reader, "attention_top_k", None)
+    exact = forced_logits(model64, prompt, tokens, top_k=top_k)
+    layout = getattr(reader, "layout", "four")
+    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact, layout=layout, top_k=top_k)
     broken = [
         f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)
     ]
@@ -188,19 +206,25 @@ def forced_comparison(
 
 
 def block_tolerance(
-    model64: Model, ids: list[int], metric: str, u: float, stored: float = U32, layout: str = "four"
+    model64: Model,
+    ids: list[int],
+    metric: str,
+    u: float,
+    stored: float = U32,
+    layout: str = "four",
+    top_k: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """float64 numpy's logits [positions, vocab] for one block of ids, and the tolerance per position
-    (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way)."""
-    key = ("block", ints(ids), metric, float(u), float(stored), layout)
-    return remembered(model64, key, lambda: _block_tolerance(model64, ids, metric, u, stored, layout))
+    (stored = 0: plain maths in precision u, the vectors not rounded to float32 on the way; top_k: top-k attention's)."""
+    key = ("block", ints(ids), metric, float(u), float(stored), layout, top_k)
+    return remembered(model64, key, lambda: _block_tolerance(model64, ids, metric, u, stored, layout, top_k))
 
 
-def _block_tolerance(model64, ids, metric, u, stored, layout) -> tuple[np.ndarray, np.ndarray]:
-    exact = Reference(model64, np.float64).logits(ids)
+def _block_tolerance(model64, ids, metric, u, stored, layout, top_k) -> tuple[np.ndarray, np.ndarray]:
+    exact = Reference(model64, np.float64, top_k).logits(ids)
     moved = []
     for seed in range(PATTERNS):
-        ref = InOrder(model64, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout), np.float64)
+        ref = InOrder(model64, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout, top_k), np.float64)
         moved.append(np.abs(ref.logits(ids) - exact).max(1))
     return exact, SAFETY * np.max(moved, axis=0)
 

@@ -31,7 +31,13 @@ def config_of(args):
     from vecgpt.backends.base import location_key
     from vecgpt.config import load_config
 
-    config = load_config(args.config, backend=args.backend, metric=args.metric, layout=getattr(args, "layout", None))
+    config = load_config(
+        args.config,
+        backend=args.backend,
+        metric=args.metric,
+        layout=getattr(args, "layout", None),
+        attention_top_k=getattr(args, "attention_top_k", None),
+    )
     if args.store is not None:
         config.store[location_key(config.backend)] = args.store
     return config
@@ -40,29 +46,70 @@ def config_of(args):
 def cmd_load(args) -> int:
     from vecgpt import weights
     from vecgpt.config import open_store
-    from vecgpt.loading import plan, push
+    from vecgpt.loading import push
 
     config = config_of(args)
-    model = weights.load(args.model or config.model)
     if args.dry_run:
-        rows = plan(model, config.metric, config.layout)
-        docs, size = sum(n for _, n, _ in rows), sum(n * d * 4 for _, n, d in rows)
-        print(f"{len(rows)} collections, {docs:,} documents, {size / 1e6:,.1f} MB of float32 vectors")
-        estimate = cost_estimate(config, model)
-        if estimate:
-            print(estimate)
+        print("\n".join(dry_run(config, args.model or config.model)))
         return 0
+    model = weights.load(args.model or config.model)
     store = open_store(config)
     try:
-        manifest = push(store, model, config.metric, progress=True, layout=config.layout)
+        manifest = push(store, model, config.metric, progress=True if args.progress else None, layout=config.layout)
     finally:
         store.close()
     print(f"{config.backend}: holds {manifest['source']} ({manifest['fingerprint']})")
     return 0
 
 
-def cost_estimate(config, model) -> str | None:
-    """What loading the model into the config's store costs and what a token costs there (the backend's
+def dry_run(config, model: str) -> list[str]:
+    """What a load would write, from the model's shape alone (no weights read or fetched): a line each for the
+    model, documents, bytes, time at this machine's measured rate, memory where the store holds the vectors in it,
+    and (a billed store) dollars."""
+    from vecgpt import weights
+    from vecgpt.loading import plan
+
+    hp, source = weights.shape(model)
+    rows = plan(hp, config.metric, config.layout)
+    docs, size = sum(n for _, n, _ in rows), sum(n * d * 4 for _, n, d in rows)
+    lines = [
+        f"model: {source} ({hp.n_layer} layers, {hp.n_embd} wide, {hp.n_head} heads; "
+        f"{weights.parameter_count(hp) / 1e6:,.1f}M parameters, {weights.parameter_count(hp) * 4 / 1e9:,.2f} GB float32)",
+        f"documents: {docs:,} in {len(rows)} collections ({config.metric}, layout {config.layout})",
+        f"bytes: {size / 1e6:,.1f} MB of float32 vectors",
+        load_time(config.backend, size),
+    ]
+    if config.backend in ("memory", "faiss"):
+        from vecgpt.cli.attention import available_bytes
+
+        lines.append(
+            f"memory: {size / 1e9:,.2f} GB held in memory by {config.backend}, {available_bytes() / 1e9:,.1f} GB free"
+        )
+    estimate = cost_estimate(config, hp)
+    return lines + ([estimate] if estimate else [])
+
+
+def load_time(backend: str, size: int) -> str:
+    from vecgpt.loading import read_rates
+
+    rate = read_rates().get(backend)
+    if not rate:
+        return f"time: no {backend} load measured on this machine yet (each completed load records its rate)"
+    seconds = size / 1e6 / rate["mb_per_s"]
+    return (
+        f"time: about {duration(seconds)} at {rate['mb_per_s']:,.1f} MB/s ({rate['documents_per_s']:,.0f} documents/s), "
+        f"the largest {backend} load measured here ({rate['documents']:,} documents, {rate['at'][:10]})"
+    )
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:,.0f} s"
+    return f"{seconds / 60:,.1f} min" if seconds < 5400 else f"{seconds / 3600:,.1f} h"
+
+
+def cost_estimate(config, hp) -> str | None:
+    """What loading a model of shape `hp` into the config's store costs and what a token costs there (the backend's
     estimate_cost), or None for a store that bills nothing."""
     from vecgpt.backends.base import extra
     from vecgpt.loading import plan, text_row
@@ -70,10 +117,10 @@ def cost_estimate(config, model) -> str | None:
     estimate = extra(config.backend, "estimate_cost")
     if estimate is None:
         return None
-    shape = {"n_head": model.hparams.n_head, "key_row": text_row(model.hparams, config.layout)}
+    shape = {"n_head": hp.n_head, "key_row": text_row(hp, config.layout)}
     options = {**config.store, **shape}
     accepted = inspect.signature(estimate).parameters
-    return estimate(plan(model, config.metric, config.layout), **{k: v for k, v in options.items() if k in accepted})
+    return estimate(plan(hp, config.metric, config.layout), **{k: v for k, v in options.items() if k in accepted})
 
 
 def cmd_ls(args) -> int:
@@ -141,7 +188,7 @@ def implicit_load(args, config):
     def confirm(store) -> None:
         from vecgpt import weights
 
-        cost = cost_estimate(config, weights.load(args.model or config.model))
+        cost = cost_estimate(config, weights.load(args.model or config.model).hparams)
         if cost is None:  # not billed: load without asking
             return
         print(f"the store lacks this model; loading it first:\n{cost}", file=sys.stderr)
@@ -179,14 +226,14 @@ def cmd_generate(args) -> int:
     if args.reference:
         if args.keep or args.resume:
             raise VecgptError("--reference keeps no text; drop --keep/--resume")
-        out = api.generate_reference(args.prompt, **common)
+        out = api.generate_reference(args.prompt, attention_top_k=config.attention_top_k, **common)
     else:
         if args.resume:
             common["on_text"] = None if args.json else Echo("")
         out = api.generate_text(
             args.prompt,
             config=config,
-            progress=True,
+            progress=None,
             confirm=implicit_load(args, config),
             keep=args.keep,
             resume=args.resume,
@@ -227,7 +274,7 @@ def generate_batch(args, config, common: dict) -> int:
             prompts,
             config=config,
             at_once=args.at_once,
-            progress=True,
+            progress=None,
             confirm=implicit_load(args, config),
             on_result=printer,
             where=args.batch,
@@ -330,7 +377,12 @@ def add_layout_arg(p: argparse.ArgumentParser) -> None:
 
 def load_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p), add_layout_arg(p)
-    p.add_argument("--dry-run", action="store_true", help="print what a load would write, write nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what a load would write (documents, bytes, time, dollars) from the model's shape; write nothing",
+    )
+    p.add_argument("--progress", action="store_true", help="a progress bar on stderr even when it is not a terminal")
 
 
 def generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -345,6 +397,13 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None, help="candidates to sample from (default 40)")
     p.add_argument("--seed", type=int, default=None, help="the draws' seed (default: a new one, said on stderr)")
     p.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
+    p.add_argument(
+        "--attention-top-k",
+        type=int,
+        metavar="K",
+        help="each query attends to its own key and its K best earlier keys by q.k (a key search of K); "
+        "a model loaded with --metric ip (default: every key)",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")
     p.add_argument(
