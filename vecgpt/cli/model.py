@@ -41,7 +41,7 @@ def shape_of(args):
         if args.scale is not None:
             raise VecgptError("--scale scales a --size: give both, e.g. --size gpt2-xl --scale 16")
         return weights.HParams(*(v if v is not None else DEFAULTS[f] for f, v in given.items()))
-    hp = weights.size_shape(args.size, args.scale or 1)
+    hp = weights.size_shape(args.size, 1 if args.scale is None else args.scale)
     fields = dict(zip(given, (hp.n_layer, hp.n_head, hp.n_embd, hp.n_ctx, hp.n_vocab)))
     return weights.HParams(*(v if v is not None else fields[f] for f, v in given.items()))
 
