@@ -61,9 +61,15 @@ def test_json_fields(quick):
         for key in ("context", "k", "steps", "agreement", "disagreements", "kl_mean", "mass_mean", "per_token"):
             assert key in r
         assert r["steps"] == 8
-        assert set(r["per_token"]) == {"keys_scored", "keys_returned", "values_read", "bytes"}
-    one = next(r for r in rows(result) if r["k"] == 1)
-    assert one["per_token"]["keys_returned"] == 16 and one["per_token"]["keys_scored"] == 16 * 23  # 4 layers x 4 heads
+        assert set(r["per_token"]) == {"keys_scored", "keys_returned", "values_read", "bytes_returned", "value_bytes"}
+    one = next(r for r in rows(result) if r["k"] == 1)  # 4 layers x 4 heads, 23 earlier keys each
+    assert one["per_token"] == {
+        "keys_scored": 16 * 23,
+        "keys_returned": 16,
+        "values_read": 32,
+        "bytes_returned": 16 * 12,
+        "value_bytes": 32 * 32 * 4,
+    }
     (approx,) = rows(result, "hnsw")
     assert 0 <= approx["recall"] <= 1 and 0 <= approx["agreement"] <= 1
     assert (out / "topk_attention.md").read_text().startswith("model: ")

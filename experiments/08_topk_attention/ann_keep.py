@@ -8,7 +8,7 @@ experiment's own search beside numpy, not a store's: vecgpt's stores search thei
 from __future__ import annotations
 
 import numpy as np
-from sparse_forward import earlier_only, top_k_keep
+from sparse_forward import earlier_only, own_keys, top_k_keep
 
 
 class HnswTopK:
@@ -31,7 +31,7 @@ class HnswTopK:
         }
 
     def __call__(self, scores, q, key, layer):
-        b, h, c, _ = q.shape
+        b, h, m, n = scores.shape
         kept = np.zeros(scores.shape, bool)
         for i in range(b):
             for j in range(h):
@@ -39,20 +39,21 @@ class HnswTopK:
         exact = top_k_keep(earlier_only(scores), self.k)
         self.found += int((kept & exact).sum())
         self.wanted += int(exact.sum())
-        return kept | np.eye(c, dtype=bool)
+        return kept | own_keys(m, n)
 
-    def head(self, q, key):  # [C, hd] each -> keep [C, C]: row i the keys the index returns for query i
+    def head(self, q, key):  # [m, hd], [n, hd] -> keep [m, n]: the keys the index returns for each query
         import hnswlib
 
-        c, hd = key.shape
+        (m, hd), n = q.shape, len(key)
         index = hnswlib.Index(space="ip", dim=hd)
-        index.init_index(max_elements=c, M=self.m, ef_construction=self.ef_construction, random_seed=self.seed)
+        index.init_index(max_elements=n, M=self.m, ef_construction=self.ef_construction, random_seed=self.seed)
         index.set_num_threads(1)  # insertion order fixed: the same graph every run
-        index.add_items(key.astype(np.float32), np.arange(c))
-        kept = np.zeros((c, c), bool)
+        index.add_items(key.astype(np.float32), np.arange(n))
+        kept = np.zeros((m, n), bool)
         q32 = q.astype(np.float32)
-        for i in range(1, c):
-            kept[i, self.search(index, q32[i], min(self.k, i), i)] = True
+        for row, i in enumerate(range(n - m, n)):
+            if i:  # position 0 has no earlier key
+                kept[row, self.search(index, q32[row], min(self.k, i), i)] = True
         return kept
 
     def search(self, index, q, k, before):  # labels of the (at most) k best keys before position `before`

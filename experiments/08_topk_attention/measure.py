@@ -111,10 +111,10 @@ def run_hnsw(tally, params, hp, ids, full, k, hnsw) -> None:
 
 def per_token(hp, context: int, k) -> dict:
     """What a step at this context asks of the key search, by formula: per layer and head, every earlier key scored
-    (an exact search), min(K, context - 1) of them returned, as many values read."""
+    (an exact search), min(K, context - 1) of them returned, their values and the query's own read."""
     heads = hp.n_layer * hp.n_head
     kept = k_value(k, context)
-    return {"keys_scored": heads * (context - 1), "keys_returned": heads * kept, "values_read": heads * kept}
+    return {"keys_scored": heads * (context - 1), "keys_returned": heads * kept, "values_read": heads * (kept + 1)}
 
 
 def smallest_k(rows, context, target=0.99, search="exact"):

@@ -17,9 +17,11 @@ def fmt(v, spec=".3f") -> str:
 
 
 def report(result: dict) -> str:
-    parts = [f"model: {result['model']['label']}", "", settings_line(result), ""]
-    parts += ["Smallest K with greedy agreement >= 99% (exact key search):", "", smallest_table(result), ""]
-    for context in result["settings"]["contexts"]:
+    parts = [f"model: {result['model']['label']}", ""]
+    if result["rows"]:
+        parts += [settings_line(result), ""]
+        parts += ["Smallest K with greedy agreement >= 99% (exact key search):", "", smallest_table(result), ""]
+    for context in result["settings"]["contexts"] if result["rows"] else []:
         full = result["full_accuracy"][str(context)]
         parts += [f"context {context} tokens (full attention's greedy token is the passage's next on {full:.1%}):", ""]
         parts += [context_table(result, context), ""]
@@ -27,6 +29,13 @@ def report(result: dict) -> str:
         parts += ["Through the stores (the engine, `attention_top_k`):", "", store_table(result), ""]
     for s in result.get("stores_skipped", []):
         parts.append(f"- {s['store']}: {s['reason']}")
+    if result.get("turbopuffer_dollars"):
+        parts += [
+            "",
+            "turbopuffer, a generated token by the price list (key searches top-K):",
+            "",
+            dollar_table(result),
+        ]
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -70,7 +79,8 @@ def context_table(result, context) -> str:
                 "KL mean (nats)": fmt(r["kl_mean"], ".2e"),
                 "mass held mean / min head": f"{r['mass_mean']:.3f} / {r['mass_min_head']:.3f}",
                 "returned / values a token": f"{r['per_token']['keys_returned']} / {r['per_token']['values_read']}",
-                "bytes a token": f"{r['per_token']['bytes']:,}",
+                "bytes returned / of values a token": f"{r['per_token']['bytes_returned']:,} / "
+                f"{r['per_token']['value_bytes']:,}",
                 "hnsw recall": fmt(a.get("recall"), ".3f"),
                 "hnsw agreement (exact, same steps)": "-"
                 if not a
@@ -89,10 +99,23 @@ def store_table(result) -> str:
             "K": k_label(s["k"]),
             "ms a token": f"{s['ms_per_token']:.1f}",
             "scored / returned / values a token (meter)": s.get("meter_line", "-"),
-            "formula returned / values": f"{s['formula']['keys_returned']} / {s['formula']['values_read']}",
+            "formula": "/".join(f"{s['formula'][key]:g}" for key in ("keys_scored", "keys_returned", "values_read")),
             "greedy = numpy top-K": s.get("same_tokens_as_numpy", "-"),
         }
         for s in result["stores"]
+    ]
+    return markdown_table(rows)
+
+
+def dollar_table(result) -> str:
+    rows = [
+        {
+            "context": d["context"],
+            "K": k_label(d["k"]),
+            "key bytes returned": f"{d['key_bytes_returned']:,}",
+            "$ a token": f"{d['dollars']:.8f}",
+        }
+        for d in result["turbopuffer_dollars"]
     ]
     return markdown_table(rows)
 
@@ -110,7 +133,7 @@ def plot(result: dict, path) -> None:
                 continue
             x = [i for i, k in enumerate(ks) if k in rows]
             agree = [rows[ks[i]]["agreement"] for i in x]
-            kl = [max(rows[ks[i]]["kl_mean"], 1e-12) for i in x]
+            kl = [rows[ks[i]]["kl_mean"] or np.nan for i in x]  # KL 0 (K = all) has no place on a log scale
             label = f"{context} tokens" + ("" if search == "exact" else " (hnsw)")
             color = f"C{contexts.index(context)}"
             axes[0].plot(x, agree, style, marker="o", ms=3, color=color, label=label)
@@ -123,6 +146,8 @@ def plot(result: dict, path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[1].set_yscale("log")
+    if not result["rows"]:
+        return save_plot(fig, path)
     smallest = [result["smallest_k"][str(c)] for c in contexts]
     y = [c - 1 if k == "all" else (np.nan if k is None else int(k)) for c, k in zip(contexts, smallest)]
     axes[2].plot(contexts, y, marker="o", label="smallest K, 99% agreement")
@@ -138,6 +163,8 @@ def plot(result: dict, path) -> None:
 
 def mass_plot(result: dict, path) -> None:
     """Per context length, the mass each head's own key and K best earlier keys hold under full attention."""
+    if not result["mass"]:
+        return
     plt = pyplot()
     contexts, ks = result["settings"]["contexts"], result["settings"]["ks"]
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts) + 1, 4.6), squeeze=False)

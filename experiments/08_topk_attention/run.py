@@ -16,9 +16,14 @@ The measurements are in measure.py (numpy) and stores.py (the engine), the table
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+# One BLAS thread (unless set): the forward pass's many small products stall a second thread on a shared machine.
+# As a script this runs before numpy loads; under `vecgpt experiment` numpy is loaded already.
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this experiment's modules, and experiments/ for common/
 
@@ -64,6 +69,13 @@ def add_arguments(p) -> None:
     p.add_argument("--store-ks", nargs="+", default=None, help="K values on the stores (default: --ks)")
     p.add_argument("--store-tokens", type=int, default=8, help="tokens generated a store run (8)")
     p.add_argument("--store-root", default=None, help="put each store under DIR/<config name>")
+    p.add_argument("--stores-only", action="store_true", help="only the stores' half (no numpy sweep)")
+    p.add_argument(
+        "--merge",
+        nargs=2,
+        metavar="DIR",
+        help="run nothing: the numpy figures of the first run folder with the stores of the second, into --out",
+    )
     p.add_argument("--quick", action="store_true", help="one short passage, K in 1 and all (the test's run)")
     p.add_argument("--seed", type=int, default=0, help="hnswlib's graph seed")
     p.add_argument("--out", default=None, help="results folder (default: a new ./results/topk-attention/<timestamp>)")
@@ -105,8 +117,10 @@ def load_passages(args, s, hp):
 
 
 def run(args) -> int:
-    from common.record import new_run, provenance
+    from common.record import new_run, provenance, write_json
 
+    if args.merge:
+        return merge(args.merge, new_run(NAME, args.out))
     s = settings(args)
     model = subjects.load_model(args.model, dtype=np.float64)
     passages = load_passages(args, s, model.hparams)
@@ -122,14 +136,16 @@ def run(args) -> int:
         "stores_skipped": [],
     }
     hnsw = {"m": s["hnsw"]["m"], "ef_construction": s["hnsw"]["ef_construction"], "ef": s["hnsw"]["ef"]}
-    for context in s["contexts"]:
+    for context in [] if args.stores_only else s["contexts"]:
         got = run_context(model, passages, context, s["ks"], s["steps"], s["approx_passages"], hnsw, args.quiet)
         add_context(result, model.hparams, context, s["ks"], got)
+        write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
     result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in s["contexts"]}
     result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in s["contexts"]}
-    if args.configs:
-        from stores import run_stores
+    from stores import run_stores, turbopuffer_dollars
 
+    result["turbopuffer_dollars"] = turbopuffer_dollars(model, s["contexts"], s["ks"])
+    if args.configs:
         run_stores(args, s, model, passages, result)
     publish(out, result)
     return 0
@@ -165,10 +181,29 @@ def add_context(result, hp, context, ks, got) -> None:
         )
 
 
+def merge(folders, out) -> int:
+    import json
+
+    numpy_run, stores_run = (json.loads((Path(f) / "topk_attention.json").read_text()) for f in folders)
+    result = {
+        **numpy_run,
+        "merged_from": [str(f) for f in folders],
+        "stores": stores_run["stores"],
+        "stores_skipped": stores_run["stores_skipped"],
+        "stores_provenance": stores_run["provenance"],
+    }
+    publish(out, result)
+    return 0
+
+
 def with_bytes(counts: dict, hp) -> dict:
-    """Bytes a token: a float32 score a returned key, and a float32 value row (layout four: the value projected by
-    c_proj, n_embd wide) a value read."""
-    return {**counts, "bytes": 4 * counts["keys_returned"] + 4 * hp.n_embd * counts["values_read"]}
+    """Bytes a token: 12 a returned key (an 8-byte id and a 4-byte score), and a float32 value a value read (layout
+    five, the in-process default: a head's width; four and three keep values projected, n_embd wide)."""
+    return {
+        **counts,
+        "bytes_returned": 12 * counts["keys_returned"],
+        "value_bytes": 4 * (hp.n_embd // hp.n_head) * counts["values_read"],
+    }
 
 
 def publish(out, result) -> None:
@@ -182,12 +217,13 @@ def publish(out, result) -> None:
     md = report(result)
     (out / "topk_attention.md").write_text(md)
     try:
-        plot(result, out / "topk_attention.png")
-        mass_plot(result, out / "mass.png")
+        if result["rows"]:  # a stores-only run has no numpy figures to draw
+            plot(result, out / "topk_attention.png")
+            mass_plot(result, out / "mass.png")
     except VecgptError as e:  # matplotlib missing: the tables still count
         print(f"no plot: {e}", file=sys.stderr)
     print(md)
-    print(f"wrote {out}/topk_attention.json, .md, .png, mass.png", file=sys.stderr)
+    print(f"wrote {out}/topk_attention.json, .md" + (", .png, mass.png" if result["rows"] else ""), file=sys.stderr)
 
 
 def main(argv=None) -> int:
