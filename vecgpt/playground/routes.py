@@ -118,6 +118,14 @@ def start(library, request, body):
     return views.text_view(entry, library.shelf(entry.store))
 
 
+def top_k(library, request, body):
+    """POST /api/texts/{id}/top-k {attention_top_k: K}: a new text as the text began (its prompt, temperature,
+    top_k and seed) with top-k attention over K earlier keys, nothing read yet: the page generates it as any text."""
+    entry = library.entry(request.path_params["text_id"])
+    new = library.top_k(entry, field(body, "attention_top_k", int))
+    return views.text_view(new, library.shelf(new.store))
+
+
 def current(make):
     """A handler answering make(entry, shelf, request) on the text as the store holds it now (caught up with
     what another process wrote)."""
@@ -390,6 +398,7 @@ ROUTES = [
     Route("/api/texts/{text_id}/branch", guarded(branch), methods=["POST"]),
     Route("/api/texts/{text_id}/retry", guarded(retry), methods=["POST"]),
     Route("/api/texts/{text_id}/check", guarded(check)),
+    Route("/api/texts/{text_id}/top-k", guarded(top_k), methods=["POST"]),
     Route("/api/texts/{text_id}/compare", guarded(compare)),
     Route("/api/texts/{text_id}/attention/{position}", guarded(inspected(lens_only=False))),
     Route("/api/texts/{text_id}/lens/{position}", guarded(inspected(lens_only=True))),

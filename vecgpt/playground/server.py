@@ -144,6 +144,7 @@ class Shelf:
                     tile=c.tile,
                     model=key,
                     prefill_chunk=c.prefill_chunk,
+                    attention_top_k=c.attention_top_k,
                 )
             return self.engines[key]
 
@@ -326,13 +327,7 @@ class Library:
             )
         if not prompt:
             raise Refused("type a prompt first")
-        with self.lock:
-            if len(self.texts) >= limits.max_texts:
-                raise Refused(
-                    f"this server has {len(self.texts)} texts open, its limit; close one or wait "
-                    f"{limits.idle_s:.0f} s for idle texts to be closed",
-                    429,
-                )
+        self.room()
         shelf = self.shelf(store)
         self.within_budget(store)
         with shelf.lock.shared():
@@ -344,6 +339,36 @@ class Library:
             check_request(engine.hparams, ids, 0, top_k, temperature, seed)
             text = Text.start(engine, ids, temperature=temperature, top_k=top_k, seed=seed)
         return self.remember(text, store, key)
+
+    def room(self) -> None:
+        """A 429 once this process has its limit of texts open."""
+        with self.lock:
+            if len(self.texts) >= self.settings.max_texts:
+                raise Refused(
+                    f"this server has {len(self.texts)} texts open, its limit; close one or wait "
+                    f"{self.settings.idle_s:.0f} s for idle texts to be closed",
+                    429,
+                )
+
+    def top_k(self, entry: Entry, k: int) -> Entry:
+        """A new text with the prompt, temperature, top_k and seed of the entry's text and top-k attention over
+        K earlier keys (nothing read yet); K refused in one line before any search where it cannot run."""
+        from vecgpt.text import Text
+
+        self.room()
+        shelf = self.shelf(entry.store)
+        engine = shelf.engine(entry.model)
+        try:
+            engine.check_top_k(k)
+        except VecgptError as e:
+            raise Refused(str(e)) from None
+        with entry.lock:
+            shelf.current(entry)
+            t, s = entry.text, entry.text.settings
+            prompt = t.tokens[: t.prompt_len]
+        with shelf.lock.shared():
+            text = Text.start(engine, prompt, s["temperature"], s["top_k"], s["seed"], attention_top_k=k)
+        return self.remember(text, entry.store, entry.model)
 
     def remember(self, text, store: int, model: str) -> Entry:
         """The text's entry: this one, or the one another request resumed it as meanwhile."""

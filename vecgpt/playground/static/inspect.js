@@ -5,6 +5,7 @@
 "use strict";
 const INSPECT_ALL_CELLS = 40000;  // above this many cells the heatmap draws one layer at a time (a select)
 let inspected = null;  // the last answer shown, and the text it belongs to
+let keptK = 8;  // the K whose top-K keys the heatmap marks
 
 function inspectTextId() { return new URLSearchParams(location.search).get("text"); }
 
@@ -39,7 +40,7 @@ function renderInspection(box, a) {
   const c = a.cost || {}, kinds = c.by_kind || {};
   cost.textContent = `read again, nothing written: ${c.total ?? 0} requests in ${c.round_trips ?? 0} rounds `
     + `(${kinds.key_search ?? 0} key searches; the lens: ${a.lens_searches} token searches, top 5 each, in one round)`;
-  box.append(h, cost, lensTable(a), summaryTable(a), heatmapControls(a));
+  box.append(h, cost, lensTable(a), summaryTable(a), keptControls(), heatmapControls(a));
   const hover = document.createElement("p");
   hover.id = "inspect-hover"; hover.className = "muted";
   hover.textContent = "hover a cell: the key's position and token, q.k and the weight";
@@ -47,6 +48,64 @@ function renderInspection(box, a) {
   scroll.id = "heatmap-box";
   box.append(hover, scroll);
   drawHeatmap(a, defaultLayer(a));
+  showKept(a);
+}
+
+// Top-k attention: the positions a top-K key search keeps for each head (its K best earlier positions by the q.k
+// shown, and the position itself) and the share of the head's weight they hold.
+function keptControls() {
+  const wrap = document.createElement("div");
+  wrap.className = "scroll";
+  const p = document.createElement("p");
+  const input = document.createElement("input");
+  input.id = "inspect-k"; input.type = "number"; input.min = "1"; input.value = String(keptK);
+  input.addEventListener("input", () => {
+    const k = Number(input.value);
+    if (!Number.isInteger(k) || k < 1 || !inspected) return;
+    keptK = k;
+    showKept(inspected.a);
+  });
+  const label = document.createElement("label");
+  label.append("Top-K keys: K ", input);
+  p.append(label, "marked in the heatmap: each head's K best earlier positions by q.k and the position itself; "
+    + "below, the share of the head's weight they hold, and the mean over a layer's heads.");
+  const t = document.createElement("table");
+  t.id = "topk-mass";
+  wrap.append(p, t);
+  return wrap;
+}
+
+function keptPositions(r, k, position) {
+  const earlier = r.scores.slice(0, position).map((x, j) => [x, j]).sort((x, y) => y[0] - x[0] || x[1] - y[1]);
+  return new Set(earlier.slice(0, k).map(([, j]) => j).concat([position]));
+}
+
+function showKept(a) {
+  const t = $("#topk-mass"), rows = {};
+  const heads = Array.from({ length: a.n_head }, (_, i) => `<th>head ${i}</th>`).join("");
+  t.innerHTML = `<tr><th>layer</th>${heads}<th>mean</th></tr>`;
+  const sums = {};
+  for (const r of a.attention) {
+    const kept = keptPositions(r, keptK, a.position);
+    const mass = r.weights.reduce((m, w, j) => (kept.has(j) ? m + w : m), 0);
+    if (!rows[r.layer]) { rows[r.layer] = t.insertRow(); rows[r.layer].insertCell().textContent = r.layer; sums[r.layer] = []; }
+    sums[r.layer].push(mass);
+    const td = rows[r.layer].insertCell();
+    td.dataset.massLayer = r.layer; td.dataset.massHead = r.head; td.dataset.mass = mass;
+    td.textContent = mass.toFixed(4);
+    td.title = `layer ${r.layer} head ${r.head}: ${kept.size} positions kept of ${r.weights.length}`;
+    document.querySelectorAll(`#heatmap .hm-cell[data-layer="${r.layer}"][data-head="${r.head}"]`).forEach((cell) => {
+      const on = kept.has(Number(cell.dataset.keyPosition));
+      cell.classList.toggle("kept", on);
+      if (on) cell.dataset.kept = "1"; else delete cell.dataset.kept;
+    });
+  }
+  for (const [layer, masses] of Object.entries(sums)) {
+    const td = rows[layer].insertCell(), mean = masses.reduce((x, y) => x + y, 0) / masses.length;
+    td.dataset.massMean = mean; td.dataset.massLayer = layer;
+    td.textContent = mean.toFixed(4);
+  }
+  document.body.dataset.kept = `${a.position}:${keptK}`;
 }
 
 function lensTable(a) {
@@ -117,7 +176,7 @@ function heatmapControls(a) {
   select.add(new Option("every layer", "all"));
   for (let l = 0; l < a.n_layer; l++) select.add(new Option(`layer ${l}`, String(l)));
   select.value = defaultLayer(a);
-  select.addEventListener("change", () => drawHeatmap(inspected.a, select.value));
+  select.addEventListener("change", () => { drawHeatmap(inspected.a, select.value); showKept(inspected.a); });
   const label = document.createElement("label");
   label.append("Heatmap ", select);
   p.append(label, " a row per layer and head, a column per position; shade: the weight over the head's largest. ");
