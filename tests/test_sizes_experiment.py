@@ -46,6 +46,7 @@ def test_a_store_row_splits_its_first_read_and_counts_its_requests(data):
         hp = weights.size_shape(r["size"], 64)
         assert r["layout"] == "five" and r["documents"] == sum(n for _, n, _ in shape_plan(hp, "l2", "five"))
         assert r["mb_per_s"] > 0 and r["stored_mb"] > 0 and r["disk_mb"] > 0 and r["peak_mb_load"] > 0
+        assert r["whole_same_fingerprint"] is True  # the whole checkpoint read and hashed names the same model
         parts = r["open_s"] + r["find_model_s"] + r["engine_text_s"] + r["first_read_s"]
         assert 0 < parts <= r["first_token_s"] + 1e-3  # the parts are timed inside the whole
         assert r["round_trips_per_token"] == 5 * hp.n_layer + 1  # layout five: 5 rounds a layer, the token search

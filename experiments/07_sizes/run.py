@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tpuf-replicas", type=int, default=1, help="turbopuffer's copies of each matrix")
     p.add_argument("--memory-factor", type=float, default=2.5, help="skip a run needing more x the model's bytes")
     p.add_argument("--child-timeout", type=float, default=3600.0, help="seconds a measuring process may take")
+    p.add_argument("--no-whole-read", action="store_true", help="skip timing a read and hash of the whole checkpoint")
+    p.add_argument("--profile", action="store_true", help="cProfile the tokens: top functions in the JSON")
     p.add_argument("--threads", type=int, default=2, help="BLAS and OpenMP threads (set before numpy loads)")
     p.add_argument("--seed", type=int, default=0, help="the random checkpoints' seed")
     p.add_argument("--render", nargs="+", default=None, metavar="JSON", help="no runs: tables and plot of results")
@@ -164,7 +166,7 @@ def measure(name: str, size: str, hp, path: Path, args) -> dict:
     n = int(pairs(args.tokens).get(name, args.n))
     row = {"size": size, "store": name, "parameters": parameter_count(hp), "model_mb": parameter_count(hp) * 4 / 1e6}
     spec = {"model": str(path), "prompt": [t % hp.n_vocab for t in PROMPT], "n": n, "quiet": args.quiet}
-    spec["threads"] = args.threads
+    spec.update(threads=args.threads, profile=args.profile, whole_read=not args.no_whole_read)
     short = room(name, row["model_mb"] * 1e6, args)
     if short:
         say(f"{size} on {name}: skipped ({short})")
@@ -305,7 +307,7 @@ def child(spec: dict, args) -> dict:
         wall = time.perf_counter() - began
         if done.returncode or not out_path.is_file():
             tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
-            return {"error": f"exit {done.returncode}: {tail[0][-300:]}", "wall_s": wall}
+            return {"error": f"exit {done.returncode}: {tail[0][-300:]}", "wall_s": wall, "stderr": done.stderr[-3000:]}
         return {**json.loads(out_path.read_text()), "wall_s": wall}
 
 

@@ -14,9 +14,11 @@ reset (/proc/self/clear_refs), so a generate's `peak_mb` is the store's and the 
 
 from __future__ import annotations
 
+import cProfile
 import gc
 import json
 import os
+import pstats
 import resource
 import sys
 import time
@@ -142,6 +144,27 @@ def find_model(path: str) -> tuple[str, dict]:
     return found, {"checkpoint_read_s": read_s, "fingerprint_s": hash_s, "find_model_s": read_s + hash_s}
 
 
+def whole_read(path: str, fingerprint: str) -> dict:
+    """Finding the model the way that reads it all: every tensor of the checkpoint read into memory as float32, then
+    hashed as weights.fingerprint hashes them (sorted names, float32 bytes); the same fingerprint is checked."""
+    import hashlib
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    flat, read_s = timed(lambda: load_file(str(Path(path) / "model.safetensors")))
+
+    def digest() -> str:
+        found = hashlib.sha256()
+        for name in sorted(flat):
+            found.update(name.removeprefix("transformer.").encode())
+            found.update(np.ascontiguousarray(flat[name], dtype=np.float32).tobytes())
+        return found.hexdigest()[:16]
+
+    hashed, hash_s = timed(digest)
+    return {"whole_read_s": read_s, "whole_hash_s": hash_s, "whole_same_fingerprint": hashed == fingerprint}
+
+
 def generate_phase(spec: dict) -> dict:
     from vecgpt import encoding
     from vecgpt.config import open_store
@@ -152,6 +175,8 @@ def generate_phase(spec: dict) -> dict:
     store, open_s = timed(lambda: open_store(config))
     try:
         found, parts = find_model(spec["model"])
+        if spec.get("whole_read"):
+            parts.update(whole_read(spec["model"], found))
         peak_find = status_mb("VmHWM")
         gc.collect()
         reset = reset_peak()
@@ -163,7 +188,8 @@ def generate_phase(spec: dict) -> dict:
         )
         text, text_s = timed(engine.open)
         out = {"open_s": open_s, **parts, "engine_s": engine_s, "open_text_s": text_s, **read_tokens(text, store, spec)}
-        out["first_token_s"] = time.perf_counter() - began - sum(out["token_s"])  # to the prompt's candidates
+        aside = sum(out["token_s"]) + out.get("whole_read_s", 0) + out.get("whole_hash_s", 0)
+        out["first_token_s"] = time.perf_counter() - began - aside  # to the prompt's candidates
         text.close()
         out.update(server_memory(config.store))
         if spec.get("drop"):
@@ -179,12 +205,17 @@ def read_tokens(text, store, spec: dict) -> dict:
     """The prompt's first read, then n greedy tokens, each timed; the meter's figures and dollars a token."""
     cands, first_s = timed(lambda: text.read(spec["prompt"]))
     tokens, times, before = [int(cands.ids[0])], [], usage(store)
+    profile = cProfile.Profile() if spec.get("profile") else None
     for _ in range(spec["n"]):
         text.meter.start_token()
+        profile and profile.enable()
         cands, s = timed(lambda: text.read([tokens[-1]]))
+        profile and profile.disable()
         tokens.append(int(cands.ids[0]))
         times.append(s)
     out = {"first_read_s": first_s, "token_s": times, "tokens": tokens, **meter_figures(text.meter.summary())}
+    if profile is not None:
+        out["profile"] = top_functions(profile, spec["n"])
     spent = spent_since(store, before)
     if spent is not None:
         from vecgpt.backends.turbopuffer import dollars
@@ -192,6 +223,16 @@ def read_tokens(text, store, spec: dict) -> dict:
         out["usage_per_token"] = {k: v / len(times) for k, v in spent.items()}
         out["dollars_per_token"] = dollars(spent) / len(times)
     return out
+
+
+def top_functions(profile, tokens: int, count: int = 15) -> list[dict]:
+    """cProfile's functions by their own time, seconds a token (the main thread's: worker threads are not seen)."""
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:count]
+    return [
+        {"function": f"{Path(f).name}:{line}({name})", "own_s": t / tokens, "cumulative_s": c / tokens, "calls": n}
+        for (f, line, name), (_, n, t, c, _) in rows
+    ]
 
 
 def meter_figures(summary: dict) -> dict:
@@ -208,6 +249,12 @@ def meter_figures(summary: dict) -> dict:
         "round_trips_per_token": mean("round_trips"),
         "subqueries_per_token": mean("subqueries"),
         "store_s_per_token": mean("seconds"),
+        "store_s_by_kind_per_token": {
+            k: sum(t["seconds_by_kind"].get(k, 0) for t in decode) / len(decode)
+            for k in sorted({k for t in decode for k in t["seconds_by_kind"]})
+        }
+        if decode
+        else {},
     }
 
 

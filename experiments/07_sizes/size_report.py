@@ -34,7 +34,8 @@ def flat(row: dict) -> dict:
     out["server_peak_mb"] = row.get("server_peak_mb") or max_of(
         loaded.get("server_peak_mb"), made.get("server_peak_mb")
     )
-    for key in ("open_s", "find_model_s", "checkpoint_read_s", "fingerprint_s", "engine_s", "open_text_s"):
+    keys = ("open_s", "find_model_s", "checkpoint_read_s", "fingerprint_s", "engine_s", "open_text_s", "whole_read_s")
+    for key in (*keys, "whole_hash_s", "whole_same_fingerprint", "store_s_by_kind_per_token", "profile"):
         out[key] = made.get(key)
     if made.get("engine_s") is not None:
         out["engine_text_s"] = made["engine_s"] + made["open_text_s"]
@@ -118,6 +119,9 @@ def table(rows: list[dict]) -> list[dict]:
             if r.get("open_s") is not None
             else "",
             "to the first token s": num(r.get("first_token_s"), ".2f"),
+            "whole checkpoint read + hash s": f"{r['whole_read_s']:.2f} + {r['whole_hash_s']:.2f}"
+            if r.get("whole_read_s") is not None
+            else "",
             "tokens as numpy": r.get("tokens_as_numpy", ""),
             "note": r.get("skipped") or r.get("error") or "",
         }
