@@ -158,3 +158,37 @@ def test_bad_k_is_one_line_before_any_search(make_store, tiny_model):
     push(store, tiny_model, "l2", progress=False, layout="five")
     with pytest.raises(VecgptError, match="not by l2 distance: load the model with --metric ip"):
         Engine(store, model=store_fingerprint(tiny_model, "l2", "five"), attention_top_k=4)
+
+
+def test_an_hnsw_index_of_keys_finds_most_of_the_k_best(make_store, tiny_model):
+    """attention_index = "hnsw" (FAISS): each head's K keys come from an HNSW graph of the text's keys; a decode step
+    still returns K a head and layer, the store's count is the distances the graph computed, and the kept keys of
+    layer 0 (whose keys and queries full attention shares) are mostly its exact K best (an approximate search
+    promises no more)."""
+    hp, k, ids = tiny_model.hparams, 4, list(range(1000, 1480, 10))
+    store = make_store("faiss")
+    push(store, tiny_model, "ip", progress=False, layout="five")
+    key = store_fingerprint(tiny_model, "ip", "five")
+    approximate = Engine(store, model=key, attention_top_k=k, attention_index="hnsw")
+    exact = Engine(store, model=key)
+    with approximate.open() as text, exact.open() as full:
+        text.read(ids[:-1]), full.read(ids[:-1])
+        text.meter.start_token()
+        text.read(ids[-1:])
+        seen, every = text.inspect(len(ids) - 1, ids[-1]), full.inspect(len(ids) - 1, ids[-1])
+    tally = text.meter.tokens[-1]["scores"]
+    assert tally["returned"] == hp.n_layer * hp.n_head * k and tally["values"] == hp.n_layer * hp.n_head * (k + 1)
+    assert 0 < tally["store"]
+    best = np.argsort(-every.scores[0, :, :-1], axis=-1)[:, :k]  # layer 0's [H, K]: its keys are every run's
+    found = np.take_along_axis(seen.weights[0, :, :-1] > 0, best, axis=-1)
+    assert (seen.weights[..., :-1] > 0).sum(axis=-1).max() <= k
+    assert found.mean() >= 0.75, found.mean()
+
+
+def test_an_index_on_a_store_without_one_is_refused(make_store, tiny_model):
+    store = make_store("memory")
+    push(store, tiny_model, "ip", progress=False, layout="five")
+    with pytest.raises(VecgptError, match="no such index of keys"):
+        Engine(store, model=store_fingerprint(tiny_model, "ip", "five"), attention_top_k=4, attention_index="hnsw")
+    with pytest.raises(VecgptError, match="set attention_top_k too"):
+        load_config(None, backend="faiss", attention_index="hnsw")

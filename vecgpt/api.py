@@ -170,6 +170,7 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
         model=key,
         prefill_chunk=config.prefill_chunk,
         attention_top_k=config.attention_top_k,
+        attention_index=config.attention_index,
     )
 
 
@@ -286,6 +287,7 @@ def engine_for_text(config: Config, text_id: str) -> Engine:
             model=record["model"],
             prefill_chunk=config.prefill_chunk,
             attention_top_k=config.attention_top_k,
+            attention_index=config.attention_index,
         )
     except BaseException:
         store.close()

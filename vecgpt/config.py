@@ -34,6 +34,9 @@ class Config:
     prefill_chunk: int = 64  # a prompt's tokens read in one step (a block), so a long one holds up no other text
     # each head's key search returns its K best earlier keys by q.k (softmax over them and the query's own); unset: all
     attention_top_k: int | None = None
+    attention_index: str | None = (
+        None  # with attention_top_k: the store's approximate index of keys ("hnsw"); unset: exact
+    )
     tile: int = 0  # key positions whose values attention sums at a time; 0: as many as 1 MiB holds (engine.chunk)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
@@ -51,6 +54,11 @@ class Config:
             raise VecgptError(f"prefill_chunk must be 1 or more tokens, not {self.prefill_chunk}")
         if self.attention_top_k is not None and self.attention_top_k < 1:
             raise VecgptError(f"attention_top_k must be 1 or more keys (unset: every key), not {self.attention_top_k}")
+        if self.attention_index is not None and self.attention_top_k is None:
+            raise VecgptError(
+                f"attention_index = {self.attention_index!r} searches an index for each query's K best keys: "
+                f"set attention_top_k too (--attention-top-k K)"
+            )
         if self.attention_top_k is not None and self.metric != "ip":
             raise VecgptError(
                 "attention_top_k ranks each head's earlier keys by q.k, not by l2 distance: use --metric ip "
@@ -94,6 +102,7 @@ TYPES = {
     "prompt_block": bool,
     "prefill_chunk": int,
     "attention_top_k": int,
+    "attention_index": str,
     "tile": int,
     "store": dict,
 }

@@ -66,10 +66,12 @@ class Engine:
         model: str | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
         attention_top_k: int | None = None,
+        attention_index: str | None = None,
     ):
         """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds.
         A prompt is read `prefill_chunk` tokens at a time (prompt_block=False: one at a time). `attention_top_k`: a
-        new session's K (Session.attention_top_k), None: every earlier key."""
+        new session's K (Session.attention_top_k), None: every earlier key; `attention_index`: the store's approximate
+        index those key searches use (one of its `indexes`, e.g. FAISS's "hnsw"), None: exact."""
         self.store, self.top_k, self.prompt_block, self.tile = store, top_k, prompt_block, tile
         self.chunk_size = prefill_chunk if prompt_block else 1
         self.key = model or only_model(store)
@@ -83,6 +85,15 @@ class Engine:
         self.hparams = HParams(**manifest["hparams"])
         self.m2 = manifest["m2"]
         self.attention_top_k = self.check_top_k(attention_top_k)
+        self.attention_index = self.check_index(attention_index)
+
+    def check_index(self, kind: str | None) -> str | None:
+        """An approximate key index, refused in one line before any search on a store without one of that kind."""
+        offered = getattr(self.store, "indexes", ())
+        if kind is not None and kind not in offered:
+            has = f"its indexes: {', '.join(offered)}" if offered else "it searches keys exactly only"
+            raise VecgptError(f"attention_index {kind!r}: this store has no such index of keys ({has}); unset it")
+        return kind
 
     def check_top_k(self, k: int | None) -> int | None:
         """K for top-k attention, refused in one line before any search where it cannot run: the key search must
@@ -371,7 +382,9 @@ class Session:
         m, n_head, hd = q.shape
         n, rows = start + m, np.arange(m)
         if m == 1 and self.capture is None and self.pruned(start, m):
-            return self.kept_values(searched, own, layer, hd)
+            kept = np.isfinite(searched[:, 0])  # [H, n - 1]: K of each head's (fewer where an index found fewer)
+            if (kept.sum(axis=1) == kept[0].sum()).all():
+                return self.kept_values(searched, kept, own, layer, hd)
         scores = np.empty((n_head, m, n))
         scores[..., : n - 1] = searched
         scores[:, rows, start + rows] = own
@@ -387,11 +400,10 @@ class Session:
             out += weights[..., t : t + chunk] @ self.values_at(layer, t, min(t + chunk, n))
         return out
 
-    def kept_values(self, searched, own, layer, hd):  # a query's K best earlier keys' q.k [H, 1, n - 1] -> [H, 1, w]
-        """weighted_values for one query under top-k attention: the softmax over its kept keys and its own, and only
-        their values read (the K kept positions differ by head)."""
+    def kept_values(self, searched, kept, own, layer, hd):  # a query's K best earlier keys' q.k [H, 1, n - 1]
+        """weighted_values for one query under top-k attention ([H, 1, w]): the softmax over its kept keys (as many
+        for every head) and its own, and only their values read (the kept positions differ by head)."""
         n_head, n = searched.shape[0], searched.shape[-1] + 1
-        kept = np.isfinite(searched[:, 0])  # [H, n - 1]: K of each head's
         pos = np.nonzero(kept)[1].reshape(n_head, -1)  # [H, K], ascending
         pos = np.hstack([pos, np.full((n_head, 1), n - 1)])  # and the query's own
         scores = np.hstack([np.take_along_axis(searched[:, 0], pos[:, :-1], -1), own]) / math.sqrt(hd)  # [H, K + 1]
@@ -443,9 +455,9 @@ class Session:
         self.await_layer(layer)
         sent = encoding.key_queries(q.transpose(1, 0, 2), self.key_norms[layer, :, :end], self.metric)
         where = Where(eq={"layer": layer}, lt={"position": end})
-        search = Search(
-            self.name, sent[0], k=self.keys_asked(start, len(q)), where=where, by="head"
-        )  # each head's keys
+        k = self.keys_asked(start, len(q))
+        index = None if k is None else self.engine.attention_index
+        search = Search(self.name, sent[0], k=k, where=where, by="head", index=index)  # each head's keys
         return sent, later.search_many([search])
 
     def key_scores(self, asked, found, layer, start, m):  # the key search's hits -> q.k [H, m, start + m - 1]
@@ -454,7 +466,7 @@ class Session:
         if asked is None:
             self.meter.scored(store=0, memory=n_head * m, returned=0, values=n_head * m)
             return np.zeros((n_head, m, 0))
-        k, returned = self.keys_asked(start, m), found[0].ids.size
+        k, returned = self.keys_asked(start, m), int((found[0].ids >= 0).sum())
         scores = (
             self.key_columns(asked[0], found, layer, end)
             if k is None
@@ -466,28 +478,27 @@ class Session:
             read = int(np.isfinite(scores).sum())
         else:
             read = n_head * int(used.sum())
-        self.meter.scored(
-            store=n_head * int(used.sum()), memory=n_head * m, returned=returned, values=read + n_head * m
-        )
+        store = n_head * int(used.sum()) if found[0].scored is None else found[0].scored  # an index: what it scored
+        self.meter.scored(store=store, memory=n_head * m, returned=returned, values=read + n_head * m)
         return scores
 
     def top_columns(self, sent, found, layer, end, k):  # the k best keys' hits -> q.k [H, m, end], -inf where not found
-        ((ids, dists, _),) = found  # [H, m, K]
-        n_head, n_ctx = self.hp.n_head, self.hp.n_ctx
+        ids, dists = found[0].ids, found[0].dists  # [H, m, K]; an index may find fewer (id -1)
+        n_head, n_ctx, missing = self.hp.n_head, self.hp.n_ctx, found[0].ids < 0
         heads = (layer * n_head + np.arange(n_head))[:, None, None]
-        if ids.shape[-1] != k or (ids // n_ctx != heads).any() or (ids % n_ctx >= end).any():
+        wrong = ((ids // n_ctx != heads) | (ids % n_ctx >= end)) & ~missing
+        if ids.shape[-1] != k or wrong.any():
             raise VecgptError(
                 f"the store's top-k key search in layer {layer} returned other keys than this session wrote; "
                 f"start the text again"
             )
-        scores = np.full((*ids.shape[:2], end), -np.inf)
-        np.put_along_axis(
-            scores, ids % n_ctx, encoding.decode_key_dists(dists, *sent[:1], 0.0, self.metric, sent[1]), -1
-        )
-        return scores
+        scores = np.full((*ids.shape[:2], end + 1), -np.inf)  # a missing key's score goes to column `end`, cut off
+        at = np.where(missing, end, ids % n_ctx)
+        np.put_along_axis(scores, at, encoding.decode_key_dists(dists, *sent[:1], 0.0, self.metric, sent[1]), -1)
+        return scores[..., :end]
 
     def key_columns(self, sent, found, layer, end):  # the key search's hits -> q.k [H, m, end], in position order
-        ((ids, dists, _),) = found  # [H, m, n]
+        ids, dists = found[0].ids, found[0].dists  # [H, m, n]
         if ids.shape[-1] != end:  # rows removed under the text (closed, lost by a store)
             raise VecgptError(
                 f"the store lost keys of this session ({ids.shape[-1]} of {end} positions found in layer {layer}); "

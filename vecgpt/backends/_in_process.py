@@ -205,6 +205,7 @@ class InProcessStore(FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "local"
     groups = True  # search_many takes grouped searches (Search.by)
+    indexes: tuple[str, ...] = ()  # approximate indexes a Search may name (Search.index): FAISS's "hnsw"
 
     def __init__(self, path: str | None = None):
         super().__init__(path)
@@ -250,6 +251,8 @@ class InProcessStore(FolderStore):
         if s.where is not None:
             base.check_where(s.collection, s.where, col.names)
         record(1, len(queries))
+        if s.index is not None:
+            return self._approximate(s, col, queries)
         slots = col.slots(s.where)
         k = None if s.k is None else min(s.k, col.table.n if slots is None else len(slots))
         if k is None:
@@ -264,13 +267,35 @@ class InProcessStore(FolderStore):
             hits = hits._replace(vectors=col.table.vectors(rows.ravel()).reshape(*rows.shape, col.table.dim))
         return hits
 
+    def _approximate(self, s: Search, col: Collection, queries: np.ndarray) -> Hits:
+        """The k nearest by the table's index of kind s.index (FaissTable.approximate) over the rows matching the
+        filter's equalities, its ranges applied as the index's filter; ids -1 (distance inf) where it found fewer."""
+        if s.index not in self.indexes:
+            raise VecgptError(
+                f"{self.backend} has no {s.index!r} index"
+                + (f" (it has {', '.join(self.indexes)})" if self.indexes else "")
+            )
+        if s.k is None:
+            raise VecgptError(f"an approximate search of {s.collection!r} needs k")
+        where = s.where or Where()
+        within = col.slots(Where(eq=where.eq)) if where.eq else None
+        within = np.arange(col.table.n) if within is None else within
+        allowed = col.slots(where)
+        allowed = within if allowed is None else allowed
+        k = min(s.k, len(allowed))
+        if k == 0:
+            return Hits(np.zeros((len(queries), 0), np.int64), np.zeros((len(queries), 0)), None, 0)
+        dists, found, scored = col.table.approximate(queries, k, within, allowed, frozenset(where.eq.items()))
+        ids = np.where(found >= 0, col.ids[np.maximum(found, 0)], -1)
+        return Hits(ids, np.where(found >= 0, dists, np.inf), None, scored)
+
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
         return [self._groups(s) if s.by else self._search(s) for s in searches]
 
     def _groups(self, s: Search) -> Hits:
         """A grouped search of every row of each group (a layer's heads): the groups' rows found together, then one
         scan of each group's queries over its rows (FAISS: one kernel call for them all). Others: group by group."""
-        if s.k is not None or s.vectors:
+        if s.k is not None or s.vectors or s.index:
             return base.apart(lambda plain: [self._search(p) for p in plain], [s])[0]
         col = self._col(s.collection)
         queries = base.check_grouped(s.collection, s.queries, col.table.dim)

@@ -110,6 +110,7 @@ class Hits(NamedTuple):
     ids: np.ndarray  # [m, n] int64
     dists: np.ndarray  # [m, n] in the store's precision (float64 where it gives it)
     vectors: np.ndarray | None = None  # [m, n, dim] float32, the rows as stored, where the Search asked for them
+    scored: int | None = None  # rows the store computed a distance for, where it knows (an ANN index: Search.index)
 
 
 def no_hits(m: int, dim: int | None = None) -> Hits:
@@ -134,6 +135,9 @@ class Search:
     # n keys each). Every group must match as many rows (else VecgptError). A store sets `groups = True` to take
     # these itself; any other is sent a Search per group (`apart`).
     by: str | None = None
+    # An approximate search (with k): the store's index of that kind (one of its `indexes`, e.g. "hnsw") over the
+    # rows that match `where`'s equalities, its ranges applied as the index's filter. None: exact.
+    index: str | None = None
 
 
 @runtime_checkable
@@ -203,6 +207,8 @@ class Store(Protocol):
 
     # Optional: `groups = True`, a class attribute: search_many takes grouped Searches (Search.by) as they are.
 
+    # Optional: `indexes`, a class attribute: the approximate indexes a Search may name (Search.index), e.g. ("hnsw",).
+
 
 def apart(search_many, searches: Sequence[Search]) -> list[Hits]:
     """search_many(searches) for a store that searches group by group: a grouped Search sent as a Search per group
@@ -222,7 +228,7 @@ def each_group(s: Search) -> list[Search]:
     """A grouped Search (Search.by) as one plain Search per group."""
     where = group_filter(s)
     return [
-        Search(s.collection, q, s.k, Where({**where.eq, s.by: g}, where.lt, where.ge), s.vectors)
+        Search(s.collection, q, s.k, Where({**where.eq, s.by: g}, where.lt, where.ge), s.vectors, index=s.index)
         for g, q in enumerate(s.queries)
     ]
 
@@ -245,7 +251,8 @@ def joined(s: Search, hits: Sequence[Hits]) -> Hits:
         return Hits(np.zeros((0, m, 0), np.int64), np.zeros((0, m, 0)))
     check_groups(s.collection, [h.ids.shape[-1] for h in hits])
     vectors = None if hits[0].vectors is None else stacked([h.vectors for h in hits])
-    return Hits(stacked([h.ids for h in hits]), stacked([h.dists for h in hits]), vectors)
+    scored = None if any(h.scored is None for h in hits) else sum(h.scored for h in hits)
+    return Hits(stacked([h.ids for h in hits]), stacked([h.dists for h in hits]), vectors, scored)
 
 
 def check_groups(name: str, counts: Sequence[int]) -> None:

@@ -46,6 +46,8 @@ INVARIANT = [True]  # False: several queries take FAISS's own search (BLAS: fast
 KERNEL = ["scan"]
 KERNELS = ("blas", "scan")
 BLAS_FROM = {True: faiss.cvar.distance_compute_blas_threshold, False: 2}  # queries from which FAISS's search uses BLAS
+# The HNSW graphs of approximate key searches (attention_index = "hnsw"): FAISS's defaults but a wider search
+HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 40, 32
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
 THREADS = [faiss.omp_get_max_threads()]
 _WORKERS: dict[int, Worker] = {}  # in_threads' workers, by number
@@ -260,6 +262,8 @@ class FaissTable(Table):
     def __init__(self, dim, metric, index=None):
         super().__init__(dim, metric)
         self.index = index or (faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim))
+        self.rewrites = 0  # overwrite calls: an HNSW index of rows some of which changed is built again
+        self.hnsw: dict[frozenset, tuple[faiss.IndexHNSWFlat, np.ndarray, int]] = {}  # approximate's, by group
         self.n = self.index.ntotal
         self._rows: np.ndarray | None = None  # _view's array, until an add moves the storage
         self._lines: np.ndarray | None = None  # row numbers as OpenMP's threads split them (on_openmp)
@@ -275,6 +279,7 @@ class FaissTable(Table):
         self.n, self._rows, self._lines = self.index.ntotal, None, None
 
     def overwrite(self, slots, vectors):
+        self.rewrites += 1
         self._view()[slots] = vectors
 
     def vectors(self, slots):
@@ -396,6 +401,39 @@ class FaissTable(Table):
         d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
 
+    def approximate(self, queries, k, within, allowed, group):
+        """The k nearest of the rows `allowed` (ascending slots, all in `within`) by an HNSW graph of the rows `within`
+        (a group: one layer and head of a text's keys), kept between searches and extended as rows are appended;
+        (distances [m, k], slots or -1 where the graph found fewer, distances computed)."""
+        graph = self.graph(within, group)
+        place = np.searchsorted(within, allowed)
+        sel = (
+            faiss.IDSelectorRange(int(place[0]), int(place[-1]) + 1)
+            if place[-1] - place[0] == len(place) - 1
+            else faiss.IDSelectorBatch(place.astype(np.int64))
+        )
+        params = faiss.SearchParametersHNSW(sel=sel, efSearch=max(HNSW_EF_SEARCH, k))
+        faiss.omp_set_num_threads(1)
+        faiss.cvar.hnsw_stats.reset()
+        d, labels = graph.search(np.ascontiguousarray(queries), k, params=params)
+        scored = int(faiss.cvar.hnsw_stats.ndis)
+        return self._sign(d), np.where(labels >= 0, within[np.maximum(labels, 0)], -1), scored
+
+    def graph(self, within: np.ndarray, group: frozenset) -> faiss.IndexHNSWFlat:
+        """The group's HNSW graph over `within`: the one held, with the rows appended since added, or a new one when
+        a row of it was rewritten (a text stepped back) or it holds other rows."""
+        held = self.hnsw.get(group)
+        if held is None or held[2] != self.rewrites or not np.array_equal(within[: len(held[1])], held[1]):
+            metric = faiss.METRIC_L2 if self.metric == "l2" else faiss.METRIC_INNER_PRODUCT
+            held = (faiss.IndexHNSWFlat(self.dim, HNSW_M, metric), within[:0], self.rewrites)
+            held[0].hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+        graph, built, _ = held
+        if len(within) > len(built):
+            faiss.omp_set_num_threads(1)  # one thread: the graph is the same whatever the machine
+            graph.add(np.ascontiguousarray(self.vectors(within[len(built) :])))
+        self.hnsw[group] = (graph, within.copy(), self.rewrites)
+        return graph
+
     def copy(self):
         return FaissTable(self.dim, self.metric, faiss.clone_index(self.index))
 
@@ -410,6 +448,7 @@ class FaissTable(Table):
 class FaissStore(InProcessStore):
     table_class = FaissTable
     backend = "faiss"
+    indexes = ("hnsw",)  # Search.index: an HNSW graph per group of a text's keys (FaissTable.approximate)
 
 
 def connect(

@@ -37,6 +37,7 @@ def config_of(args):
         metric=args.metric,
         layout=getattr(args, "layout", None),
         attention_top_k=getattr(args, "attention_top_k", None),
+        attention_index=getattr(args, "attention_index", None),
     )
     if args.store is not None:
         config.store[location_key(config.backend)] = args.store
@@ -403,6 +404,11 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="each query attends to its own key and its K best earlier keys by q.k (a key search of K); "
         "a model loaded with --metric ip (default: every key)",
+    )
+    p.add_argument(
+        "--attention-index",
+        metavar="KIND",
+        help="with --attention-top-k: search the keys approximately, by the store's index of that kind (faiss: hnsw)",
     )
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")
