@@ -51,6 +51,7 @@ def test_a_store_row_splits_its_first_read_and_counts_its_requests(data):
         assert 0 < parts <= r["first_token_s"] + 1e-3  # the parts are timed inside the whole
         assert r["round_trips_per_token"] == 5 * hp.n_layer + 1  # layout five: 5 rounds a layer, the token search
         assert r["tokens_as_numpy"] == f"{N + 1}/{N + 1}" and r["x_numpy"] > 0  # numpy top-2 gaps >= 5e-3 here
+        assert r["numpy_beside_tokens"] == data["rows"][0 if r["size"] == SIZES[0] else len(STORES)]["tokens"]
 
 
 def test_fits_and_layout_costs(data):

@@ -167,6 +167,7 @@ def measure(name: str, size: str, hp, path: Path, args) -> dict:
     row = {"size": size, "store": name, "parameters": parameter_count(hp), "model_mb": parameter_count(hp) * 4 / 1e6}
     spec = {"model": str(path), "prompt": [t % hp.n_vocab for t in PROMPT], "n": n, "quiet": args.quiet}
     spec.update(threads=args.threads, profile=args.profile, whole_read=not args.no_whole_read)
+    spec["model_bytes"] = row["model_mb"] * 1e6
     short = room(name, row["model_mb"] * 1e6, args)
     if short:
         say(f"{size} on {name}: skipped ({short})")
@@ -177,10 +178,14 @@ def measure(name: str, size: str, hp, path: Path, args) -> dict:
     return {**row, **store_run(name, size, spec, args)}
 
 
-def room(name: str, model_bytes: float, args) -> str | None:
-    """Why a run cannot fit now (memory, disk), or None."""
+def available_bytes() -> int:
     from vecgpt.cli.attention import available_bytes
 
+    return available_bytes()
+
+
+def room(name: str, model_bytes: float, args) -> str | None:
+    """Why a run cannot fit now (memory, disk), or None."""
     free = available_bytes()
     if name != "transformers" and free and args.memory_factor * model_bytes > free:
         return f"needs about {args.memory_factor:g} x {model_bytes / 1e9:.1f} GB of memory, {free / 1e9:.1f} GB free"
@@ -235,7 +240,8 @@ def store_run(name: str, size: str, spec: dict, args) -> dict:
         if not args.warm:
             evict([Path(spec["model"]) / "model.safetensors", *folders(spec["store"])])
         say(f"{size} on {name}: first read and {spec['n']} tokens")
-        made = child({**spec, "phase": "generate", "drop": not args.keep}, args)
+        beside = available_bytes() > 4 * spec["model_bytes"]  # the store's memory, the model, numpy's copy of it
+        made = child({**spec, "phase": "generate", "drop": not args.keep, "numpy_beside": beside}, args)
         row = {"layout": layout, "load": loaded, "generate": made, "disk_bytes": held, **server_memory(server, spec)}
         return row
     finally:

@@ -192,6 +192,8 @@ def generate_phase(spec: dict) -> dict:
         out["first_token_s"] = time.perf_counter() - began - aside  # to the prompt's candidates
         text.close()
         out.update(server_memory(config.store))
+        if spec.get("numpy_beside"):
+            out["numpy_beside"] = numpy_beside(spec)
         if spec.get("drop"):
             from vecgpt.loading import drop
 
@@ -256,6 +258,17 @@ def meter_figures(summary: dict) -> dict:
         if decode
         else {},
     }
+
+
+def numpy_beside(spec: dict) -> dict:
+    """numpy float32 on the same prompt and tokens in this process, just after the store's: a ratio under the same
+    load (the machine is shared)."""
+    import numpy as np
+
+    from vecgpt import weights
+    from vecgpt.reference import Reference
+
+    return plain_tokens(Reference(weights.load(spec["model"]), np.float32), spec)
 
 
 def numpy_phase(spec: dict) -> dict:

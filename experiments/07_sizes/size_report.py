@@ -43,6 +43,10 @@ def flat(row: dict) -> dict:
     for key in ("requests_per_token", "round_trips_per_token", "subqueries_per_token", "dollars_per_token"):
         out[key] = made.get(key)
     out["load_dollars"] = loaded.get("load_dollars")
+    beside = made.get("numpy_beside") or {}
+    if beside.get("token_s"):
+        out["numpy_beside_ms"] = 1e3 * float(np.median(beside["token_s"]))
+        out["numpy_beside_tokens"] = beside["tokens"]
     return out
 
 
@@ -60,9 +64,11 @@ def against_numpy(rows: list[dict]) -> None:
     numpy = {r["size"]: r for r in rows if r["store"] == "numpy" and r.get("ms_per_token")}
     for r in rows:
         ref = numpy.get(r["size"])
+        if r.get("numpy_beside_ms") and ref is None:
+            ref = {"ms_per_token": r["numpy_beside_ms"], "tokens": r["numpy_beside_tokens"]}
         if ref is None or r["store"] == "numpy" or not r.get("ms_per_token"):
             continue
-        r["x_numpy"] = r["ms_per_token"] / ref["ms_per_token"]
+        r["x_numpy"] = r["ms_per_token"] / r.get("numpy_beside_ms", ref["ms_per_token"])
         if r.get("tokens") and ref.get("tokens"):
             same = 0
             for a, b in zip(r["tokens"], ref["tokens"]):
@@ -107,6 +113,7 @@ def table(rows: list[dict]) -> list[dict]:
             or num(r.get("peak_mb"), ",.0f"),
             "server peak MB": num(r.get("server_peak_mb"), ",.0f"),
             "ms a token": num(r.get("ms_per_token"), ",.1f"),
+            "numpy ms (same process)": num(r.get("numpy_beside_ms"), ",.1f"),
             "x numpy": num(r.get("x_numpy"), ".2f"),
             "round trips / requests a token": f"{num(r.get('round_trips_per_token'), '.0f')} / "
             f"{num(r.get('requests_per_token'), ',.0f')}"
