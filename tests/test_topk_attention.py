@@ -67,7 +67,7 @@ def shortlist(model64, ids: list[int], k: int) -> float:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("backend", ["memory", "faiss"])
+@pytest.mark.parametrize("backend", ["memory", "faiss", "duckdb"])
 def test_a_smaller_k_keeps_numpys_top_k_within_the_tolerance_rule(make_store, tiny_model, model64, backend, layout):
     """K = 3 of up to 19 earlier keys: every store logit within the derived tolerance of float64 numpy's top-k
     attention (reference.keep_top_k), fed the same tokens; the inspected weights are non-zero at exactly each query's
