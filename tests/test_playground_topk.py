@@ -10,7 +10,7 @@ from vecgpt import weights
 from vecgpt.playground.server import Settings
 from vecgpt.text import Text
 
-from browser import IMAGES, Running, call, events
+from browser import Running, call, events
 from conftest import tiny_params
 
 
@@ -103,7 +103,6 @@ def test_marks_mass_and_the_top_k_box(playground, page):
         page.fill("#inspect-k", str(k))
         page.wait_for_selector(f"body[data-kept='{p}:{k}']")
         check_marks(page, p, k)
-    page.locator("#inspect").screenshot(path=str(IMAGES / "inspect-topk.png"))
 
     for bad, words in (("256", "the context holds 256"), ("0", "1 or more keys")):
         page.fill("#topk-k", bad)
@@ -130,7 +129,6 @@ def test_marks_mass_and_the_top_k_box(playground, page):
         assert int(first) == view["prompt_len"] + differ[0]
     rows = page.eval_on_selector_all("#topk-requests tr[data-returned]", "els => els.map(e => +e.dataset.returned)")
     assert len(rows) == n and all(r > 0 for r in rows[1:])
-    page.locator("#topk-box").screenshot(path=str(IMAGES / "playground-topk.png"))
 
 
 def check_marks(page, p: int, k: int) -> None:
