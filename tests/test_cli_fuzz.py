@@ -198,6 +198,8 @@ def config_values(key: str, clean: bool):
         "prompt_block": st.booleans(),
         "prefill_chunk": ints(clean),
         "tile": ints(clean),
+        "attention_top_k": ints(clean),
+        "attention_index": st.sampled_from(["hnsw"] + ["ivf"] * (not clean)),
         "store": st.dictionaries(
             st.just("path") if clean else st.sampled_from(STORE_KEYS),
             store_option_values(clean),
