@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import os
 import re
+import sys
+import time
 from datetime import datetime, timezone
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -14,10 +20,11 @@ from vecgpt.backends.base import Store
 from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
 from vecgpt.orders import query_rows, value_output
-from vecgpt.weights import HParams, Model
+from vecgpt.weights import HParams, Model, default_models_dir
 
 LN_PARTS = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
 BATCH = 4096
+RATE_BYTES = 64_000_000  # the smallest load whose rate `vecgpt load --dry-run` quotes
 BARE = {"wte", "wpe", "ln"}  # names the previous layout gave every model
 
 
@@ -122,6 +129,8 @@ class Reader:
 
     def get(self, name: str) -> dict:
         layer = re.match(r"h\.(\d+)\.", name)
+        if name == "wte":
+            return {"weight": TokenRows(self.model)}
         if layer is None:
             return {"weight": self.model.tensor(f"{name}.weight")}
         if int(layer[1]) != self.layer:
@@ -130,10 +139,33 @@ class Reader:
         return get(self.held, name, self.model.hparams.n_head)
 
 
-def push(store: Store, model: Model, metric: str = "l2", progress: bool = True, layout: str = "four") -> dict:
+class TokenRows:
+    """The token table as encoding reads a matrix ([d, vocab] after "wte"'s transpose, indexed [:, rows]), its rows
+    read from the checkpoint a block at a time as asked: the whole table is never held."""
+
+    def __init__(self, model: Model):
+        self.model, self.shape = model, (model.hparams.n_vocab, model.hparams.n_embd)
+
+    @property
+    def T(self) -> TokenRows:  # noqa: N802 (numpy's name)
+        return Transposed(self)
+
+
+class Transposed:
+    def __init__(self, table: TokenRows):
+        self.table, self.shape = table, table.shape[::-1]
+
+    def __getitem__(self, index: tuple) -> np.ndarray:
+        start, stop, _ = index[1].indices(self.shape[1])
+        return self.table.model.rows("wte.weight", start, stop).T
+
+
+def push(store: Store, model: Model, metric: str = "l2", progress: bool | None = True, layout: str = "four") -> dict:
     """Write every matrix, the token and position tables and the layer norms under the model's own names;
     the manifest goes last, so a load is invisible until complete and never touches another model's data.
-    `layout`: one of LAYOUTS; a store may hold a model in both (their keys differ).
+    `layout`: one of LAYOUTS; a store may hold a model in both (their keys differ). A load stopped part way
+    (killed, a full disk) resumes: collections already written are checked and kept (`Load`).
+    progress: True, a bar on stderr (and the resume line); None, only when stderr is a terminal; False, silent.
 
     Under the store's load lock where it has one: a second process loading the same model waits, then finds
     it loaded."""
@@ -141,7 +173,7 @@ def push(store: Store, model: Model, metric: str = "l2", progress: bool = True, 
         return _push(store, model, metric, progress, layout)
 
 
-def _push(store: Store, model: Model, metric: str, progress: bool, layout: str) -> dict:
+def _push(store: Store, model: Model, metric: str, progress: bool | None, layout: str) -> dict:
     if layout not in LAYOUTS:
         raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     key = store_fingerprint(model, metric, layout)
@@ -154,7 +186,10 @@ def _push(store: Store, model: Model, metric: str, progress: bool, layout: str) 
         raise VecgptError(
             f"this store cannot rank by {metric!r} (it offers {', '.join(offers)}); use --metric {offers[0]}"
         )
-    m2 = _write_all(store, model, metric, key, progress, layout)
+    rows = plan(model, metric, layout)
+    check_memory(store, rows)
+    load = Load(store, key, rows, progress)
+    m2 = load.run(model, metric, layout)
     manifest = {
         "fingerprint": key,
         "model_fingerprint": model.fingerprint,
@@ -164,11 +199,32 @@ def _push(store: Store, model: Model, metric: str, progress: bool, layout: str) 
         "hparams": model.hparams.__dict__,
         "layout": layout,
         "m2": m2,
-        "documents": sum(n for _, n, _ in plan(model, metric, layout)),
+        "documents": sum(n for _, n, _ in rows),
         "loaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     store.write_manifest(key, manifest)
+    load.record_rate()
     return manifest
+
+
+def check_memory(store: Store, rows: list) -> None:
+    """A store that holds every vector in this process's memory (memory, FAISS) is refused a model larger than the
+    memory free, before anything is written."""
+    from vecgpt.backends._in_process import InProcessStore
+    from vecgpt.cli.attention import available_bytes
+
+    need, free = sum(n * d * 4 for _, n, d in rows), available_bytes()
+    if isinstance(store, InProcessStore) and free and need > free:
+        raise VecgptError(
+            f"{backend_name(store)} holds every vector in memory: this model needs {need / 1e9:,.2f} GB, "
+            f"{free / 1e9:,.2f} GB is free; free memory, or load it into a store that reads from disk "
+            f"(pgvector, lancedb, sqlite, duckdb)"
+        )
+
+
+def backend_name(store: Store) -> str:  # vecgpt.backends.pgvector.store.PgStore -> "pgvector"
+    module = type(store).__module__
+    return module.split(".")[2] if module.startswith("vecgpt.backends.") else module
 
 
 def drop(store: Store, key: str) -> None:
@@ -209,36 +265,154 @@ def drop_old_layout(store: Store) -> list[str]:
     return gone
 
 
-def _write_all(store: Store, model: Model, metric: str, key: str, progress: bool, layout: str) -> dict[str, float]:
-    """Every collection of `plan`, matrix by matrix as read from the checkpoint; M^2 of each (see vecgpt.encoding)."""
+class Load:
+    """The writing of one model's collections, in plan order, each flushed to the store's disk once written. Run
+    again after a load stopped part way, it keeps the collections before the last one the stopped load touched,
+    each checked first (its count, and one row of every batch against the checkpoint's encoding: one that differs
+    is written again); that last one, perhaps cut short, is dropped and written again from nothing."""
+
+    def __init__(self, store: Store, key: str, rows: list, progress: bool | None):
+        self.store, self.key, self.rows = store, key, rows
+        self.names = [collection(key, name) for name, _, _ in rows]
+        there = set(store.collections())
+        touched = [i for i, name in enumerate(self.names) if name in there]
+        self.kept = {self.names[i] for i in touched[:-1] if store.count(self.names[i]) == rows[i][1]}
+        self.doubtful = {self.names[i] for i in touched} - self.kept
+        if self.kept and progress is not False:
+            print(f"resuming: {len(self.kept)} of {len(rows)} collections already written", file=sys.stderr)
+        self.bar = progress_bar(rows, progress)
+        self.written, self.started = [0, 0], time.monotonic()  # documents, bytes written by this run
+
+    def run(self, model: Model, metric: str, layout: str) -> dict[str, float]:
+        """Every collection of the plan, matrix by matrix as read from the checkpoint; M^2 of each matrix."""
+        m2, reader = {}, Reader(model)
+        for name in matrices(model.hparams, layout):
+            p = reader.get(name)
+            weight, bias = p["weight"].T if name == "wte" else p["weight"], p.get("bias")  # [in, out]
+            m2[name] = m = encoding.largest_norm2(weight, bias)
+            rows = partial(encoding.encode_block, weight, bias, metric, m)  # a batch of documents at a time
+            self.write(
+                collection(self.key, name), rows, weight.shape[1], encoding.doc_dim(weight.shape[0], metric), metric
+            )
+            del p, weight, bias, rows
+        del reader
+        for name, table in (("wpe", model.tensor("wpe.weight")), ("ln", ln_table(model))):
+            self.write(collection(self.key, name), table.__getitem__, len(table), table.shape[1], "l2")
+        self.bar.close()
+        return m2
+
+    def write(self, name: str, rows, n: int, dim: int, metric: str) -> None:
+        """n documents of width dim, rows(slice) giving a batch of them: written BATCH at a time, then flushed."""
+        if name in self.kept and same_rows(self.store, name, rows, n):
+            self.bar.update(n)
+            return
+        if name in self.kept or name in self.doubtful:
+            self.store.drop(name)
+        with disk_full(self, name):
+            self.store.create(name, dim, metric, attrs=("row",))
+            for start in range(0, n, BATCH):
+                ids = np.arange(start, min(start + BATCH, n))
+                self.store.upsert(name, ids, rows(slice(start, start + len(ids))), {"row": ids})
+                self.advance(len(ids), len(ids) * dim * 4)
+            getattr(self.store, "flush", lambda: None)()
+
+    def advance(self, docs: int, size: int) -> None:
+        self.written[0] += docs
+        self.written[1] += size
+        self.bar.update(docs)
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"{self.written[1] / 1e6 / max(self.elapsed(), 1e-9):,.1f} MB/s", refresh=False)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self, name: str) -> int:
+        """Bytes of float32 vectors from collection `name` to the end of the plan."""
+        return sum(n * d * 4 for _, n, d in self.rows[self.names.index(name) :])
+
+    def record_rate(self) -> None:
+        record_rate(backend_name(self.store), *self.written, self.elapsed())
+
+
+def same_rows(store: Store, name: str, rows, n: int) -> bool:
+    """The first row and the last of every batch as held equal the checkpoint's encoding, bit for bit."""
+    ids = np.unique(np.r_[0, np.arange(BATCH - 1, n, BATCH), n - 1])
+    want = np.vstack([rows(slice(i, i + 1)) for i in ids]).astype(np.float32)
+    try:
+        held = np.asarray(store.fetch(name, ids), np.float32)
+    except VecgptError:
+        return False
+    return held.shape == want.shape and np.array_equal(held, want)
+
+
+@contextlib.contextmanager
+def disk_full(load: Load, name: str):
+    """A write that fails for want of disk room, from any store, as one line: the room the rest needs, and that
+    running the same command again resumes."""
+    try:
+        yield
+    except Exception as e:
+        if not no_space(e):
+            raise
+        raise VecgptError(
+            f"the disk filled while writing {matrix_of(name)}: the rest of this load is "
+            f"{load.left(name) / 1e9:,.2f} GB of float32 vectors (the store's files take more); free room and run "
+            f"the same command again: it resumes"
+        ) from None
+
+
+def no_space(error: BaseException | None) -> bool:
+    """ENOSPC anywhere in the chain of causes, or a server's own word for it (PostgreSQL's DiskFull)."""
+    while error is not None:
+        if getattr(error, "errno", None) == errno.ENOSPC or type(error).__name__ == "DiskFull":
+            return True
+        if "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def progress_bar(rows: list, progress: bool | None):
     from tqdm import tqdm
 
-    m2, reader = {}, Reader(model)
-    total = sum(n for _, n, _ in plan(model, metric, layout))
-    bar = tqdm(total=total, unit="doc", desc="load", disable=not progress)
-    for name in matrices(model.hparams, layout):
-        p = reader.get(name)
-        weight, bias = p["weight"].T if name == "wte" else p["weight"], p.get("bias")  # [in, out]
-        m2[name] = m = encoding.largest_norm2(weight, bias)
-        rows = partial(encoding.encode_block, weight, bias, metric, m)  # a batch of documents at a time
-        _write(
-            store, collection(key, name), rows, weight.shape[1], encoding.doc_dim(weight.shape[0], metric), metric, bar
-        )
-        del p, weight, bias, rows
-    reader = None
-    for name, table in (("wpe", model.tensor("wpe.weight")), ("ln", ln_table(model))):
-        _write(store, collection(key, name), table.__getitem__, len(table), table.shape[1], "l2", bar)
-    bar.close()
-    return m2
+    total = sum(n for _, n, _ in rows)
+    disable = None if progress is None else not progress  # None: tqdm shows it on a terminal only
+    return tqdm(total=total, unit="doc", unit_scale=True, desc="load", disable=disable, file=sys.stderr)
 
 
-def _write(store: Store, name: str, rows, n: int, dim: int, metric: str, bar) -> None:
-    """n documents of width dim, rows(slice) giving a batch of them: written BATCH at a time."""
-    store.create(name, dim, metric, attrs=("row",))
-    for start in range(0, n, BATCH):
-        ids = np.arange(start, min(start + BATCH, n))
-        store.upsert(name, ids, rows(slice(start, start + len(ids))), {"row": ids})
-        bar.update(len(ids))
+def rates_path() -> Path:
+    return default_models_dir().parent / "load-rates.json"
+
+
+def read_rates() -> dict:
+    try:
+        held = json.loads(rates_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def record_rate(backend: str, docs: int, size: int, seconds: float) -> None:
+    """File this load's rate for `backend` if it wrote more than the one filed (the largest load measures best) and
+    at least RATE_BYTES (a tiny load's rate is mostly its start)."""
+    rates = read_rates()
+    if seconds <= 0 or size < RATE_BYTES or size <= rates.get(backend, {}).get("bytes", 0):
+        return
+    rates[backend] = {
+        "documents": docs,
+        "bytes": size,
+        "seconds": round(seconds, 3),
+        "documents_per_s": round(docs / seconds, 1),
+        "mb_per_s": round(size / 1e6 / seconds, 2),
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        rates_path().parent.mkdir(parents=True, exist_ok=True)
+        tmp = rates_path().with_name(f"load-rates.{os.getpid()}.part")
+        tmp.write_text(json.dumps(rates, indent=1) + "\n")
+        tmp.replace(rates_path())
+    except OSError:  # a read-only cache: the dry run just has no rate to quote
+        pass
 
 
 def ln_table(model: Model) -> np.ndarray:  # [4 * n_layer + 2, d]

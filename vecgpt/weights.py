@@ -70,6 +70,12 @@ class Model:
             return lookup(self.params, name)
         return self.checkpoint.read(name, self.dtype)
 
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Rows start..stop of a parameter (along its first axis), read alone when not held."""
+        if self._params is not None or self.checkpoint is None:
+            return lookup(self.params, name)[start:stop]
+        return self.checkpoint.read(name, self.dtype, (start, stop))
+
     def block(self, layer: int) -> dict:
         """Layer `layer`'s parameters, nested as in params["h"][layer]."""
         if self._params is not None or self.checkpoint is None:
@@ -229,14 +235,18 @@ class Checkpoint:
         self.entries = {name: header[key] for name, key in raw.items()}
         check_tensors({k: tuple(v["shape"]) for k, v in self.entries.items()}, hp, str(path))
 
-    def read(self, name: str, dtype=np.float32) -> np.ndarray:
+    def read(self, name: str, dtype=np.float32, rows: tuple[int, int] | None = None) -> np.ndarray:
+        """A tensor, or rows start..stop of it (along its first axis), in `dtype`."""
         entry = self.entries[name]
         code, shape, (begin, _) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
+        row = int(np.prod(shape[1:], dtype=np.int64))
+        start, stop = rows or (0, shape[0] if shape else 1)
+        offset = self.start + begin + start * row * np.dtype(DTYPES[code]).itemsize
         with open(self.path, "rb") as f:
-            a = np.fromfile(f, DTYPES[code], int(np.prod(shape, dtype=np.int64)), offset=self.start + begin)
+            a = np.fromfile(f, DTYPES[code], (stop - start) * row, offset=offset)
         if code == "BF16":
             a = (a.astype(np.uint32) << 16).view(np.float32)
-        return a.reshape(shape).astype(dtype, copy=False)
+        return a.reshape((stop - start, *shape[1:]) if rows else shape).astype(dtype, copy=False)
 
     def fingerprint(self) -> str:
         """`fingerprint` of the weights, from the cache when this file (path, size, mtime) was read before, else
