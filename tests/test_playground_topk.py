@@ -4,6 +4,8 @@ and in a real browser the inspection's top-K marks and mass, and the "Top-k atte
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from vecgpt import weights
@@ -54,6 +56,13 @@ def test_the_top_k_route_begins_the_text_again_with_k(playground):
         earlier = t["position"] - 1
         assert t["cost"]["scores"]["returned"] == heads * min(k, earlier)
         assert t["cost"]["scores"]["values"] == heads * (min(k, earlier) + 1)
+    p = tokens[-1]["position"]  # the top-k text's own attention: q.k of the keys its searches returned, None else
+    status, seen = call(f"{url}/api/texts/{again['id']}/attention/{p}")
+    assert status == 200 and seen["attention_top_k"] == k, seen
+    for r in seen["attention"]:
+        returned = {j for j, x in enumerate(r["scores"]) if x is not None}
+        assert len(returned) == k + 1 and p in returned
+        assert {j for j, w in enumerate(r["weights"]) if w > 0} <= returned
     assert call(f"{url}/api/texts/{again['id']}", "DELETE")[0] == 200
 
 
@@ -130,6 +139,13 @@ def test_marks_mass_and_the_top_k_box(playground, page):
     rows = page.eval_on_selector_all("#topk-requests tr[data-returned]", "els => els.map(e => +e.dataset.returned)")
     assert len(rows) == n and all(r > 0 for r in rows[1:])
 
+    page.goto(f"{url}/?text={topk_id}")  # the top-k text inspected: its own K marked, the keys its searches kept
+    page.wait_for_selector("body[data-ready]")
+    page.click(f"#text [data-token][data-position='{p}']")
+    page.wait_for_selector(f"body[data-kept='{p}:1']")
+    assert page.input_value("#inspect-k") == "1"
+    check_marks(page, p, 1)
+
 
 def check_marks(page, p: int, k: int) -> None:
     """Each head marks min(K, p) + 1 positions: p and its K best earlier by the q.k the page holds; the mass shown
@@ -151,6 +167,6 @@ def check_marks(page, p: int, k: int) -> None:
     for r in attention:
         mine = [(j, w, kept) for i, h, j, w, kept in cells if (i, h) == (r["layer"], r["head"])]
         kept = {j for j, _, on in mine if on}
-        best = sorted(range(p), key=lambda j: -r["scores"][j])[:k]
+        best = sorted(range(p), key=lambda j: -(r["scores"][j] if r["scores"][j] is not None else -math.inf))[:k]
         assert len(kept) == min(k, p) + 1 and kept == set(best) | {p}
         assert abs(mass[r["layer"], r["head"]] - sum(w for j, w, on in mine if on)) <= 1e-6

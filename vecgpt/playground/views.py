@@ -142,9 +142,10 @@ def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
         "n_layer": n_layer,
         "n_head": n_head,
         "scale": 1 / math.sqrt(t.engine.hparams.n_embd // n_head),  # weight = softmax(q.k * scale)
+        "attention_top_k": t.settings.get("attention_top_k"),
         "keys": token_rows(t.tokens[:n]),
         "attention": [
-            {"layer": i, "head": h, "scores": found.scores[i, h].tolist(), "weights": found.weights[i, h].tolist()}
+            {"layer": i, "head": h, "scores": finite(found.scores[i, h]), "weights": found.weights[i, h].tolist()}
             for i in layers or []
             for h in range(n_head)
         ],
@@ -158,3 +159,8 @@ def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
         "lens_searches": len(found.lens),
         "next": None if top is None else {"id": top[0][0], "logit": top[0][1], "text": top[0][2]},
     }
+
+
+def finite(scores) -> list:
+    """q.k as JSON: None for a key a top-k search did not return (-inf: weight 0)."""
+    return [x if math.isfinite(x) else None for x in scores.tolist()]

@@ -27,6 +27,7 @@ async function inspectAt(position) {
     return;
   }
   inspected = { id, a };
+  if (a.attention_top_k) keptK = a.attention_top_k;  // a top-k text: what its own searches kept
   renderInspection(box, a);
   document.body.dataset.inspected = `${id}:${position}`;
 }
@@ -76,7 +77,8 @@ function keptControls() {
 }
 
 function keptPositions(r, k, position) {
-  const earlier = r.scores.slice(0, position).map((x, j) => [x, j]).sort((x, y) => y[0] - x[0] || x[1] - y[1]);
+  const earlier = r.scores.slice(0, position).map((x, j) => [x ?? -Infinity, j])
+    .sort((x, y) => (y[0] === x[0] ? x[1] - y[1] : y[0] - x[0]));
   return new Set(earlier.slice(0, k).map(([, j]) => j).concat([position]));
 }
 
@@ -216,7 +218,8 @@ function hmLabel(text, href) {
 }
 
 function walkHref(a, r) {  // the head's softmax inputs, q.k x scale, on the streaming-attention page
-  return `/attention?${new URLSearchParams({ scores: r.scores.map((x) => String(x * a.scale)).join(",") })}#walk-it`;
+  const kept = r.scores.filter((x) => x !== null);  // a top-k text's head: the keys its search returned
+  return `/attention?${new URLSearchParams({ scores: kept.map((x) => String(x * a.scale)).join(",") })}#walk-it`;
 }
 
 function heatmapRow(a, r) {
@@ -237,7 +240,8 @@ function heatmapRow(a, r) {
 
 function cellText(a, r, j) {
   return `layer ${r.layer} head ${r.head}, position ${j} ${JSON.stringify(a.keys[j].text)}: `
-    + `q.k ${r.scores[j].toPrecision(6)}, weight ${r.weights[j].toPrecision(6)}`;
+    + `q.k ${r.scores[j] === null ? "not returned (top-k attention)" : r.scores[j].toPrecision(6)}, `
+    + `weight ${r.weights[j].toPrecision(6)}`;
 }
 
 document.addEventListener("click", (e) => {
