@@ -46,7 +46,7 @@ def test_mass_grows_with_k(quick):
     result, _ = quick
     for context in result["settings"]["contexts"]:
         mass = np.asarray(result["mass"][str(context)])  # [K, L, H], K ascending
-        assert mass.shape == (len(result["settings"]["ks"]), 4, 4)
+        assert mass.shape == (len(result["ks_run"][str(context)]), 4, 4)
         assert np.all(np.diff(mass, axis=0) >= -1e-12)
         assert np.all((mass > 0) & (mass <= 1 + 1e-12))
 

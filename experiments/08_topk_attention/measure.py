@@ -66,11 +66,13 @@ class Tally:
         return out
 
 
-def run_context(model, passages, context, ks, steps, approx_passages, hnsw, quiet=False) -> dict:
-    """Every K on one context length: {"exact": {K: Tally}, "hnsw": {K: Tally}, "exact_on_hnsw_passages": ...,
+def run_context(model, passages, context, ks, steps, approx, hnsw, quiet=False) -> dict:
+    """Every K on one context length (approx: the passages and the largest K the hnsw search runs on):
+    {"exact": {K: Tally}, "hnsw": {K: Tally}, "exact_on_hnsw_passages": ...,
     "mass": [nK, L, H] mean over steps, "full_accuracy": share of steps where full attention's greedy token is the
     passage's next token}."""
     params, hp = model.params, model.hparams
+    approx_passages, approx_max_k = approx
     exact, approx, exact_sub = ({k: Tally() for k in ks} for _ in range(3))
     mass_sum, hits, n = 0.0, 0, 0
     for p, passage in enumerate(passages):
@@ -84,7 +86,7 @@ def run_context(model, passages, context, ks, steps, approx_passages, hnsw, quie
             logits = forward(params, hp, ids, exact_top_k(k_value(k, context)))
             exact[k].seconds += time.perf_counter() - t
             exact[k].add(full, logits)
-            if p < approx_passages and k != ALL and int(k) < context - 1:
+            if p < approx_passages and k != ALL and int(k) < context - 1 and int(k) <= approx_max_k:
                 exact_sub[k].add(full, logits)
                 run_hnsw(approx[k], params, hp, ids, full, int(k), hnsw)
         if not quiet:

@@ -98,9 +98,15 @@ def store_table(result) -> str:
             "context": s["context"],
             "K": k_label(s["k"]),
             "ms a token": f"{s['ms_per_token']:.1f}",
-            "scored / returned / values a token (meter)": s.get("meter_line", "-"),
-            "formula": "/".join(f"{s['formula'][key]:g}" for key in ("keys_scored", "keys_returned", "values_read")),
-            "greedy = numpy top-K": s.get("same_tokens_as_numpy", "-"),
+            "meter: scored / returned / values a token": s.get("meter_line", "-"),
+            "formula (exact search)": "/".join(
+                f"{s['formula'][key]:g}" for key in ("keys_scored", "keys_returned", "values_read")
+            ),
+            "free-running tokens = numpy top-K": s.get("same_tokens_as_numpy", "-"),
+            "steps: agree with full / with numpy top-K": "-"
+            if "agreement" not in s
+            else f"{s['agreement']['with_full']:.3f} / {s['agreement']['with_numpy_top_k']:.3f} "
+            f"({s['agreement']['steps']} steps)",
         }
         for s in result["stores"]
     ]
@@ -166,10 +172,10 @@ def mass_plot(result: dict, path) -> None:
     if not result["mass"]:
         return
     plt = pyplot()
-    contexts, ks = result["settings"]["contexts"], result["settings"]["ks"]
+    contexts = result["settings"]["contexts"]
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts) + 1, 4.6), squeeze=False)
     for ax, context in zip(axes[0], contexts):
-        m = np.asarray(result["mass"][str(context)])  # [K, L, H]
+        m, ks = np.asarray(result["mass"][str(context)]), result["ks_run"][str(context)]  # [K, L, H]
         grid = m.reshape(len(ks), -1).T  # rows: layer.head
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         n_layer, n_head = m.shape[1:]

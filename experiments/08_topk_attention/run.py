@@ -34,7 +34,7 @@ from common import subjects  # noqa: E402
 
 NAME = "topk-attention"
 HELP = "attention over each query's K best earlier keys: agreement, KL and mass against full attention, by K"
-KS = [1, 2, 4, 8, 16, 32, 64, ALL]
+KS = [1, 2, 4, 8, 16, 32, 64, 128, 192, ALL]  # the issue's 1-64 and all, and two between 64 and 254 keys
 CONTEXTS = [64, 128, 255]
 QUICK = {"contexts": [24], "ks": [1, ALL], "passages": 1, "steps": 8, "approx_passages": 1}
 REPO = HERE.parents[1]
@@ -62,13 +62,22 @@ def add_arguments(p) -> None:
     p.add_argument("--passages", type=int, default=32, help="held-out passages per context length (32)")
     p.add_argument("--steps", type=int, default=32, help="teacher-forced steps per passage (32)")
     p.add_argument("--approx-passages", type=int, default=4, help="passages the hnsw search also reads (4)")
+    p.add_argument("--approx-max-k", type=int, default=64, help="the largest K the hnsw search runs (64)")
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef-construction", type=int, default=64)
     p.add_argument("--hnsw-ef", type=int, default=16, help="search breadth: max(this, K) (16)")
     p.add_argument("--configs", nargs="*", default=[], help="stores to time with attention_top_k (TOML configs)")
     p.add_argument("--store-ks", nargs="+", default=None, help="K values on the stores (default: --ks)")
-    p.add_argument("--store-tokens", type=int, default=8, help="tokens generated a store run (8)")
+    p.add_argument("--store-tokens", type=int, default=16, help="tokens generated a text on a store (16)")
+    p.add_argument("--store-repeats", type=int, default=3, help="texts a store, context and K (3; median ms)")
     p.add_argument("--store-root", default=None, help="put each store under DIR/<config name>")
+    p.add_argument(
+        "--store-agreement-ks",
+        nargs="*",
+        default=["4", "16", "64"],
+        help="Ks whose teacher-forced steps also run through each store, a text a step (4 16 64)",
+    )
+    p.add_argument("--store-passages", type=int, default=1, help="passages those steps come from (1)")
     p.add_argument("--stores-only", action="store_true", help="only the stores' half (no numpy sweep)")
     p.add_argument(
         "--merge",
@@ -93,6 +102,7 @@ def settings(args) -> dict:
     if args.quick:
         s.update(QUICK)
     s["ks"] = sorted(s["ks"], key=lambda k: float("inf") if k == ALL else k)
+    s["approx_max_k"] = args.approx_max_k
     s["hnsw"] = {"m": args.hnsw_m, "ef_construction": args.hnsw_ef_construction, "ef": args.hnsw_ef, "seed": args.seed}
     s.update(quick=args.quick, dtype="float64", teacher_forced=True)
     return s
@@ -113,6 +123,9 @@ def load_passages(args, s, hp):
         path = find_corpus(args.corpus, REPO)
         tokens, source = held_out_tokens(path), f"{path} (last 10% of characters)"
     s["corpus"] = source
+    if tokens.max() >= hp.n_vocab:  # a random model with a small vocabulary: any ids will do
+        tokens = tokens % hp.n_vocab
+        s["corpus"] += f"; token ids folded into the model's {hp.n_vocab} (id mod {hp.n_vocab})"
     return cut(tokens, s["passages"], longest + s["steps"])
 
 
@@ -130,15 +143,18 @@ def run(args) -> int:
         "settings": s,
         "model": {"label": subjects.model_label(model, args.model), "name": args.model or "shakespeare"},
         "rows": [],
-        "mass": {},
+        "mass": {},  # per context: [K of ks_run, layer, head]
+        "ks_run": {},  # per context: the Ks run (none above the context)
         "full_accuracy": {},
         "stores": [],
         "stores_skipped": [],
     }
     hnsw = {"m": s["hnsw"]["m"], "ef_construction": s["hnsw"]["ef_construction"], "ef": s["hnsw"]["ef"]}
     for context in [] if args.stores_only else s["contexts"]:
-        got = run_context(model, passages, context, s["ks"], s["steps"], s["approx_passages"], hnsw, args.quiet)
-        add_context(result, model.hparams, context, s["ks"], got)
+        ks = [k for k in s["ks"] if k == ALL or k <= context]  # a larger K keeps what `all` keeps
+        approx = (s["approx_passages"], args.approx_max_k)
+        got = run_context(model, passages, context, ks, s["steps"], approx, hnsw, args.quiet)
+        add_context(result, model.hparams, context, ks, got)
         write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
     result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in s["contexts"]}
     result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in s["contexts"]}
@@ -154,6 +170,7 @@ def run(args) -> int:
 def add_context(result, hp, context, ks, got) -> None:
     mass = got["mass"]  # [K, L, H]
     result["mass"][str(context)] = mass
+    result["ks_run"][str(context)] = ks
     result["full_accuracy"][str(context)] = got["full_accuracy"]
     for i, k in enumerate(ks):
         result["rows"].append(

@@ -1,7 +1,8 @@
 """Top-K attention through the stores: the engine with the config key `attention_top_k`, timed and metered.
 
-Per store, context length and K: a prompt of the first passage's `context - n` tokens, one token generated to read
-it, then n more timed (ms a token: wall time over those n; their contexts run up to `context`). The meter's counts
+Per store, context length and K: a prompt of the first passage's `context - n + 1` tokens, one token generated to
+read it, then n - 1 more, each timed (ms a token: the median over those tokens of --store-repeats texts); the last
+timed read is the query at position `context - 1`, with context - 1 earlier keys as numpy's steps. The meter's counts
 a token (keys scored by the store, keys returned, values read) beside the formula's at the same positions, and
 whether the store's greedy tokens are numpy float64's with the same K (vecgpt.reference). Turbopuffer's dollars are
 a price-list estimate (turbopuffer.cost): every subquery is billed at least 1.28 GB queried whatever K, and only the
@@ -29,6 +30,7 @@ def engine_takes_top_k() -> bool:
 
 def run_stores(args, s, model64, passages, result) -> None:
     from vecgpt.config import load_config
+    from vecgpt.errors import VecgptError
 
     from common import subjects
 
@@ -37,18 +39,17 @@ def run_stores(args, s, model64, passages, result) -> None:
             result["stores_skipped"].append({"store": path, "reason": "the engine does not take attention_top_k yet"})
         return
     model = subjects.load_model(args.model)  # float32, as stores hold it
-    ks = sorted([_k(k) for k in (args.store_ks or [str(k) for k in s["ks"]])], key=lambda k: np.inf if k == ALL else k)
-    n, longest = args.store_tokens, len(passages[0]) - s["steps"]
+    ks = sorted_ks(args.store_ks or [str(k) for k in s["ks"]])
+    agree_ks = sorted_ks(args.store_agreement_ks)
     for path in args.configs:
         config = load_config(path)
         if args.store_root:
             subjects.place(config, Path(path).stem, args.store_root)
         for context in s["contexts"]:
-            prompt = [int(t) for t in passages[0][longest - context : longest - n]]
-            for k in ks:
+            for k in ks if config.attention_index is None else [k for k in ks if k != ALL]:
                 try:
-                    row = run_one(config, model, model64, prompt, n, k, context)
-                except Exception as e:  # noqa: BLE001 - a store that refuses (L2 only) or fails is reported, not fatal
+                    row = store_row(args, s, config, model, model64, passages, context, k, k in agree_ks)
+                except VecgptError as e:  # a store that refuses (L2 only) is reported, not fatal
                     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                     result["stores_skipped"].append({"store": path, "context": context, "k": k, "reason": reason})
                     print(f"  {path} context {context} K {k}: {reason}", file=sys.stderr)
@@ -58,46 +59,93 @@ def run_stores(args, s, model64, passages, result) -> None:
                     print(f"  {row['label']} context {context} K {k}: {row['ms_per_token']:.1f} ms", file=sys.stderr)
 
 
+def sorted_ks(texts) -> list:
+    return sorted([_k(k) for k in texts], key=lambda k: np.inf if k == ALL else k)
+
+
+def store_row(args, s, config, model, model64, passages, context, k, agreement) -> dict:
+    """Timing and counts on one store at one context and K; with agreement, the teacher-forced steps too."""
+    import copy
+
+    from vecgpt import api
+
+    config = copy.deepcopy(config)
+    config.attention_top_k = None if k == ALL else k
+    n, longest = args.store_tokens, len(passages[0]) - s["steps"]
+    prompt = [int(t) for t in passages[0][longest - context : longest - n + 1]]
+    engine = api.open_engine(config, model, progress=False)
+    try:
+        row = run_one(engine, config, model, model64, prompt, n, k, context, args.store_repeats)
+        if agreement:
+            row["agreement"] = steps_agreement(engine, model64, passages[: args.store_passages], context, k, s)
+    finally:
+        engine.store.close()
+    return row
+
+
+def steps_agreement(engine, model64, passages, context, k, s) -> dict:
+    """The teacher-forced steps through the store (a text a step, reading its window as a prompt): its greedy
+    tokens against numpy float64's with full attention and with the same top-K attention."""
+    from passages import windows
+    from sparse_forward import exact_top_k, forward
+
+    from vecgpt.text import Text
+
+    got, full, same_k = [], [], []
+    for passage in passages:
+        ids, _ = windows(passage, context, s["steps"])
+        for window in ids:
+            with Text.start(engine, [int(t) for t in window]) as text:
+                got.append(text.generate(1)[0])
+        full += forward(model64.params, model64.hparams, ids).argmax(-1).tolist()
+        same_k += forward(model64.params, model64.hparams, ids, exact_top_k(k_value(k, context))).argmax(-1).tolist()
+    got, full, same_k = (np.asarray(a) for a in (got, full, same_k))
+    return {
+        "steps": len(got),
+        "with_full": float((got == full).mean()),
+        "with_numpy_top_k": float((got == same_k).mean()),
+        "numpy_top_k_with_full": float((same_k == full).mean()),
+    }
+
+
 def _k(text):
     from run import k_arg
 
     return k_arg(text)
 
 
-def run_one(config, model, model64, prompt, n, k, context) -> dict:
-    import copy
-
-    from vecgpt import api
-    from vecgpt.text import Text
-
-    config = copy.deepcopy(config)
-    config.attention_top_k = None if k == ALL else k
-    engine = api.open_engine(config, model, progress=False)
-    try:
-        with Text.start(engine, prompt) as text:
-            text.generate(1)  # the prompt read, and its first token
-            before = len(text.session.meter.tokens)
-            t = time.perf_counter()
-            text.generate(n - 1)
-            seconds = time.perf_counter() - t
-            meter = text.session.meter.tokens[before:]
-            tokens = text.tokens[len(prompt) :]
-    finally:
-        engine.store.close()
+def run_one(engine, config, model, model64, prompt, n, k, context, repeats) -> dict:
+    runs = [timed_text(engine, prompt, n) for _ in range(repeats)]
+    seconds = np.concatenate([r[0] for r in runs])
+    meter, tokens = runs[0][1], runs[0][2]
     return {
-        "label": f"{config.backend} ({config.metric})",
+        "label": f"{config.backend} ({config.metric}{', ' + config.attention_index if config.attention_index else ''})",
+        "attention_index": config.attention_index,
         "backend": config.backend,
         "metric": config.metric,
         "layout": engine.manifest.get("layout") or "four",
         "context": context,
         "k": k,
-        "tokens_timed": n - 1,
-        "ms_per_token": 1000 * seconds / (n - 1),
+        "tokens_timed": len(seconds),
+        "ms_per_token": 1000 * float(np.median(seconds)),
+        "ms_per_token_mean": 1000 * float(seconds.mean()),
         "meter": {key: mean_score(meter, key) for key in SCORE_KEYS},
         "formula": formula(model.hparams, len(prompt), n - 1, k),
         "same_tokens_as_numpy": tokens == numpy_tokens(model64, prompt, n, k),
         "meter_line": "/".join(f"{mean_score(meter, key):g}" for key in SCORE_KEYS),
     }
+
+
+def timed_text(engine, prompt, n):
+    """A new text: the prompt read with its first token, then n - 1 tokens each timed -> (seconds [n - 1], the
+    meter's tallies of those tokens, the n tokens)."""
+    from vecgpt.text import Text
+
+    with Text.start(engine, prompt) as text:
+        text.generate(1)
+        before, stamps = len(text.session.meter.tokens), [time.perf_counter()]
+        text.generate(n - 1, on_token=lambda *_: stamps.append(time.perf_counter()))
+        return np.diff(stamps), text.session.meter.tokens[before:], text.tokens[len(prompt) :]
 
 
 def mean_score(tokens: list, key: str) -> float:
