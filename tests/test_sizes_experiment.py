@@ -1,5 +1,5 @@
 """`vecgpt experiment sizes` end to end at 1/64 scale (two sizes, numpy, memory and FAISS), its exponent fit on
-made-up numbers, and its shape-only plan against loading.plan."""
+made-up numbers, and its layout costs read back from the estimate."""
 
 import importlib.util
 import json
@@ -13,7 +13,7 @@ from vecgpt.cli.experiments import experiments
 from vecgpt.loading import plan
 
 sizes = experiments()["sizes"]  # puts experiments/07_sizes on sys.path
-from size_fit import exponent, layout_costs, shape_plan  # noqa: E402
+from size_fit import exponent, layout_costs  # noqa: E402
 
 HAVE_FAISS = importlib.util.find_spec("faiss") is not None
 STORES = ["numpy", "memory"] + (["faiss"] if HAVE_FAISS else [])
@@ -44,7 +44,7 @@ def test_a_row_for_every_size_and_store(data):
 def test_a_store_row_splits_its_first_read_and_counts_its_requests(data):
     for r in (r for r in data["rows"] if r["store"] not in ("numpy", "transformers")):
         hp = weights.size_shape(r["size"], 64)
-        assert r["layout"] == "five" and r["documents"] == sum(n for _, n, _ in shape_plan(hp, "l2", "five"))
+        assert r["layout"] == "five" and r["documents"] == sum(n for _, n, _ in plan(hp, "l2", "five"))
         assert r["mb_per_s"] > 0 and r["stored_mb"] > 0 and r["disk_mb"] > 0 and r["peak_mb_load"] > 0
         assert r["whole_same_fingerprint"] is True  # the whole checkpoint read and hashed names the same model
         parts = r["open_s"] + r["find_model_s"] + r["engine_text_s"] + r["first_read_s"]
@@ -74,17 +74,9 @@ def test_exponent_of_a_power_law():
     assert exponent([1.0], [2.0]) is None and exponent([2.0, 2.0], [1.0, 3.0]) is None
 
 
-@pytest.mark.parametrize("layout", ["four", "three", "five"])
-@pytest.mark.parametrize("metric", ["l2", "ip"])
-def test_shape_plan_is_loadings_plan(layout, metric):
-    hp = weights.size_shape("gpt2-xl", 64)  # 25 heads
-    model = weights.Model(hp, weights.make_params(hp), "made")
-    assert shape_plan(hp, metric, layout) == plan(model, metric, layout)
-
-
 def test_layout_costs_read_back_the_estimate():
     hp = weights.SIZES["gpt2-xl"]
     five = {c["layout"]: c for c in layout_costs(hp)}["five"]
-    assert five["documents"] == sum(n for _, n, _ in shape_plan(hp, "l2", "five"))  # one copy
+    assert five["documents"] == sum(n for _, n, _ in plan(hp, "l2", "five"))  # one copy
     assert five["subqueries_per_token"] == 48 * 4 + 1 + 48 * 25
     assert f"${five['dollars_per_token']:.6f}" in five["estimate"]

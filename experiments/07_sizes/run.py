@@ -164,7 +164,10 @@ def measure(name: str, size: str, hp, path: Path, args) -> dict:
     from vecgpt.weights import parameter_count
 
     n = int(pairs(args.tokens).get(name, args.n))
+    from common.record import commit
+
     row = {"size": size, "store": name, "parameters": parameter_count(hp), "model_mb": parameter_count(hp) * 4 / 1e6}
+    row["commit"] = commit()  # others commit to the tree while a long run goes on
     spec = {"model": str(path), "prompt": [t % hp.n_vocab for t in PROMPT], "n": n, "quiet": args.quiet}
     spec.update(threads=args.threads, profile=args.profile, whole_read=not args.no_whole_read)
     spec["model_bytes"] = row["model_mb"] * 1e6

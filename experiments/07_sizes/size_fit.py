@@ -1,5 +1,5 @@
-"""The size experiment's arithmetic: the exponent of a power law fitted on logs, what a load writes at a shape
-(without building the model), and what a token costs on turbopuffer in each layout at a shape."""
+"""The size experiment's arithmetic: the exponent of a power law fitted on logs, and what a token costs on
+turbopuffer in each layout at a shape (from the plan alone)."""
 
 from __future__ import annotations
 
@@ -21,35 +21,15 @@ def exponent(x, y) -> float | None:
     return float(slope)
 
 
-def shape_plan(hp, metric: str, layout: str) -> list[tuple[str, int, int]]:
-    """(collection, documents, dimension) a load writes: vecgpt.loading.plan's rows from the shape alone (plan
-    builds layout three's products, which at GPT-2 XL means 1,200 products of 1600 x 64 x 1600)."""
-    from vecgpt.encoding import doc_dim
-    from vecgpt.loading import matrices
-
-    d, hd = hp.n_embd, hp.n_embd // hp.n_head
-    shapes = {"attn.c_attn": (d, 3 * d), "attn.c_proj": (d, d), "mlp.c_fc": (d, 4 * d), "mlp.c_proj": (4 * d, d)}
-    shapes |= {"attn.c_proj.h": (hd, d), "attn.vo.h": (d, d), "attn.qk.h": (hd, d + 1)}
-    rows = []
-    for name in matrices(hp, layout):
-        if name == "wte":
-            rows.append((name, hp.n_vocab, doc_dim(d, metric)))
-            continue
-        part = re.sub(r"^h\.\d+\.", "", name)
-        n_in, n_out = shapes[re.sub(r"\.\d+$", ".h", part)]
-        rows.append((name, n_out, doc_dim(n_in, metric)))
-    return rows + [("wpe", hp.n_ctx, d), ("ln", 4 * hp.n_layer + 2, d)]
-
-
 def layout_costs(hp, key_replicas: int = 2) -> list[dict]:
     """A token's dollars on turbopuffer in each layout, one copy of the matrices: the backend's estimate_cost on the
     plan, as `vecgpt load --dry-run` prints it, with its figures read back."""
     from vecgpt.backends.turbopuffer.cost import estimate_cost
-    from vecgpt.loading import text_row
+    from vecgpt.loading import plan, text_row
 
     out = []
     for layout in LAYOUT_ORDER:
-        rows = shape_plan(hp, "l2", layout)
+        rows = plan(hp, "l2", layout)
         said = estimate_cost(rows, 1, key_replicas, hp.n_head, text_row(hp, layout))
         out.append({"layout": layout, **read_estimate(said), "estimate": said})
     return out

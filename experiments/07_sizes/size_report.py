@@ -14,7 +14,7 @@ EXPONENTS = (("ms_per_token", "ms a token"), ("load_s", "load s"), ("first_read_
 
 def flat(row: dict) -> dict:
     """One (size, store)'s figures, read from its processes' results (a reference's load is its checkpoint read)."""
-    out = {k: row.get(k) for k in ("size", "store", "parameters", "model_mb", "layout", "skipped")}
+    out = {k: row.get(k) for k in ("size", "store", "parameters", "model_mb", "layout", "skipped", "commit")}
     made = row.get("generate", row if row["store"] in ("numpy", "transformers") else {})
     loaded = row.get("load", {})
     out["error"] = row.get("load_error") or made.get("error") or made.get("missing") or loaded.get("error")
