@@ -188,3 +188,93 @@ def test_a_killed_load_resumes_and_generates_as_a_fresh_one(backend, tmp_path, o
 def generate(path, model_dir) -> tuple:
     out = api.generate_text("Hello world", n=3, config=load_config(path), model=str(model_dir), stop=False)
     return out["tokens"], json.dumps(out["steps"])
+
+
+# Faults: a full disk, too little memory ---------------------------------------------------------------------------
+DISK_FULL = """
+set -u
+mount -t tmpfs -o size=1m tmpfs "$STORE"
+vecgpt() { "$PY" -m vecgpt.cli "$@" --backend faiss --store "$STORE"; }
+vecgpt load --model "$SMALL" >/dev/null || exit 90
+vecgpt load --model "$BIG" 2>"$OUT/full.err"; echo $? >"$OUT/full.rc"
+vecgpt ls >"$OUT/ls.out"
+"$PY" -c "$CHECK" "$STORE" "$SMALL" >"$OUT/check.out" 2>&1
+mount -o remount,size=16m "$STORE"
+vecgpt load --model "$BIG" 2>"$OUT/again.err" >/dev/null; echo $? >"$OUT/again.rc"
+"$PY" -c "$CHECK" "$STORE" "$BIG" >>"$OUT/check.out" 2>&1
+"""
+CHECK = """
+import sys
+import numpy as np
+from vecgpt import encoding, loading, weights
+from vecgpt.backends.base import get_store
+store, model = get_store("faiss", path=sys.argv[1]), weights.load(sys.argv[2])
+key = loading.store_fingerprint(model, "ip", "five")
+assert store.read_manifest(key)
+for name in loading.matrices(model.hparams, "five"):
+    p = loading.get(model.params, name, model.hparams.n_head)
+    rows = encoding.encode_rows(p["weight"].T if name == "wte" else p["weight"], p.get("bias"), "ip")[0]
+    held = store.fetch(loading.collection(key, name), np.arange(len(rows)))
+    assert np.array_equal(held, rows), name
+print("intact", sys.argv[2])
+"""
+
+
+def test_a_full_disk_is_one_line_damages_nothing_and_the_rerun_resumes(tmp_path, cache, one_layer):
+    """On a real 1 MB tmpfs (a mount namespace of our own, no root): the model held stays intact."""
+    pytest.importorskip("faiss")
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no unprivileged mount namespaces here (unshare -rm)")
+    small = weights.save(tmp_path / "small", HP, tiny_params(HP))
+    (tmp_path / "store").mkdir()
+    names = {"STORE": tmp_path / "store", "SMALL": small, "BIG": one_layer, "OUT": tmp_path, "PY": sys.executable}
+    extra = {**{k: str(v) for k, v in names.items()}, "CHECK": CHECK}
+    done = subprocess.run(["unshare", "-rm", "bash", "-c", DISK_FULL], env={**env(), **extra}, cwd=ROOT, timeout=300)
+    assert done.returncode == 0
+    err = (tmp_path / "full.err").read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "2", err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and re.fullmatch(
+        r"vecgpt: error: the disk filled while writing wte: the rest of this load is [\d.]+ MB .* it resumes", lines[0]
+    ), err
+    assert str(small) in (tmp_path / "ls.out").read_text() and str(one_layer) not in (tmp_path / "ls.out").read_text()
+    again = (tmp_path / "again.err").read_text()
+    assert (tmp_path / "again.rc").read_text().strip() == "0" and "resuming: " in again, again
+    assert (tmp_path / "check.out").read_text().split() == ["intact", str(small), "intact", str(one_layer)]
+
+
+def test_a_model_larger_than_free_memory_is_refused_before_writing(tmp_path, small, monkeypatch):
+    from vecgpt.cli import attention
+
+    monkeypatch.setattr(attention, "available_bytes", lambda: 10_000)
+    store = get_store("memory", path=str(tmp_path / "memory"))
+    with pytest.raises(
+        VecgptError, match=r"memory holds every vector in memory: this model needs [\d.]+ MB, 0.0 MB is free"
+    ):
+        loading.push(store, weights.load(str(small)), progress=False)
+    assert store.collections() == []
+
+
+# load --dry-run -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", list(weights.SIZES))
+def test_dry_run_of_every_size_reads_no_weights(size, cache, capsys, monkeypatch):
+    from vecgpt.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(weights, "resolve", lambda *a, **k: pytest.fail("looked for the model's files"))
+    assert main(["load", "--dry-run", "--model", size, "--backend", "faiss", "--metric", "ip"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = loading.plan(weights.SIZES[size], "ip", "five")
+    assert lines[1] == f"documents: {sum(n for _, n, _ in rows):,} in {len(rows)} collections (ip, layout five)"
+    assert lines[3] == "time: no faiss load measured on this machine yet (each completed load records its rate)"
+
+
+def test_dry_run_quotes_the_rate_measured_and_a_folder_by_its_config(small, cache, capsys):
+    from vecgpt.cli import main
+
+    (small / "model.safetensors").unlink()  # config.json alone
+    loading.record_rate("lancedb", 100_000, 200_000_000, 10.0)
+    assert main(["load", "--dry-run", "--model", str(small), "--backend", "lancedb"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"model: {small} (2 layers, 16 wide, 4 heads")
+    assert lines[3].startswith("time: about 0 s at 20.0 MB/s (10,000 documents/s), the largest lancedb load")

@@ -216,8 +216,8 @@ def check_memory(store: Store, rows: list) -> None:
     need, free = sum(n * d * 4 for _, n, d in rows), available_bytes()
     if isinstance(store, InProcessStore) and free and need > free:
         raise VecgptError(
-            f"{backend_name(store)} holds every vector in memory: this model needs {need / 1e9:,.2f} GB, "
-            f"{free / 1e9:,.2f} GB is free; free memory, or load it into a store that reads from disk "
+            f"{backend_name(store)} holds every vector in memory: this model needs {size_text(need)}, "
+            f"{size_text(free)} is free; free memory, or load it into a store that reads from disk "
             f"(pgvector, lancedb, sqlite, duckdb)"
         )
 
@@ -354,11 +354,17 @@ def disk_full(load: Load, name: str):
     except Exception as e:
         if not no_space(e):
             raise
+        with contextlib.suppress(Exception):  # its part written: not saved again when the store closes
+            load.store.drop(name)
         raise VecgptError(
             f"the disk filled while writing {matrix_of(name)}: the rest of this load is "
-            f"{load.left(name) / 1e9:,.2f} GB of float32 vectors (the store's files take more); free room and run "
+            f"{size_text(load.left(name))} of float32 vectors (the store's files take more); free room and run "
             f"the same command again: it resumes"
         ) from None
+
+
+def size_text(n: int) -> str:
+    return f"{n / 1e9:,.2f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def no_space(error: BaseException | None) -> bool:
