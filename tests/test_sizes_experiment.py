@@ -80,3 +80,4 @@ def test_layout_costs_read_back_the_estimate():
     assert five["documents"] == sum(n for _, n, _ in plan(hp, "l2", "five"))  # one copy
     assert five["subqueries_per_token"] == 48 * 4 + 1 + 48 * 25
     assert f"${five['dollars_per_token']:.6f}" in five["estimate"]
+    assert five["load_dollars"] == pytest.approx(2.0 * five["gb"], abs=0.01)  # $2 a GB written

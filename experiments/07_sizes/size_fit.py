@@ -41,8 +41,8 @@ def read_estimate(said: str) -> dict:
     found = {
         "documents": r"([\d,]+) documents",
         "gb": r"([\d,.]+) GB logical",
-        "load_dollars": r"load \(writes[^$]*\$([\d,.]+)",
-        "storage_dollars_month": r"storage[^$]*\$([\d,.]+)",
+        "load_dollars": r"load \(writes.*?\): \$([\d,.]+)",
+        "storage_dollars_month": r"storage at .*?: \$([\d,.]+)",
         "subqueries_per_token": r"(\d+) kNN subqueries",
         "dollars_per_token": r"per generated token:.*: \$([\d.]+)",
     }
