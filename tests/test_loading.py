@@ -92,11 +92,13 @@ def test_a_truncated_checkpoint_is_one_line_before_any_read(small):
         ({"n_layer": 3}, "missing tensor h.2"),
         ({"vocab_size": 255}, "wte.weight has shape"),
         ({"n_head": "many"}, "lacks or mangles"),
+        ({"n_head": 0}, "a size below 1"),
+        ([1, 2], "not a GPT-2 config.json"),
     ],
 )
 def test_a_config_of_another_shape_is_one_line(small, config, message):
     held = json.loads((small / "config.json").read_text())
-    (small / "config.json").write_text(json.dumps({**held, **config}))
+    (small / "config.json").write_text(json.dumps({**held, **config} if isinstance(config, dict) else config))
     with pytest.raises(VecgptError, match=message):
         weights.load(str(small))
 
@@ -158,7 +160,9 @@ def killed_load(path, model_dir, at_batch: int) -> None:
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
-@pytest.mark.parametrize("backend", ["memory", "faiss", "sqlite", "duckdb", "lancedb", "pgvector"])
+@pytest.mark.parametrize(
+    "backend", ["memory", "faiss", "sqlite", "duckdb", "lancedb", "pgvector", "turbopuffer", "milvus"]
+)
 def test_a_killed_load_resumes_and_generates_as_a_fresh_one(backend, tmp_path, one_layer):
     tiny_model_dir = one_layer
     (tmp_path / "resumed").mkdir(), (tmp_path / "fresh").mkdir()

@@ -137,6 +137,8 @@ def read_hparams(config: dict, where: str) -> HParams:
         )
     except (KeyError, TypeError, ValueError) as e:
         raise VecgptError(f"{where}: config.json lacks or mangles a GPT-2 hyper-parameter ({e})") from None
+    if min(hp.n_layer, hp.n_head, hp.n_embd, hp.n_ctx, hp.n_vocab) < 1:
+        raise VecgptError(f"{where}: config.json gives a size below 1 ({describe(hp)}); not a GPT-2 checkpoint")
     if hp.n_embd % hp.n_head:
         raise VecgptError(f"{where}: n_embd {hp.n_embd} is not divisible by n_head {hp.n_head}")
     act = config.get("activation_function", "gelu_new")
