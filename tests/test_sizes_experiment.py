@@ -29,7 +29,11 @@ def data(tmp_path_factory):
     for suffix in (".json", ".md", ".png"):
         assert (tmp / "out" / f"sizes{suffix}").stat().st_size > 0
     assert not list((tmp / "stores").glob("memory-*")), "a store's model is dropped after its run (no --keep)"
-    return json.loads((tmp / "out" / "sizes.json").read_text())
+    data = json.loads((tmp / "out" / "sizes.json").read_text())
+    again = ["experiment", "sizes", "--render", str(tmp / "out" / "sizes.json"), "--out", str(tmp / "again")]
+    assert main(again) == 0  # the tables and plot of a run's JSON, written again
+    assert json.loads((tmp / "again" / "sizes.json").read_text())["rows"] == data["rows"]
+    return data
 
 
 def test_a_row_for_every_size_and_store(data):

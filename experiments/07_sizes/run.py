@@ -78,20 +78,35 @@ def run(args) -> int:
 
     plots.require()
     if args.render:
-        rows, costs = report.merge([json.loads(Path(p).read_text()) for p in args.render])
-        report.write(new_run(NAME, args.out), args, rows, costs, None)
-        return 0
+        return render(args)
     check(args)
     out, rows, costs = new_run(NAME, args.out), [], []
     for size in args.sizes:
         hp, path = checkpoint(size, args)
-        costs += size_costs(size, hp, args)
+        costs += size_costs(size, hp)
         for name in args.stores:
             if not allowed(name, size, args):
                 continue
             rows.append(measure(name, size, hp, path, args))
             report.partial(out, args, rows, costs)
-    report.write(out, args, rows, costs, args)
+    report.write(out, args, rows, costs, report.settings_of(args))
+    return 0
+
+
+def render(args) -> int:
+    """The tables and plot of earlier runs' sizes.json together (each run's settings kept under "runs")."""
+    import size_report as report
+
+    from vecgpt.weights import size_shape
+
+    from common.record import new_run
+
+    runs = [json.loads(Path(p).read_text()) for p in args.render]
+    rows = report.merge(runs)
+    settings = {**runs[0]["settings"], "runs": {p: r["settings"] for p, r in zip(args.render, runs)}}
+    scale = settings.get("scale", 1)
+    costs = [c for size in dict.fromkeys(r["size"] for r in rows) for c in size_costs(size, size_shape(size, scale))]
+    report.write(new_run(NAME, args.out), args, rows, costs, settings)
     return 0
 
 
@@ -148,7 +163,7 @@ def checkpoint(size: str, args):
     return hp, path
 
 
-def size_costs(size: str, hp, args) -> list[dict]:
+def size_costs(size: str, hp) -> list[dict]:
     from size_fit import layout_costs
 
     from vecgpt.weights import parameter_count

@@ -195,24 +195,23 @@ def guide(ax, rows: list[dict], key: str) -> None:
     ax.plot(x, y0 * x / first, color="grey", lw=0.8, alpha=0.6, label="slope 1")
 
 
-def merge(results: list[dict]) -> tuple[list[dict], list[dict]]:
-    """The raw rows and layout costs of several runs' JSON, a later run's (size, store) winning."""
-    rows, costs = {}, {}
+def merge(results: list[dict]) -> list[dict]:
+    """The raw rows of several runs' JSON in size order, a later run's (size, store) winning."""
+    from vecgpt.weights import SIZES
+
+    rows = {}
     for data in results:
         for r in data["raw"]:
             rows[(r["size"], r["store"])] = r
-        for c in data["layout_costs"]:
-            costs[(c["size"], c["layout"])] = c
-    return list(rows.values()), list(costs.values())
+    return sorted(rows.values(), key=lambda r: list(SIZES).index(r["size"]))
 
 
-def assemble(args, raw: list[dict], costs: list[dict], run_args) -> dict:
+def assemble(args, raw: list[dict], costs: list[dict], settings: dict) -> dict:
     from common.record import provenance
 
     rows = [flat(r) for r in raw]
     against_numpy(rows)
     found = fits(rows)
-    settings = {k: v for k, v in vars(run_args).items() if k != "func"} if run_args is not None else {}
     return {
         "experiment": "sizes",
         "provenance": provenance(seed=getattr(args, "seed", None)),
@@ -251,15 +250,18 @@ def partial(out: Path, args, raw: list[dict], costs: list[dict]) -> None:
     """The rows so far, so a run stopped part way keeps them (sizes.partial.json)."""
     from common.record import write_json
 
-    write_json(out / "sizes.partial.json", assemble(args, raw, costs, args))
+    write_json(out / "sizes.partial.json", assemble(args, raw, costs, settings_of(args)))
 
 
-def write(out: Path, args, raw: list[dict], costs: list[dict], run_args) -> None:
+def settings_of(args) -> dict:
+    return {k: v for k, v in vars(args).items() if k not in ("func", "render")}
+
+
+def write(out: Path, args, raw: list[dict], costs: list[dict], settings: dict) -> None:
+    """sizes.json, .md and .png; `settings`: the run's options (a render: the first run's, with every run's)."""
     from common.record import publish
 
-    for r in raw:
-        r.setdefault("store", "?")
-    data = assemble(args, raw, costs, run_args or args)
+    data = assemble(args, raw, costs, settings)
     title = (
         f"GPT-2 sizes, random weights; {os.cpu_count()} cores, {os.environ.get('OPENBLAS_NUM_THREADS', '?')} "
         "BLAS threads; a two-token prompt, greedy tokens"
