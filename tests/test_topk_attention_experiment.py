@@ -70,6 +70,10 @@ def test_json_fields(quick):
         "bytes_returned": 16 * 12,
         "value_bytes": 32 * 32 * 4,
     }
+    ref = result["refined"]["24"]  # bisected between K 1 (below 99%) and all: hi reaches it, lo does not
+    assert ref["sweep"] == [1, 23] and 1 <= ref["lo"] < ref["hi"] <= 23
+    probe = {p["k"]: p["agreement"] for p in ref["probes"]}
+    assert probe.get(ref["hi"], 1.0) >= 0.99 and probe.get(ref["lo"], 0.0) < 0.99
     (approx,) = rows(result, "hnsw")
     assert 0 <= approx["recall"] <= 1 and 0 <= approx["agreement"] <= 1
     assert (out / "topk_attention.md").read_text().startswith("model: ")

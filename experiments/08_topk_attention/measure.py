@@ -125,3 +125,33 @@ def smallest_k(rows, context, target=0.99, search="exact"):
         if r["context"] == context and r["search"] == search and r["agreement"] >= target:
             return r["k"]
     return None
+
+
+def bisect_k(model, passages, context, lo, hi, steps, probes, target=0.99):
+    """Between a K below target (lo) and one reaching it (hi), up to `probes` more Ks by bisection on the same
+    steps -> (probe rows, lo, hi): hi reaches target and lo does not, so the smallest such K lies in (lo, hi]
+    where agreement grows with K between them (it need not: the probes are reported as measured)."""
+    params, hp = model.params, model.hparams
+    steps_ids = [windows(p, context, steps)[0] for p in passages]
+    full = [forward(params, hp, ids) for ids in steps_ids]
+    rows = []
+    for _ in range(probes):
+        if hi - lo <= 1:
+            break
+        mid, tally = (lo + hi) // 2, Tally()
+        t = time.perf_counter()
+        for ids, f in zip(steps_ids, full):
+            tally.add(f, forward(params, hp, ids, exact_top_k(mid)))
+        tally.seconds = time.perf_counter() - t
+        rows.append({"context": context, "k": mid, **tally.row()})
+        lo, hi = (lo, mid) if rows[-1]["agreement"] >= target else (mid, hi)
+    return rows, lo, hi
+
+
+def bisect_bounds(rows, context, target=0.99):
+    """(lo, hi) around the sweep's smallest K reaching target (as numbers of earlier keys), or None."""
+    sweep = [r for r in rows if r["context"] == context and r["search"] == "exact"]
+    for prev, r in zip(sweep, sweep[1:]):
+        if r["agreement"] >= target and prev["agreement"] < target:
+            return k_value(prev["k"], context), k_value(r["k"], context)
+    return None

@@ -51,13 +51,16 @@ def settings_line(result) -> str:
 def smallest_table(result) -> str:
     rows = []
     for context in result["settings"]["contexts"]:
-        k = result["smallest_k"][str(context)]
+        k, ref = result["smallest_k"][str(context)], result.get("refined", {}).get(str(context))
         share = None if k is None else (context - 1 if k == "all" else int(k)) / (context - 1)
         rows.append(
             {
                 "context": context,
                 "smallest K (exact)": k_label(k),
                 "share of earlier keys": fmt(share, ".1%"),
+                "bisected: not at / at": "-"
+                if not ref
+                else f"{ref['lo']} / {ref['hi']} ({ref['hi'] / (context - 1):.1%})",
                 "smallest K (hnsw)": k_label(result["smallest_k_hnsw"].get(str(context))),
             }
         )
@@ -156,7 +159,13 @@ def plot(result: dict, path) -> None:
         return save_plot(fig, path)
     smallest = [result["smallest_k"][str(c)] for c in contexts]
     y = [c - 1 if k == "all" else (np.nan if k is None else int(k)) for c, k in zip(contexts, smallest)]
-    axes[2].plot(contexts, y, marker="o", label="smallest K, 99% agreement")
+    axes[2].plot(contexts, y, marker="o", label="smallest K of the sweep, 99% agreement")
+    refined = result.get("refined", {})
+    if refined:
+        cs = [c for c in contexts if str(c) in refined]
+        hi = np.array([refined[str(c)]["hi"] for c in cs])
+        lo = np.array([refined[str(c)]["lo"] for c in cs])
+        axes[2].errorbar(cs, hi, yerr=[hi - lo - 1, 0 * hi], marker="s", capsize=3, label="bisected (range: not yet)")
     axes[2].plot(contexts, [c - 1 for c in contexts], ls=":", color="grey", label="every earlier key")
     axes[2].set_xlabel("context (tokens)")
     axes[2].set_ylabel("K")

@@ -81,9 +81,13 @@ def add_arguments(p) -> None:
     p.add_argument("--stores-only", action="store_true", help="only the stores' half (no numpy sweep)")
     p.add_argument(
         "--merge",
-        nargs=2,
+        nargs="+",
         metavar="DIR",
-        help="run nothing: the numpy figures of the first run folder with the stores of the second, into --out",
+        help="run nothing: the numpy figures of the first run folder with the stores of the others, into --out",
+    )
+    p.add_argument("--refine-probes", type=int, default=4, help="Ks bisected below the smallest reaching 99%% (4)")
+    p.add_argument(
+        "--refine", metavar="DIR", help="run nothing else: bisect the thresholds of the run in DIR, into --out"
     )
     p.add_argument("--quick", action="store_true", help="one short passage, K in 1 and all (the test's run)")
     p.add_argument("--seed", type=int, default=0, help="hnswlib's graph seed")
@@ -134,6 +138,8 @@ def run(args) -> int:
 
     if args.merge:
         return merge(args.merge, new_run(NAME, args.out))
+    if args.refine:
+        return refine_run(args, new_run(NAME, args.out))
     s = settings(args)
     model = subjects.load_model(args.model, dtype=np.float64)
     passages = load_passages(args, s, model.hparams)
@@ -158,11 +164,44 @@ def run(args) -> int:
         write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
     result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in s["contexts"]}
     result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in s["contexts"]}
+    refine(result, model, passages, args.refine_probes, args.quiet)
     from stores import run_stores, turbopuffer_dollars
 
     result["turbopuffer_dollars"] = turbopuffer_dollars(model, s["contexts"], s["ks"])
     if args.configs:
         run_stores(args, s, model, passages, result)
+    publish(out, result)
+    return 0
+
+
+def refine(result, model, passages, probes, quiet) -> None:
+    """Bisect between the sweep's last K below 99% agreement and its first reaching it, per context."""
+    from measure import bisect_bounds, bisect_k
+
+    result["refined"] = {}
+    for context in result["ks_run"]:
+        bounds = bisect_bounds(result["rows"], int(context))
+        if bounds is None or not probes:
+            continue
+        rows, lo, hi = bisect_k(model, passages, int(context), *bounds, result["settings"]["steps"], probes)
+        result["refined"][context] = {"sweep": list(bounds), "lo": lo, "hi": hi, "probes": rows}
+        if not quiet:
+            print(f"  context {context}: 99% agreement reached at K {hi}, not at {lo}", file=sys.stderr)
+
+
+def refine_run(args, out) -> int:
+    """--refine DIR: bisect an earlier run's thresholds on its own passages, and write it again to --out."""
+    import json
+
+    result = json.loads((Path(args.refine) / "topk_attention.json").read_text())
+    s = result["settings"]
+    args.quick, args.corpus = s["quick"], args.corpus
+    model = subjects.load_model(
+        None if result["model"]["name"] == "shakespeare" else result["model"]["name"], np.float64
+    )
+    passages = load_passages(args, dict(s), model.hparams)
+    refine(result, model, passages, args.refine_probes, args.quiet)
+    result["refined_from"] = str(args.refine)
     publish(out, result)
     return 0
 
@@ -201,13 +240,13 @@ def add_context(result, hp, context, ks, got) -> None:
 def merge(folders, out) -> int:
     import json
 
-    numpy_run, stores_run = (json.loads((Path(f) / "topk_attention.json").read_text()) for f in folders)
+    numpy_run, *stores_runs = (json.loads((Path(f) / "topk_attention.json").read_text()) for f in folders)
     result = {
         **numpy_run,
         "merged_from": [str(f) for f in folders],
-        "stores": stores_run["stores"],
-        "stores_skipped": stores_run["stores_skipped"],
-        "stores_provenance": stores_run["provenance"],
+        "stores": [row for run in stores_runs for row in run["stores"]],
+        "stores_skipped": [row for run in stores_runs for row in run["stores_skipped"]],
+        "stores_provenance": [run["provenance"] for run in stores_runs],
     }
     publish(out, result)
     return 0
