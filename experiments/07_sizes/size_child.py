@@ -192,6 +192,7 @@ def generate_phase(spec: dict) -> dict:
         out["first_token_s"] = time.perf_counter() - began - aside  # to the prompt's candidates
         text.close()
         out.update(server_memory(config.store))
+        out["peak_mb"] = status_mb("VmHWM") if reset else None  # before numpy's copy of the model below
         if spec.get("numpy_beside"):
             out["numpy_beside"] = numpy_beside(spec)
         if spec.get("drop"):
@@ -200,7 +201,7 @@ def generate_phase(spec: dict) -> dict:
             drop(store, key)
     finally:
         store.close()
-    return {**out, "peak_mb_find_model": peak_find, "peak_mb": status_mb("VmHWM") if reset else None}
+    return {**out, "peak_mb_find_model": peak_find}
 
 
 def read_tokens(text, store, spec: dict) -> dict:
