@@ -260,17 +260,26 @@ class Checkpoint:
             return cached[2]
         digest = hashlib.sha256()
         for name in sorted(expected_shapes(self.hp)):
-            value = self.read(name)
             digest.update(name.encode())
-            digest.update(np.ascontiguousarray(value, dtype=np.float32).tobytes())
-            if name == "wte.weight" and "lm_head.weight" in self.entries:
-                if not np.array_equal(self.read("lm_head.weight"), value):
-                    raise VecgptError(
-                        f"{self.path}: lm_head.weight differs from wte.weight; GPT-2 ties them and vecgpt needs that"
-                    )
+            for rows in self.row_blocks(name):  # the same bytes in the same order as the whole tensor's
+                value = self.read(name, np.float32, rows)
+                digest.update(np.ascontiguousarray(value).data)
+                if name == "wte.weight" and "lm_head.weight" in self.entries:
+                    if not np.array_equal(self.read("lm_head.weight", np.float32, rows), value):
+                        raise VecgptError(
+                            f"{self.path}: lm_head.weight differs from wte.weight; GPT-2 ties them and vecgpt needs that"
+                        )
         value = digest.hexdigest()[:16]
         file_fingerprint(key, value)
         return value
+
+    def row_blocks(self, name: str, size: int = 1 << 24) -> list[tuple[int, int]]:
+        """A tensor's rows in blocks of about `size` bytes as float32 (a 1-d tensor: one block)."""
+        shape = self.entries[name]["shape"]
+        if len(shape) < 2:
+            return [(0, shape[0] if shape else 1)]
+        step = max(1, size // (4 * int(np.prod(shape[1:], dtype=np.int64))))
+        return [(a, min(a + step, shape[0])) for a in range(0, shape[0], step)]
 
 
 def read_header(path: Path) -> tuple[int, dict, int]:
