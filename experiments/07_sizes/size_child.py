@@ -193,6 +193,7 @@ def generate_phase(spec: dict) -> dict:
         text.close()
         out.update(server_memory(config.store))
         out["peak_mb"] = status_mb("VmHWM") if reset else None  # before numpy's copy of the model below
+        out["peak_before_numpy"] = True
         if spec.get("numpy_beside"):
             out["numpy_beside"] = numpy_beside(spec)
         if spec.get("drop"):

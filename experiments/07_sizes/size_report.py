@@ -26,7 +26,8 @@ def flat(row: dict) -> dict:
         out["first_read_s"] = made.get("first_read_s")
         return out
     load_s = loaded.get("load_s")
-    out.update(load_s=load_s, peak_mb_load=loaded.get("peak_mb"), peak_mb=made.get("peak_mb"))
+    peak = made.get("peak_mb") if made.get("peak_before_numpy") or not made.get("numpy_beside") else None
+    out.update(load_s=load_s, peak_mb_load=loaded.get("peak_mb"), peak_mb=peak)
     if load_s and loaded.get("float32_bytes"):
         out["mb_per_s"] = loaded["float32_bytes"] / 1e6 / load_s
     out["documents"], out["stored_mb"] = loaded.get("documents"), mb(loaded.get("stored_bytes"))
