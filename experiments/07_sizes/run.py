@@ -42,6 +42,12 @@ STORES = tuple(s for s in available() if (CONFIGS / f"{s}.toml").is_file())
 REFERENCES = ("numpy", "transformers")
 CHILD = Path(__file__).resolve().parent / "size_child.py"
 PROMPT = [15496, 995]  # "Hello world": a two-token prompt (ids taken modulo a scaled vocabulary)
+DISK = {
+    "faiss": 1.05,
+    "memory": 1.05,
+    "pgvector": 1.4,
+    "turbopuffer": 0.0,
+}  # x the model's bytes (03_storage); else 2.2
 FOLDER_KEYS = ("path", "data_dir")  # [store] options naming a folder or file a store keeps its data in
 
 
@@ -209,9 +215,9 @@ def room(name: str, model_bytes: float, args) -> str | None:
         return f"needs about {args.memory_factor:g} x {model_bytes / 1e9:.1f} GB of memory, {free / 1e9:.1f} GB free"
     root = store_root(args)
     root.mkdir(parents=True, exist_ok=True)
-    disk = shutil.disk_usage(root).free
-    if name not in REFERENCES and name not in ("turbopuffer",) and 2.2 * model_bytes > disk:
-        return f"needs about 2.2 x {model_bytes / 1e9:.1f} GB of disk, {disk / 1e9:.1f} GB free in {root}"
+    disk, factor = shutil.disk_usage(root).free, DISK.get(name, 2.2)
+    if name not in REFERENCES and factor * model_bytes > disk:
+        return f"needs about {factor:g} x {model_bytes / 1e9:.1f} GB of disk, {disk / 1e9:.1f} GB free in {root}"
     return None
 
 
