@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import size_report as report
 
+    from vecgpt.errors import VecgptError
+    from vecgpt.weights import parameter_count, size_shape
+
     from common import plots
     from common.record import new_run
 
@@ -88,7 +91,13 @@ def run(args) -> int:
     check(args)
     out, rows, costs = new_run(NAME, args.out), [], []
     for size in args.sizes:
-        hp, path = checkpoint(size, args)
+        try:
+            hp, path = checkpoint(size, args)
+        except VecgptError as e:  # no room for the checkpoint: the size's rows say so, the other sizes still run
+            say(f"{size}: {e}")
+            count = parameter_count(size_shape(size, args.scale))
+            rows += [{"size": size, "store": name, "parameters": count, "skipped": str(e)} for name in args.stores]
+            continue
         costs += size_costs(size, hp)
         for name in args.stores:
             if not allowed(name, size, args):
