@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import numpy as np
+from measure import k_value
 
 from common.plots import pyplot, save_plot
 from common.record import markdown_table
 
 
-def k_label(k) -> str:
-    return "none of those run" if k is None else str(k)
+def k_label(k, context=None) -> str:
+    """A K as run; where it reaches every earlier key of the step's query, that said."""
+    if k is None:
+        return "none of those run"
+    return f"{k} (= all)" if context and k != "all" and k_value(k, context) == context - 1 else str(k)
 
 
 def fmt(v, spec=".3f") -> str:
@@ -41,9 +45,11 @@ def report(result: dict) -> str:
 
 def settings_line(result) -> str:
     s = result["settings"]
+    approx = s["approx_passages"]  # a merged run: per context
+    approx = ", ".join(f"{n} at {c}" for c, n in approx.items()) if isinstance(approx, dict) else approx
     return (
         f"{s['passages']} held-out passages x {s['steps']} teacher-forced steps per context length "
-        f"({s['passages'] * s['steps']} steps); hnsw on the first {s['approx_passages']} passages "
+        f"({s['passages'] * s['steps']} steps); hnsw on the first {approx} passages "
         f"(hnswlib M={s['hnsw']['m']}, ef_construction={s['hnsw']['ef_construction']}, ef=max({s['hnsw']['ef']}, K))"
     )
 
@@ -52,11 +58,11 @@ def smallest_table(result) -> str:
     rows = []
     for context in result["settings"]["contexts"]:
         k, ref = result["smallest_k"][str(context)], result.get("refined", {}).get(str(context))
-        share = None if k is None else (context - 1 if k == "all" else int(k)) / (context - 1)
+        share = None if k is None else k_value(k, context) / (context - 1)
         rows.append(
             {
                 "context": context,
-                "smallest K (exact)": k_label(k),
+                "smallest K (exact)": k_label(k, context),
                 "share of earlier keys": fmt(share, ".1%"),
                 "bisected: not at / at": "-"
                 if not ref
@@ -76,7 +82,7 @@ def context_table(result, context) -> str:
         a = approx.get(r["k"], {})
         rows.append(
             {
-                "K": k_label(r["k"]),
+                "K": k_label(r["k"], context),
                 "agreement": fmt(r["agreement"], ".4f"),
                 "differ / steps": f"{r['disagreements']} / {r['steps']}",
                 "KL mean (nats)": fmt(r["kl_mean"], ".2e"),

@@ -238,16 +238,22 @@ def add_context(result, hp, context, ks, got) -> None:
 
 
 def merge(folders, out) -> int:
+    """One result from several runs of one model: each context's numpy figures from the run that has it (runs over
+    different context lengths), every run's stores."""
     import json
 
-    numpy_run, *stores_runs = (json.loads((Path(f) / "topk_attention.json").read_text()) for f in folders)
-    result = {
-        **numpy_run,
-        "merged_from": [str(f) for f in folders],
-        "stores": [row for run in stores_runs for row in run["stores"]],
-        "stores_skipped": [row for run in stores_runs for row in run["stores_skipped"]],
-        "stores_provenance": [run["provenance"] for run in stores_runs],
-    }
+    runs = [json.loads((Path(f) / "topk_attention.json").read_text()) for f in folders]
+    result = {**runs[0], "merged_from": [str(f) for f in folders], "provenance": [r["provenance"] for r in runs]}
+    for key in ("mass", "ks_run", "full_accuracy", "refined"):
+        result[key] = {c: v for r in runs for c, v in r.get(key, {}).items() if c in r["ks_run"]}
+    contexts = sorted({int(c) for r in runs for c in r["ks_run"]})
+    result["rows"] = sorted((row for r in runs for row in r["rows"]), key=lambda row: row["context"])
+    result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in contexts}
+    result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in contexts}
+    result["settings"] = {**runs[0]["settings"], "contexts": contexts}
+    result["settings"]["approx_passages"] = {c: r["settings"]["approx_passages"] for r in runs for c in r["ks_run"]}
+    for key in ("stores", "stores_skipped", "turbopuffer_dollars"):
+        result[key] = [row for r in runs for row in r.get(key, [])]
     publish(out, result)
     return 0
 
