@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import threading
 import time
@@ -14,6 +15,7 @@ import numpy as np
 from vecgpt.backends.base import TEXT_PREFIX, Metric, check_payload, check_rows, is_text, last_writes, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
 from vecgpt.backends.turbopuffer.cost import b64_length
+from vecgpt.backends.turbopuffer.loads import Background
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES, MAX_TOP_K, SLOTS, gate_for
 from vecgpt.backends.turbopuffer.records import Records
 from vecgpt.backends.turbopuffer.search import Searching
@@ -54,6 +56,8 @@ def _memory_checked(fn, url: str, what: str):
 class TurbopufferStore(Catalog, Searching, Records):
     metrics: tuple[Metric, ...] = ("l2",)
     concurrent = True  # the engine may send a round's requests at once
+    LOAD_NAMESPACES = 8  # a load's upserts written at once (load_lock)
+    LOAD_BYTES = 256_000_000  # request bodies a load holds queued at most
 
     def __init__(
         self,
@@ -81,6 +85,7 @@ class TurbopufferStore(Catalog, Searching, Records):
         self._lock, self._parts_lock = threading.Lock(), threading.Lock()
         self.usage: Counter = Counter()
         self.clone_with, self.last_clone = clone_with, None
+        self._loads: Background | None = None  # a load's writes in flight (load_lock)
         self.catalog_ns, self.models_ns, self.texts_ns = prefix + "_catalog", prefix + "_models", prefix + "_texts"
         for ns in (self.catalog_ns, self.models_ns, self.texts_ns):
             check_namespace(ns)
@@ -125,7 +130,54 @@ class TurbopufferStore(Catalog, Searching, Records):
                     self._grown(ns, int(ids[sel].max()) if len(sel) else -1)
                     extra = {} if copy or not width else {"payload": b64(payload[sel])}
                     calls.append(lambda ns=ns, body={**body, **extra}: self._write_rows(ns, body))
-        parallel(calls, workers=min(len(calls), 32))  # one wave for a key write; a few MB at a time on load
+        send = lambda: parallel(calls, workers=min(len(calls), 32))  # noqa: E731 (one wave: a few MB on load)
+        loads = self._loads
+        if loads is None or is_text(name) or not len(ids):
+            send()
+        else:  # during a load: from the background, with the other collections'
+            copies = len(self._replicas(self._base(name), spec["replicas"]))
+            loads.submit(name, (int(ids.min()), int(ids.max())), len(ids) * per_row * copies, send)
+
+    @contextlib.contextmanager
+    def load_lock(self):
+        """Held by loading.push: meanwhile a model collection's upserts are written in the background, up to
+        LOAD_NAMESPACES at once, an upsert after any earlier one of the same collection whose ids it meets
+        (loads.py). Reads, the manifest and the end of the load wait for them; the first failure is raised there,
+        so a failed write leaves no manifest."""
+        with self._lock:
+            if self._loads is not None:  # already loading in this store: one background
+                mine = False
+            else:
+                mine, self._loads = True, Background(self.LOAD_NAMESPACES, self.LOAD_BYTES)
+        if not mine:
+            yield
+            return
+        done = False
+        try:
+            yield
+            self._settle()
+            done = True
+        finally:
+            loads, self._loads = self._loads, None
+            loads.close(cancel=not done)  # a failed load sends nothing more
+
+    def _settle(self) -> None:
+        """Wait for a load's writes queued so far (none outside a load)."""
+        loads = self._loads
+        if loads is not None:
+            loads.wait()
+
+    def search_many(self, searches):
+        self._settle()
+        return super().search_many(searches)
+
+    def fetch(self, name, ids, payload=False):
+        self._settle()
+        return super().fetch(name, ids, payload)
+
+    def clone(self, src: str, dst: str) -> None:
+        self._settle()
+        super().clone(src, dst)
 
     def _moved(self, name: str, ids: np.ndarray, parts: np.ndarray) -> dict[int, list[int]]:
         """Ids this store wrote to another part of the collection before (the engine never moves a key between
@@ -152,6 +204,7 @@ class TurbopufferStore(Catalog, Searching, Records):
 
     def drop(self, name) -> None:
         """Delete the collection's namespaces (named by the catalog), then its catalog row."""
+        self._settle()
         spec = self._spec(name, required=False)
         if spec is not None:
             spaces = [ns for group in self._groups(name, spec) for ns in group]
@@ -167,6 +220,7 @@ class TurbopufferStore(Catalog, Searching, Records):
         return sorted(self._catalog())
 
     def count(self, name) -> int:
+        self._settle()
         spec = self._spec(name)
         bases = [group[0] for group in self._groups(name, spec)]
         return sum(parallel([lambda ns=ns: self._rows(ns) for ns in bases]))
@@ -215,6 +269,7 @@ class TurbopufferStore(Catalog, Searching, Records):
         return sorted(self._manifests())
 
     def write_manifest(self, key: str, manifest: dict | None) -> None:
+        self._settle()  # a manifest marks a load complete: every write before it has landed
         if manifest is None:
             self._write(self.models_ns, "removing a manifest", deletes=[key])
             return
