@@ -28,9 +28,10 @@ class NumpyTable(Table):
         self._norms = np.einsum("ij,ij->i", self._data, self._data)
 
     def append(self, vectors):
-        v = vectors.astype(np.float64)
-        self._data = grow(self._data, self.n, v)  # rows past n are spare
-        self._norms = grow(self._norms, self.n, np.einsum("ij,ij->i", v, v))
+        n = self.n
+        self._data = grow(self._data, n, vectors)  # rows past n are spare; float32 widened as it is copied in
+        v = self._data[n : n + len(vectors)]
+        self._norms = grow(self._norms, n, np.einsum("ij,ij->i", v, v))
         self.n += len(v)
 
     def overwrite(self, slots, vectors):
