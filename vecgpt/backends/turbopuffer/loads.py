@@ -1,8 +1,8 @@
-"""A load's writes in the background: a model's collections written several at once, each in the order given.
+"""A load's writes in the background: several upserts at once, those of the same ids in the order given.
 
 The service takes a namespace's writes at a documented 32 MB/s and commits each in up to 200 ms, and `loading.push`
 hands over one matrix after another; writing several namespaces at once is what makes a load run at the service's
-pace rather than one namespace's (docs/turbopuffer.md, "Loading")."""
+pace rather than one namespace's (`benchmarks/ingest.py` measures it against the client writing them all at once)."""
 
 from __future__ import annotations
 
