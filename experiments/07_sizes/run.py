@@ -48,6 +48,7 @@ DISK = {
     "pgvector": 1.4,
     "turbopuffer": 0.0,
 }  # x the model's bytes (03_storage); else 2.2
+DISK_SPARE = 1.5e9  # bytes left free for the machine's other users
 FOLDER_KEYS = ("path", "data_dir")  # [store] options naming a folder or file a store keeps its data in
 
 
@@ -224,9 +225,9 @@ def room(name: str, model_bytes: float, args) -> str | None:
         return f"needs about {args.memory_factor:g} x {model_bytes / 1e9:.1f} GB of memory, {free / 1e9:.1f} GB free"
     root = store_root(args)
     root.mkdir(parents=True, exist_ok=True)
-    disk, factor = shutil.disk_usage(root).free, DISK.get(name, 2.2)
+    disk, factor = shutil.disk_usage(root).free - DISK_SPARE, DISK.get(name, 2.2)
     if name not in REFERENCES and factor * model_bytes > disk:
-        return f"needs about {factor:g} x {model_bytes / 1e9:.1f} GB of disk, {disk / 1e9:.1f} GB free in {root}"
+        return f"needs about {factor:g} x {model_bytes / 1e9:.1f} GB of disk and 1.5 GB spare, {disk / 1e9 + 1.5:.1f} GB free"
     return None
 
 
