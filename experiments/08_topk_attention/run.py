@@ -200,6 +200,10 @@ def refine_run(args, out) -> int:
         None if result["model"]["name"] == "shakespeare" else result["model"]["name"], np.float64
     )
     passages = load_passages(args, dict(s), model.hparams)
+    contexts = [int(c) for c in result["ks_run"]]  # an interrupted run has no smallest K yet
+    result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in contexts}
+    result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in contexts}
+    result["settings"]["contexts"] = contexts
     refine(result, model, passages, args.refine_probes, args.quiet)
     result["refined_from"] = str(args.refine)
     publish(out, result)
