@@ -31,8 +31,8 @@ def report(result: dict) -> str:
         parts += [context_table(result, context), ""]
     if result.get("stores"):
         parts += ["Through the stores (the engine, `attention_top_k`):", "", store_table(result), ""]
-    for s in result.get("stores_skipped", []):
-        parts.append(f"- {s['store']}: {s['reason']}")
+    for store, reason in dict.fromkeys((s["store"], s["reason"]) for s in result.get("stores_skipped", [])):
+        parts.append(f"- {store}: {reason}")
     if result.get("turbopuffer_dollars"):
         parts += [
             "",

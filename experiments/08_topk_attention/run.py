@@ -256,8 +256,10 @@ def merge(folders, out) -> int:
     result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in contexts}
     result["settings"] = {**runs[0]["settings"], "contexts": contexts}
     result["settings"]["approx_passages"] = {c: r["settings"]["approx_passages"] for r in runs for c in r["ks_run"]}
-    for key in ("stores", "stores_skipped", "turbopuffer_dollars"):
+    for key in ("stores", "stores_skipped"):
         result[key] = [row for r in runs for row in r.get(key, [])]
+    dollars = {(d["context"], str(d["k"])): d for r in runs for d in r.get("turbopuffer_dollars", [])}
+    result["turbopuffer_dollars"] = sorted(dollars.values(), key=lambda d: d["context"])  # K order kept within
     publish(out, result)
     return 0
 
