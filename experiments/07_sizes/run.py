@@ -90,7 +90,8 @@ def run(args) -> int:
     if args.render:
         return render(args)
     check(args)
-    out, rows, costs = new_run(NAME, args.out), [], []
+    out, rows = new_run(NAME, args.out), []
+    costs = [c for size in SIZES for c in size_costs(size, size_shape(size, args.scale))]  # every size: no load
     for size in args.sizes:
         try:
             hp, path = checkpoint(size, args)
@@ -99,7 +100,6 @@ def run(args) -> int:
             count = parameter_count(size_shape(size, args.scale))
             rows += [{"size": size, "store": name, "parameters": count, "skipped": str(e)} for name in args.stores]
             continue
-        costs += size_costs(size, hp)
         for name in args.stores:
             if not allowed(name, size, args):
                 continue
@@ -121,7 +121,7 @@ def render(args) -> int:
     rows = report.merge(runs)
     settings = {**runs[0]["settings"], "runs": {p: r["settings"] for p, r in zip(args.render, runs)}}
     scale = settings.get("scale", 1)
-    costs = [c for size in dict.fromkeys(r["size"] for r in rows) for c in size_costs(size, size_shape(size, scale))]
+    costs = [c for size in SIZES for c in size_costs(size, size_shape(size, scale))]
     report.write(new_run(NAME, args.out), args, rows, costs, settings)
     return 0
 
