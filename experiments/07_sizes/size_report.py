@@ -264,8 +264,8 @@ def write(out: Path, args, raw: list[dict], costs: list[dict], settings: dict) -
 
     data = assemble(args, raw, costs, settings)
     title = (
-        f"GPT-2 sizes, random weights; {os.cpu_count()} cores, {os.environ.get('OPENBLAS_NUM_THREADS', '?')} "
-        "BLAS threads; a two-token prompt, greedy tokens"
+        f"GPT-2 sizes, random weights; {os.cpu_count()} cores, {settings.get('threads', '?')} BLAS thread(s); "
+        "a two-token prompt, greedy tokens; turbopuffer: the local server"
     )
     publish(out, "sizes", data, markdown(data), lambda path: plot(data["rows"], data["fits"], path, title))
     (out / "sizes.partial.json").unlink(missing_ok=True)
