@@ -149,7 +149,7 @@ def plot(result: dict, path) -> None:
             x = [i for i, k in enumerate(ks) if k in rows]
             agree = [rows[ks[i]]["agreement"] for i in x]
             kl = [rows[ks[i]]["kl_mean"] or np.nan for i in x]  # KL 0 (K = all) has no place on a log scale
-            label = f"{context} tokens" + ("" if search == "exact" else " (hnsw)")
+            label = f"{context} tokens" + ("" if search == "exact" else " (hnsw, fewer steps)")
             color = f"C{contexts.index(context)}"
             axes[0].plot(x, agree, style, marker="o", ms=3, color=color, label=label)
             axes[1].plot(x, kl, style, marker="o", ms=3, color=color, label=label)
@@ -164,14 +164,21 @@ def plot(result: dict, path) -> None:
     if not result["rows"]:
         return save_plot(fig, path)
     smallest = [result["smallest_k"][str(c)] for c in contexts]
-    y = [c - 1 if k == "all" else (np.nan if k is None else int(k)) for c, k in zip(contexts, smallest)]
+    y = [np.nan if k is None else k_value(k, c) for c, k in zip(contexts, smallest)]
     axes[2].plot(contexts, y, marker="o", label="smallest K of the sweep, 99% agreement")
     refined = result.get("refined", {})
     if refined:
         cs = [c for c in contexts if str(c) in refined]
         hi = np.array([refined[str(c)]["hi"] for c in cs])
         lo = np.array([refined[str(c)]["lo"] for c in cs])
-        axes[2].errorbar(cs, hi, yerr=[hi - lo - 1, 0 * hi], marker="s", capsize=3, label="bisected (range: not yet)")
+        axes[2].errorbar(
+            cs,
+            hi,
+            yerr=[hi - lo - 1, 0 * hi],
+            marker="s",
+            capsize=3,
+            label="bisected: reaches 99% (bar: above the last K below)",
+        )
     axes[2].plot(contexts, [c - 1 for c in contexts], ls=":", color="grey", label="every earlier key")
     axes[2].set_xlabel("context (tokens)")
     axes[2].set_ylabel("K")
@@ -194,7 +201,8 @@ def mass_plot(result: dict, path) -> None:
         grid = m.reshape(len(ks), -1).T  # rows: layer.head
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         n_layer, n_head = m.shape[1:]
-        ax.set_yticks(range(n_layer * n_head), [f"L{i} H{j}" for i in range(n_layer) for j in range(n_head)])
+        names = [f"L{i} H{j}" for i in range(n_layer) for j in range(n_head)]
+        ax.set_yticks(range(n_layer * n_head), names if ax is axes[0][0] else [""] * len(names))
         ax.set_xticks(range(len(ks)), [str(k) for k in ks])
         ax.set_xlabel("K")
         ax.set_title(f"{context} tokens", fontsize=9)
