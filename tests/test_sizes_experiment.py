@@ -62,6 +62,7 @@ def test_fits_and_layout_costs(data):
     fits = {f["store"]: f for f in data["fits"]}
     assert set(fits) == set(STORES)
     assert all(fits[s]["ms_per_token"] is not None and fits[s]["load_s"] is not None for s in STORES)
+    assert fits["numpy"]["x_numpy"] is None and fits["memory"]["x_numpy"] is not None  # a store against numpy
     assert len(data["layout_costs"]) == 4 * 3  # every size in every layout, run or not: no load needed
     for size in SIZES:
         costs = {c["layout"]: c for c in data["layout_costs"] if c["size"] == size}

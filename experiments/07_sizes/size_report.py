@@ -9,7 +9,12 @@ from pathlib import Path
 import numpy as np
 from size_fit import exponent
 
-EXPONENTS = (("ms_per_token", "ms a token"), ("load_s", "load s"), ("first_read_s", "first read s"))
+EXPONENTS = (
+    ("ms_per_token", "ms a token"),
+    ("load_s", "load s"),
+    ("first_read_s", "first read s"),
+    ("x_numpy", "x numpy (0: as numpy)"),  # against numpy timed in the same process: robust to a busy machine
+)
 
 
 def flat(row: dict) -> dict:
