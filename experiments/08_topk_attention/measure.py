@@ -29,6 +29,17 @@ def kl(full_logits, logits):  # per row, KL(full || other) in nats
     return (np.exp(p) * (p - log_softmax(logits))).sum(axis=-1)
 
 
+def k_arg(text: str):
+    """A K as given on the command line: a whole number of keys, 1 or more, or `all`."""
+    from vecgpt.errors import VecgptError
+
+    if text == ALL:
+        return ALL
+    if not text.isdigit() or int(text) < 1:
+        raise VecgptError(f"K must be a whole number of keys, 1 or more, or 'all'; not {text!r}")
+    return int(text)
+
+
 def k_value(k, context: int) -> int:  # K as a number of earlier keys: all = every earlier key of the step's query
     return context - 1 if k == ALL else min(int(k), context - 1)
 

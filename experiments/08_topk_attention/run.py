@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this experiment's modules, and experiments/ for common/
 
 import numpy as np  # noqa: E402
-from measure import ALL, per_token, run_context, smallest_k  # noqa: E402
+from measure import ALL, k_arg, per_token, run_context, smallest_k  # noqa: E402
 
 from common import subjects  # noqa: E402
 
@@ -38,16 +38,6 @@ KS = [1, 2, 4, 8, 16, 32, 64, 128, 192, ALL]  # the issue's 1-64 and all, and tw
 CONTEXTS = [64, 128, 255]
 QUICK = {"contexts": [24], "ks": [1, ALL], "passages": 1, "steps": 8, "approx_passages": 1}
 REPO = HERE.parents[1]
-
-
-def k_arg(text: str):
-    from vecgpt.errors import VecgptError
-
-    if text == ALL:
-        return ALL
-    if not text.isdigit() or int(text) < 1:
-        raise VecgptError(f"K must be a whole number of keys, 1 or more, or 'all'; not {text!r}")
-    return int(text)
 
 
 def add_arguments(p) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from measure import ALL, k_value
+from measure import ALL, k_arg, k_value
 
 SCORE_KEYS = ("store", "returned", "values")
 
@@ -60,7 +60,7 @@ def run_stores(args, s, model64, passages, result) -> None:
 
 
 def sorted_ks(texts) -> list:
-    return sorted([_k(k) for k in texts], key=lambda k: np.inf if k == ALL else k)
+    return sorted([k_arg(k) for k in texts], key=lambda k: np.inf if k == ALL else k)
 
 
 def store_row(args, s, config, model, model64, passages, context, k, agreement) -> dict:
@@ -106,12 +106,6 @@ def steps_agreement(engine, model64, passages, context, k, s) -> dict:
         "with_numpy_top_k": float((got == same_k).mean()),
         "numpy_top_k_with_full": float((same_k == full).mean()),
     }
-
-
-def _k(text):
-    from run import k_arg
-
-    return k_arg(text)
 
 
 def run_one(engine, config, model, model64, prompt, n, k, context, repeats) -> dict:
