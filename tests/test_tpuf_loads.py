@@ -94,12 +94,14 @@ def test_first_failure_raised_and_the_collection_stops():
 
 
 def test_a_load_writes_in_the_background_and_a_failed_write_leaves_no_manifest(make_store, tiny_model, monkeypatch):
-    from vecgpt.loading import push, store_fingerprint
+    from vecgpt.loading import collection, plan, push, store_fingerprint
 
     store = make_store("turbopuffer")
     key = push(store, tiny_model, "l2", progress=False, layout="five")["fingerprint"]
     assert store._loads is None  # the load's background is gone with it
     assert store.count(f"{key}.wte") == tiny_model.hparams.n_vocab
+    wanted = {collection(key, name) for name, _, _ in plan(tiny_model, "l2", "five")}
+    assert wanted <= set(make_store("turbopuffer").collections())  # the catalog, as another connection reads it
 
     fresh = make_store("turbopuffer", prefix=store.prefix + "f-")
     real = fresh._write_rows

@@ -94,6 +94,9 @@ class Catalog(Plumbing):
                     f"drop it first"
                 )
             return
+        self._new_spec(name, spec)
+
+    def _new_spec(self, name: str, spec: dict) -> None:
         self._write_spec(name, spec, "creating a collection")
 
     def clone(self, src: str, dst: str) -> None:

@@ -161,6 +161,17 @@ class TurbopufferStore(Catalog, Searching, Records):
             loads, self._loads = self._loads, None
             loads.close(cancel=not done)  # a failed load sends nothing more
 
+    def _new_spec(self, name: str, spec: dict) -> None:
+        """A new collection's catalog row; during a load from the background, ahead of every upsert of it (a span
+        of every id), so its rows still never land before it."""
+        loads = self._loads
+        if loads is None or is_text(name):
+            super()._new_spec(name, spec)
+            return
+        with self._lock:
+            self._specs[name] = spec
+        loads.submit(name, (-(2**63), 2**64), 0, lambda: self._write_spec(name, spec, "creating a collection"))
+
     def _settle(self) -> None:
         """Wait for a load's writes queued so far (none outside a load)."""
         loads = self._loads
