@@ -166,6 +166,9 @@ def test_engine_round_trips_over_http(make_store, tiny_model):
     # thread (no round trip): each a write per head namespace and its copy; two queued while the thread had not yet
     # sent the first go out as one
     assert decode["by_kind"]["key_write"] in (H * 2, 2 * H * 2)
+    layers = [(f"h.{i}.attn.c_attn", 1, 8, 64) for i in range(L)]
+    assert tpb.cost.token_cost(layers, H, (8, 8), 2)["writes"] == 2 * H * 2  # the estimate counts both upserts
+    assert [tpb.cost.write_parts(n) for n in (1, 2, 12, 48)] == [[1], [1, 1], [6, 6], [24, 24]]
     # the block: per layer c_attn, projections, the key search of its own keys once written, c_fc, c_proj
     assert summary["per_token"][0]["round_trips"] == 1 + 1 + 5 * L + 1
     assert 0 < summary["per_token"][0]["by_kind"]["wait"] <= L

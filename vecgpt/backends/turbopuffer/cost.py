@@ -88,16 +88,23 @@ def token_cost(doc_bytes: list, heads: int, key_row: tuple[int, int], key_replic
         + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
     )
     returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
-    key_writes = heads * key_write_bytes(layers, key_row, key_replicas)
+    parts = write_parts(layers)
+    key_writes = heads * sum(key_write_bytes(n, key_row, key_replicas) for n in parts)
     return {
         "subqueries": len(matrices) + layers * heads + 1,
         "returned": returned,
-        "writes": heads * key_replicas,  # a token's keys, every layer, in one upsert: a request per head namespace copy
+        "writes": heads * key_replicas * len(parts),  # each part's upsert: a request per head namespace copy
         "key_writes": key_writes,
         "dollars": queried / 1e15 * PRICES["queried_pb"]
         + returned / 1e9 * PRICES["returned_gb"]
         + key_writes / 1e9 * PRICES["write_gb"],
     }
+
+
+def write_parts(layers: int) -> list[int]:
+    """The layers in each upsert of a generated token's keys: the first half's, then the rest (engine.write_points)."""
+    first = max(1, layers // 2)
+    return [first, layers - first] if layers > first else [layers]
 
 
 def key_write_bytes(layers: int, key_row: tuple[int, int], copies: int) -> float:
