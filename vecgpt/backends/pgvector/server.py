@@ -16,13 +16,25 @@ from vecgpt.backends.pgvector.dsn import ENV_DSN
 from vecgpt.errors import VecgptError
 from vecgpt.paths import expand
 
-# Buffers large enough to hold GPT-2 small's tables (about 600 MB), and minimal WAL, so a COPY into
-# a table created in the same transaction writes no WAL at all.
+
+def buffers_gb() -> int:
+    """shared_buffers in whole GB: a quarter of the machine's memory (PostgreSQL's own advice), 1 to 8 GB. A model's
+    tables that outgrow it are read from the page cache or disk on every search: pgvector's time a token stepped up
+    from GPT-2 medium (2.6 GB of tables) at a fixed 1 GB (experiments/07_sizes)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not Linux or a BSD: the former fixed size
+        return 1
+    return max(1, min(8, total // 4 // 2**30))
+
+
+# Buffers for a model's tables (buffers_gb), and minimal WAL, so a COPY into a table created in the same
+# transaction writes no WAL at all.
 LOCAL_SETTINGS = {
-    "shared_buffers": "1GB",
+    "shared_buffers": f"{buffers_gb()}GB",
     "wal_level": "minimal",
     "max_wal_senders": "0",
-    "effective_cache_size": "4GB",
+    "effective_cache_size": f"{max(4, 2 * buffers_gb())}GB",
 }
 
 _servers: dict[Path, object] = {}
