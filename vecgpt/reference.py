@@ -135,4 +135,4 @@ def _cast(params, dtype):
         return {k: _cast(v, dtype) for k, v in params.items()}
     if isinstance(params, list):
         return [_cast(v, dtype) for v in params]
-    return params.astype(dtype)
+    return params.astype(dtype, copy=False)  # a model already in that dtype is not held twice
