@@ -76,7 +76,10 @@ def test_show_prints_tokens_candidates_settings_and_what_was_spent(capsys, store
     d = json.loads(out)
     assert code == 0 and d["id"] == made["text_id"] and cost_of(err, "show")[0] > 0
     assert [t["id"] for t in d["tokens"]] == made["text_tokens"] and d["prompt_len"] == 1
-    assert d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 3, "attention_top_k": None} and d["prompt"] == "Hello"
+    assert (
+        d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 3, "attention_top_k": None}
+        and d["prompt"] == "Hello"
+    )
     assert d["text"] == made["text"] and d["version"] == vecgpt.__version__
     assert d["spent"]["requests"] > 0 and d["spent"]["positions_read"] == 4  # the prompt, then three tokens
     ref = Reference(weights.load(str(tiny_model_dir), dtype=np.float64), np.float64)
