@@ -18,9 +18,6 @@ import argparse
 import copy
 import math
 import os
-import re
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +35,7 @@ from vecgpt.backends.base import available  # noqa: E402
 from common import plots  # noqa: E402
 from common.plots import pyplot  # noqa: E402
 from common.subjects import CONFIGS, RANDOM_SMALL, load_model, model_label, place  # noqa: E402
+from common.tpuf_server import start_server  # noqa: E402
 
 NAME = "throughput"
 HELP = "aggregate tokens a second and each text's cost, 1 to 32 texts stepped together, per store and numpy"
@@ -238,26 +236,6 @@ def variant_rows(label: str, config, model, prompts, sizes: list[int], args) -> 
     finally:
         engine.store.close()
     return rows
-
-
-def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
-    """The local turbopuffer server in a process of its own, one BLAS thread a request (as benchmarks/round_trips)."""
-    os.environ.setdefault("TURBOPUFFER_API_KEY", "local")
-    os.environ.pop("TURBOPUFFER_REGION", None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--port", str(port)]
-    command += ["--latency-ms", str(latency_ms), "--api-key", os.environ["TURBOPUFFER_API_KEY"]]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    found = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())
-    if not found:
-        proc.kill()
-        from vecgpt.errors import VecgptError
-
-        raise VecgptError("the local turbopuffer server did not start (python -m vecgpt.backends.turbopuffer.server)")
-    return proc, found.group()
 
 
 # ------------------------------------------------------------ one size on one store

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,7 @@ from vecgpt.backends.base import available  # noqa: E402
 from vecgpt.weights import SIZES  # noqa: E402
 
 from common.subjects import CONFIGS, place  # noqa: E402
+from common.tpuf_server import start_server  # noqa: E402
 
 NAME = "sizes"
 HELP = "every GPT-2 size on every store: load, bytes, memory, ms and dollars a token, fitted exponents"
@@ -349,26 +348,6 @@ def child(spec: dict, args) -> dict:
             tail = [line for line in done.stderr.splitlines() if line.strip()][-1:] or ["no output"]
             return {"error": f"exit {done.returncode}: {tail[0][-300:]}", "wall_s": wall, "stderr": done.stderr[-3000:]}
         return {**json.loads(out_path.read_text()), "wall_s": wall}
-
-
-def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:
-    """The local turbopuffer server in a process of its own, one BLAS thread a request (as experiment 06)."""
-    os.environ.setdefault("TURBOPUFFER_API_KEY", "local")
-    os.environ.pop("TURBOPUFFER_REGION", None)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "vecgpt.backends.turbopuffer.server", "--port", str(port)]
-    command += ["--latency-ms", str(latency_ms), "--api-key", os.environ["TURBOPUFFER_API_KEY"]]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    found = re.search(r"http://127\.0\.0\.1:\d+", proc.stdout.readline())
-    if not found:
-        proc.kill()
-        from vecgpt.errors import VecgptError
-
-        raise VecgptError("the local turbopuffer server did not start (python -m vecgpt.backends.turbopuffer.server)")
-    return proc, found.group()
 
 
 def say(message: str) -> None:
