@@ -20,6 +20,7 @@ from vecgpt.backends.base import Store
 from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
 from vecgpt.orders import query_rows, value_output
+from vecgpt.paths import read_cache
 from vecgpt.weights import HParams, Model, default_models_dir
 
 LN_PARTS = ("ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
@@ -391,11 +392,7 @@ def rates_path() -> Path:
 
 
 def read_rates() -> dict:
-    try:
-        held = json.loads(rates_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return held if isinstance(held, dict) else {}
+    return read_cache(rates_path())
 
 
 def record_rate(backend: str, docs: int, size: int, seconds: float) -> None:

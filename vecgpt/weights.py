@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from vecgpt.errors import VecgptError
-from vecgpt.paths import expand
+from vecgpt.paths import expand, read_cache
 
 SHIPPED = Path(__file__).parent / "models"
 DEFAULT_MODEL = "shakespeare"
@@ -315,11 +315,7 @@ def fingerprints_path() -> Path:
 
 
 def read_fingerprints() -> dict:
-    try:
-        held = json.loads(fingerprints_path().read_text())
-    except (OSError, ValueError):
-        return {}
-    return held if isinstance(held, dict) else {}
+    return read_cache(fingerprints_path())
 
 
 def file_fingerprint(key: list, value: str) -> None:
