@@ -388,10 +388,10 @@ class Session:
         scores = np.empty((n_head, m, n))
         scores[..., : n - 1] = searched
         scores[:, rows, start + rows] = own
+        if m > 1:  # a block's later keys are masked (the last column of its earlier queries was never written)
+            np.copyto(scores, -np.inf, where=np.arange(n) > (start + rows)[:, None])
         raw = scores.copy() if self.capture is not None else None  # an inspection keeps q.k and the weights
         scores /= math.sqrt(hd)  # in place, as the softmax below: a block's table is the largest array a read holds
-        if m > 1:  # a block's later keys are masked
-            np.copyto(scores, -np.inf, where=np.arange(n) > (start + rows)[:, None])
         weights, chunk = softmax_in_place(scores), self.chunk(m)
         if raw is not None:
             self.capture.append((raw, weights.copy()))
