@@ -141,6 +141,9 @@ def load_config(path: str | Path | None = None, **overrides) -> Config:
 
 
 def open_store(config: Config):
+    """The config's store, which remembers the encoding it was opened for: `loading.push` loads in it unless told."""
     from vecgpt.backends.base import get_store
 
-    return get_store(config.backend, **config.store)
+    store = get_store(config.backend, **config.store)
+    store.opened_for = (config.metric, config.layout)
+    return store

@@ -161,17 +161,22 @@ class Transposed:
         return self.table.model.rows("wte.weight", start, stop).T
 
 
-def push(store: Store, model: Model, metric: str = "l2", progress: bool | None = True, layout: str = "four") -> dict:
+def push(
+    store: Store, model: Model, metric: str | None = None, progress: bool | None = True, layout: str | None = None
+) -> dict:
     """Write every matrix, the token and position tables and the layer norms under the model's own names;
     the manifest goes last, so a load is invisible until complete and never touches another model's data.
-    `layout`: one of LAYOUTS; a store may hold a model in both (their keys differ). A load stopped part way
+    `metric` and `layout` (one of LAYOUTS) unset: those of the config the store was opened with (config.open_store),
+    so that `vecgpt generate` with that config finds this load; a store opened otherwise, l2 in layout four.
+    A store may hold a model in several encodings and layouts (their keys differ). A load stopped part way
     (killed, a full disk) resumes: collections already written are checked and kept (`Load`).
     progress: True, a bar on stderr (and the resume line); None, only when stderr is a terminal; False, silent.
 
     Under the store's load lock where it has one: a second process loading the same model waits, then finds
     it loaded."""
+    opened = getattr(store, "opened_for", None) or ("l2", "four")
     with getattr(store, "load_lock", contextlib.nullcontext)():
-        return _push(store, model, metric, progress, layout)
+        return _push(store, model, metric or opened[0], progress, layout or opened[1])
 
 
 def _push(store: Store, model: Model, metric: str, progress: bool | None, layout: str) -> dict:

@@ -224,6 +224,11 @@ def cmd_generate(args) -> int:
         return generate_batch(args, config, common)
     if args.prompt is None and not args.resume:
         raise VecgptError("give a prompt, or --resume TEXT_ID to continue a kept text")
+    if args.prompt is not None and args.resume:
+        raise VecgptError(
+            f"--resume continues text {args.resume} as it is and takes no prompt: drop {args.prompt!r} "
+            f"(`vecgpt texts show|step-back|retry|branch {args.resume} ...` change a kept text)"
+        )
     if args.reference:
         if args.keep or args.resume:
             raise VecgptError("--reference keeps no text; drop --keep/--resume")
@@ -392,7 +397,10 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", type=int, default=8, help="tokens to generate")
     p.add_argument("--keep", action="store_true", help="leave the text in the store (its id on stderr and in --json)")
     p.add_argument(
-        "--resume", metavar="TEXT_ID", help="continue a kept text (with its own model and sampling settings)"
+        "--resume",
+        metavar="TEXT_ID",
+        help="continue a kept text (with its own model and sampling settings); a prompt beside it is refused: "
+        "nothing is appended to a kept text",
     )
     p.add_argument("--temperature", type=float, default=0.8, help="0.8 by default; 0 is greedy")
     p.add_argument("--top-k", type=int, default=None, help="candidates to sample from (default 40)")
