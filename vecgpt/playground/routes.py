@@ -15,6 +15,7 @@ import contextlib
 import json
 import math
 import re
+import sys
 import threading
 import time
 from importlib import resources
@@ -82,16 +83,62 @@ async def read_json(request: Request, limit: int) -> dict:
     return body
 
 
-def field(body: dict, name: str, kind, default=None):
-    value = body.get(name, default)
-    if value is None and default is None and kind is not str:
-        raise Refused(f"{name} is missing")
+TYPES = {str: "a string", int: "a whole number", float: "a finite number"}
+REQUIRED = object()  # a field with no default
+
+
+def field(body: dict, name: str, kind, default=REQUIRED, null: bool = False):
+    """A JSON field of type `kind` (a whole number: an int, or a float without a fraction; never true or false),
+    `default` where absent, None where null and `null` allows it; else a 400 naming the field and its type."""
+    if name not in body:
+        if default is REQUIRED:
+            raise Refused(f"{name} is missing: it takes {TYPES[kind]}")
+        return default
+    value = body[name]
+    if value is None and null:
+        return None
+    if not fits(value, kind):
+        raise Refused(f"{name} must be {TYPES[kind]}, not {described(value)}")
+    return kind(value)
+
+
+def fits(value, kind) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return False
+    if kind is str or isinstance(value, str):
+        return kind is str and isinstance(value, str)
+    if isinstance(value, int):
+        return kind is int or abs(value) <= sys.float_info.max
+    return math.isfinite(value) and (kind is float or value.is_integer())
+
+
+def described(value) -> str:
+    """A JSON value as an error names it: its type, and the value where short."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}" + ("..." * (len(value) > 40))
+    if isinstance(value, (list, dict)):
+        return "an array" if isinstance(value, list) else "an object"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "-infinity" if value < 0 else "infinity"
+    text = str(value) if not isinstance(value, int) or value.bit_length() < 128 else "a number too long to show"
+    return f"the number {text}"
+
+
+def param(values, name: str, default=REQUIRED) -> int:
+    """A whole number in a query or path parameter (text), `default` where absent; else a 400."""
+    if name not in values:
+        if default is REQUIRED:
+            raise Refused(f"{name} is missing: it takes a whole number")
+        return default
+    text = values[name]
     try:
-        if kind is int and (isinstance(value, bool) or float(value) != int(float(value))):
-            raise ValueError
-        return kind(value) if value is not None else None
-    except (TypeError, ValueError):
-        raise Refused(f"{name} must be a {'whole number' if kind is int else kind.__name__}, not {value!r}") from None
+        if re.fullmatch(r"[+-]?\d+", text.strip()):
+            return int(text)
+    except ValueError:  # more digits than Python converts
+        pass
+    raise Refused(f"{name} must be a whole number, not {text[:40]!r}")
 
 
 # ----------------------------------------------------------------------------- texts
@@ -109,8 +156,8 @@ def spending(library, request, body):
 def start(library, request, body):
     entry = library.start(
         field(body, "store", int, 0),
-        body.get("model") or None,
-        str(body.get("prompt", "")),
+        field(body, "model", str, None, null=True) or None,
+        field(body, "prompt", str, ""),
         field(body, "temperature", float, 0.0),
         field(body, "top_k", int, 40),
         field(body, "seed", int, 0),
@@ -242,9 +289,9 @@ def inspected(lens_only: bool):
 def inspect_request(library, request):
     """(the text's entry, a position within it, the ?layer= asked for or None), or a one-line 4xx."""
     entry, query = library.entry(request.path_params["text_id"]), dict(request.query_params)
-    position, t = field(request.path_params, "position", int), entry.text
+    position, t = param(request.path_params, "position"), entry.text
     n_layer = t.engine.hparams.n_layer
-    layer = field(query, "layer", int) if "layer" in query else None
+    layer = param(query, "layer", None)
     if layer is not None and not 0 <= layer < n_layer:
         raise Refused(f"layer {layer} is out of range: this model's layers are 0 to {n_layer - 1}")
     if not 0 <= position < len(t.tokens):
@@ -267,7 +314,7 @@ async def generate(request: Request):
     """GET /api/texts/{id}/generate?n=N: an event per token as it is drawn, then "done" (or one "error")."""
     library: Library = request.app.state.library
     try:
-        n = field(dict(request.query_params), "n", int, 8)
+        n = param(request.query_params, "n", 8)
         entry = await run_in_threadpool(library.entry, request.path_params["text_id"])
         t, shelf = entry.text, library.shelf(entry.store)
         await run_in_threadpool(shelf.current, entry)
@@ -332,9 +379,9 @@ def attention_memory(library, request, body):
     from vecgpt.cli.attention import memory_rows
 
     q = dict(request.query_params)
-    heads, context = field(q, "heads", int, 12), field(q, "context", int, 1024)
-    head_dim, tile = field(q, "head_dim", int, 64), field(q, "tile", int, 8)
-    block = field(q, "query_block", int, 0)
+    heads, context = param(q, "heads", 12), param(q, "context", 1024)
+    head_dim, tile = param(q, "head_dim", 64), param(q, "tile", 8)
+    block = param(q, "query_block", 0)
     dtype = q.get("dtype", "float32")
     for name, value, top in (("heads", heads, 1024), ("context", context, 131072), ("head_dim", head_dim, 4096)):
         if not 1 <= value <= top:
@@ -358,15 +405,27 @@ GPT2_SMALL = gpt2_small()
 def softmax_walk(library, request, body):
     from vecgpt.cli.attention import parse_scores, walk
 
-    tile = field(body, "tile", int, 1)
-    raw = body.get("scores", [])
-    words = raw.replace(",", " ").split() if isinstance(raw, str) else [str(x) for x in raw]
+    tile, words = field(body, "tile", int, 1), score_words(body)
+    if not words:
+        raise Refused("scores is empty: give numbers, as a string or an array")
     if len(words) > 4096 or not 1 <= tile <= 4096:
         raise Refused("at most 4,096 scores, and a tile from 1 to 4,096")
     try:
         return walk(parse_scores(words), tile)
     except ValueError as e:
         raise Refused(str(e)) from None
+
+
+def score_words(body: dict) -> list[str]:
+    """The softmax walk's scores, a string of numbers (where "-inf" may be written) or an array of numbers."""
+    raw = body.get("scores", "")
+    if isinstance(raw, str):
+        return raw.replace(",", " ").split()
+    bad = [x for x in raw if not fits(x, float)][:1] if isinstance(raw, list) else [raw]
+    if bad:
+        what = described(raw) if not isinstance(raw, list) else f"an array holding {described(bad[0])}"
+        raise Refused(f"scores must be a string or an array of numbers, not {what}")
+    return [repr(float(x)) for x in raw]
 
 
 # ----------------------------------------------------------------------------- pages

@@ -50,12 +50,19 @@ class Refused(VecgptError):
         self.status, self.retry_after_s = status, retry_after_s
 
 
+FLAGS = {"--top-k": "top_k", "--temperature": "temperature", "--seed": "seed", "-n": "n"}  # CLI flag: API field
+
+
 def check_request(hp, tokens: list[int], n: int, top_k: int, temperature: float, seed: int) -> None:
-    """`vecgpt generate`'s checks (-n within the context, top-k within the vocabulary ...) as a 400."""
+    """`vecgpt generate`'s checks (-n within the context, top-k within the vocabulary ...) as a 400 that names
+    the API's fields, not the CLI's flags."""
     try:
         api.check_request(hp, tokens, n, top_k, temperature, seed)
     except VecgptError as e:
-        raise Refused(str(e)) from None
+        line = str(e)
+        for flag, name in FLAGS.items():
+            line = re.sub(rf"(?<![\w-]){flag}(?![\w-])", name, line)
+        raise Refused(line) from None
 
 
 @dataclass
