@@ -148,6 +148,21 @@ def location(store, backend: str) -> dict:
     return {"backend": backend, **found}
 
 
+def config_engine(store, config: Config, key: str) -> Engine:
+    """The engine of model `key` on `store` with the config's reading settings: how the CLI, the API and the
+    playground all build one."""
+    return Engine(
+        store,
+        top_k=config.top_k,
+        prompt_block=config.prompt_block,
+        tile=config.tile,
+        model=key,
+        prefill_chunk=config.prefill_chunk,
+        attention_top_k=config.attention_top_k,
+        attention_index=config.attention_index,
+    )
+
+
 def open_engine(config: Config, model: weights.Model, progress: bool = True, confirm=None) -> Engine:
     """A store holding `model` in the configured encoding, loading it first if absent (other models stay).
 
@@ -162,16 +177,7 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
     except BaseException:
         store.close()
         raise
-    return Engine(
-        store,
-        top_k=config.top_k,
-        prompt_block=config.prompt_block,
-        tile=config.tile,
-        model=key,
-        prefill_chunk=config.prefill_chunk,
-        attention_top_k=config.attention_top_k,
-        attention_index=config.attention_index,
-    )
+    return config_engine(store, config, key)
 
 
 def generate_text(
@@ -279,16 +285,7 @@ def engine_for_text(config: Config, text_id: str) -> Engine:
         record = store.read_text(text_id)
         if record is None:
             raise VecgptError(f"the store has no text {text_id}; `vecgpt texts` lists the open ones")
-        return Engine(
-            store,
-            top_k=config.top_k,
-            prompt_block=config.prompt_block,
-            tile=config.tile,
-            model=record["model"],
-            prefill_chunk=config.prefill_chunk,
-            attention_top_k=config.attention_top_k,
-            attention_index=config.attention_index,
-        )
+        return config_engine(store, config, record["model"])
     except BaseException:
         store.close()
         raise

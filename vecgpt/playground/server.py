@@ -139,20 +139,10 @@ class Shelf:
         self.references: dict[str, object] = {}
 
     def engine(self, key: str):
-        from vecgpt.engine import Engine
-
+        """Model `key`'s engine, built as `vecgpt generate` builds it from the config."""
         with self.making:
             if key not in self.engines:
-                c = self.config
-                self.engines[key] = Engine(
-                    self.store,
-                    top_k=c.top_k,
-                    prompt_block=c.prompt_block,
-                    tile=c.tile,
-                    model=key,
-                    prefill_chunk=c.prefill_chunk,
-                    attention_top_k=c.attention_top_k,
-                )
+                self.engines[key] = api.config_engine(self.store, self.config, key)
             return self.engines[key]
 
     def generate(self, text, n: int) -> list[int]:
