@@ -69,3 +69,78 @@ def test_generate_help_says_what_resume_does_with_a_prompt(capsys):
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     assert re.search(r"--resume.*refus", capsys.readouterr().out.replace("\n", " "))
+
+
+def memory_store(tmp_path) -> list[str]:
+    return ["--config", str(ROOT / "configs" / "memory.toml"), "--store", str(tmp_path / "m")]
+
+
+@pytest.mark.parametrize("bad", [["-n", "-1"], ["--top-k", "0"], ["--model", "./no/such/folder"]])
+def test_a_refused_sampled_run_says_no_seed(tmp_path, capsys, bad):
+    assert main(["generate", "ROMEO:", *memory_store(tmp_path), *bad]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vecgpt: error:") and "seed" not in err
+
+
+def test_a_sampled_run_says_its_seed_once(tmp_path, capsys):
+    assert main(["generate", "ROMEO:", "-n", "2", *memory_store(tmp_path)]) == 0
+    assert len(re.findall(r"^vecgpt: seed: \d+ ", capsys.readouterr().err, re.M)) == 1
+
+
+def test_texts_lists_each_model_key_whole(tmp_path, capsys):
+    store = memory_store(tmp_path)
+    assert main(["generate", "ROMEO:", "-n", "1", "--temperature", "0", "--keep", "--json", *store]) == 0
+    capsys.readouterr()
+    assert main(["texts", *store, "--json"]) == 0
+    (text,) = json.loads(capsys.readouterr().out)
+    assert main(["texts", *store]) == 0
+    (line,) = capsys.readouterr().out.splitlines()[1:]
+    assert line.split()[:2] == [text["id"], text["model"]]  # the store's key whole: fingerprint, encoding, layout
+
+
+@pytest.mark.parametrize(
+    "action, says",
+    [("show", "TEXT_ID"), ("step-back", "POSITION"), ("retry", "--seed"), ("branch", "TOKEN"), ("gc", "--older-than")],
+)
+def test_each_texts_action_has_its_own_help(capsys, action, says):
+    with pytest.raises(SystemExit):
+        main(["texts", action, "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: vecgpt texts {action}") and says in out
+
+
+def test_compare_n_has_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("-n N")]
+    assert len(line.split()) > 2
+
+
+class FakeTurbopuffer:
+    def __init__(self, url):
+        self.url = url
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8765", "http://localhost:9000", "http://[::1]:8765"])
+def test_a_local_turbopuffer_server_loads_without_asking(url, monkeypatch, capsys):
+    from argparse import Namespace
+
+    from vecgpt.cli.store import implicit_load
+
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False, raising=False)
+    config = load_config(ROOT / "configs" / "turbopuffer.toml")
+    implicit_load(Namespace(model=None, yes=False), config)(FakeTurbopuffer(url))
+    assert "--yes" not in capsys.readouterr().err
+
+
+def test_the_service_still_asks_for_yes(monkeypatch):
+    from argparse import Namespace
+
+    from vecgpt.cli.store import implicit_load
+    from vecgpt.errors import VecgptError
+
+    config = load_config(ROOT / "configs" / "turbopuffer.toml")
+    with pytest.raises(VecgptError, match="--yes"):
+        implicit_load(Namespace(model=None, yes=False), config)(
+            FakeTurbopuffer("https://gcp-us-central1.turbopuffer.com")
+        )

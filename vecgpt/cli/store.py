@@ -192,6 +192,9 @@ def implicit_load(args, config):
         cost = cost_estimate(config, weights.load(args.model or config.model).hparams)
         if cost is None:  # not billed: load without asking
             return
+        if on_this_machine(store):
+            print(f"the store lacks this model; loading it first ({store.url} bills nothing)", file=sys.stderr)
+            return
         print(f"the store lacks this model; loading it first:\n{cost}", file=sys.stderr)
         if args.yes:
             return
@@ -207,35 +210,36 @@ def implicit_load(args, config):
     return confirm
 
 
+def on_this_machine(store) -> bool:
+    """A store served at a loopback address (`vecgpt tpuf-local`): not the paid service."""
+    from urllib.parse import urlsplit
+
+    url = getattr(store, "url", None)
+    host = urlsplit(url).hostname if isinstance(url, str) else None
+    return host is not None and (host == "localhost" or host == "::1" or host.startswith("127."))
+
+
 def cmd_generate(args) -> int:
     from vecgpt import api
 
     config = config_of(args)
+    seed, said = seed_of(args)
+    echo = None if args.json else Echo("" if args.resume else args.prompt)
     common = dict(
         n=args.n,
         model=args.model or config.model,
         temperature=args.temperature,
         top_k=config.top_k if args.top_k is None else args.top_k,
-        seed=seed_of(args),
+        seed=seed,
         stop=not args.no_stop,
-        on_text=None if args.json else Echo(args.prompt),
+        on_text=SaysFirst(said, echo),
     )
     if args.batch is not None:
         return generate_batch(args, config, common)
-    if args.prompt is None and not args.resume:
-        raise VecgptError("give a prompt, or --resume TEXT_ID to continue a kept text")
-    if args.prompt is not None and args.resume:
-        raise VecgptError(
-            f"--resume continues text {args.resume} as it is and takes no prompt: drop {args.prompt!r} "
-            f"(`vecgpt texts show|step-back|retry|branch {args.resume} ...` change a kept text)"
-        )
+    check_generate(args)
     if args.reference:
-        if args.keep or args.resume:
-            raise VecgptError("--reference keeps no text; drop --keep/--resume")
         out = api.generate_reference(args.prompt, attention_top_k=config.attention_top_k, **common)
     else:
-        if args.resume:
-            common["on_text"] = None if args.json else Echo("")
         out = api.generate_text(
             args.prompt,
             config=config,
@@ -249,8 +253,21 @@ def cmd_generate(args) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        common["on_text"].end()
+        echo.end()
     return 0
+
+
+def check_generate(args) -> None:
+    """A prompt or --resume, not both; --reference keeps no text."""
+    if args.prompt is None and not args.resume:
+        raise VecgptError("give a prompt, or --resume TEXT_ID to continue a kept text")
+    if args.prompt is not None and args.resume:
+        raise VecgptError(
+            f"--resume continues text {args.resume} as it is and takes no prompt: drop {args.prompt!r} "
+            f"(`vecgpt texts show|step-back|retry|branch {args.resume} ...` change a kept text)"
+        )
+    if args.reference and (args.keep or args.resume):
+        raise VecgptError("--reference keeps no text; drop --keep/--resume")
 
 
 def generate_batch(args, config, common: dict) -> int:
@@ -272,7 +289,7 @@ def generate_batch(args, config, common: dict) -> int:
     if clash:
         raise VecgptError(f"--batch reads its prompts from the file; drop {', '.join(clash)}")
     prompts = batch.read_prompts(args.batch)
-    common.pop("on_text")
+    common.pop("on_text")("")  # the file is read: the seed line, if any
     printer = InOrder(len(prompts), args.json)
     with tqdm(total=len(prompts), unit="text", desc="vecgpt", disable=None, file=sys.stderr) as bar:
         printer.bar = bar
@@ -316,15 +333,29 @@ class InOrder:
                 self.next += 1
 
 
-def seed_of(args) -> int:
-    """--seed, or for a new sampled text a fresh one, said on stderr so that the run can be repeated."""
+def seed_of(args) -> tuple[int, str | None]:
+    """--seed, or for a new sampled text a fresh one, with the line that says it on stderr (SaysFirst prints it
+    once the run has started, so that a refused run says no seed) so that the run can be repeated."""
     if args.seed is not None or args.resume or args.temperature == 0:
-        return 0 if args.seed is None else args.seed
+        return (0 if args.seed is None else args.seed), None
     import os
 
     seed = int.from_bytes(os.urandom(4), "big") >> 1
-    print(f"vecgpt: seed: {seed} (--seed {seed} draws these tokens again)", file=sys.stderr, flush=True)
-    return seed
+    return seed, f"vecgpt: seed: {seed} (--seed {seed} draws these tokens again)"
+
+
+class SaysFirst:
+    """An on_text that says `line` on stderr before the first piece of text, then passes the pieces on."""
+
+    def __init__(self, line: str | None, then=None):
+        self.line, self.then = line, then
+
+    def __call__(self, piece: str) -> None:
+        if self.line:
+            print(self.line, file=sys.stderr, flush=True)
+            self.line = None
+        if self.then is not None:
+            self.then(piece)
 
 
 def kept_notice(text_id: str) -> None:
@@ -430,7 +461,9 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
 def compare_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p)
     p.add_argument("prompt")
-    p.add_argument("-n", type=int, default=8)
+    p.add_argument(
+        "-n", type=int, default=8, help="greedy tokens each of the store and numpy generates, compared (default 8)"
+    )
     p.add_argument("--json", action="store_true")
     add_yes(p)
 

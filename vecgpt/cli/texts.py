@@ -39,7 +39,7 @@ def run(args) -> int:
     store = open_store(config_of(args))
     try:
         if args.action == "gc":
-            removed = gc_texts(store, seconds(args.older_than))
+            removed = gc_texts(store, seconds(args.older_than or "1h"))
             print(json.dumps(removed) if args.json else f"removed {len(removed)} texts {' '.join(removed)}".rstrip())
         elif args.action == "close":
             close(store, args.words)
@@ -63,9 +63,10 @@ def listing(texts: list[dict], as_json: bool) -> None:
     if as_json:
         print(json.dumps(texts))
         return
-    print(f"{'text':12}  {'model':24}  {'tokens':>6}  {'age':>8}  {'bytes':>12}")
+    wide = max([len("model"), *(len(t["model"]) for t in texts)])  # a model's key whole: `vecgpt ls` shows it so
+    print(f"{'text':12}  {'model':{wide}}  {'tokens':>6}  {'age':>8}  {'bytes':>12}")
     for t in texts:
-        print(f"{t['id']:12}  {t['model'][:24]:24}  {t['tokens']:>6}  {t['age_s']:>7.0f}s  {t['bytes']:>12,}")
+        print(f"{t['id']:12}  {t['model']:{wide}}  {t['tokens']:>6}  {t['age_s']:>7.0f}s  {t['bytes']:>12,}")
 
 
 # ----------------------------------------------------------------------------- show, step back, retry, branch
@@ -213,14 +214,50 @@ def describe(d: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+FORMS = {  # action -> (its words, what it does)
+    "list": ("", "the texts the store keeps: id, model, tokens, age, bytes"),
+    "gc": ("", "remove texts not written for --older-than, and rows no text claims"),
+    "close": ("TEXT_ID", "remove a kept text"),
+    "show": ("TEXT_ID", "a kept text: its settings, tokens and each generated token's candidates; what it has cost"),
+    "step-back": ("TEXT_ID POSITION", "forget the text's tokens from POSITION on (a generated position)"),
+    "retry": ("TEXT_ID", "draw the last token again, with --seed or the text's seed + 1"),
+    "branch": ("TEXT_ID POSITION TOKEN", "a new text sharing positions before POSITION, TOKEN at it; prints its id"),
+}
+WORDS = {
+    "TEXT_ID": "a kept text's id (`vecgpt texts` lists them)",
+    "POSITION": "a generated token's position (`vecgpt texts show TEXT_ID` lists them)",
+    "TOKEN": "a token id (`vecgpt tokenize TEXT` gives them)",
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_store_args(p)
+    """`texts` and each action's own parser (`vecgpt texts show --help`); the options may come before the action."""
     p.description = (
         "vecgpt texts [list] | gc | close TEXT_ID | show TEXT_ID | step-back TEXT_ID POSITION | "
         "retry TEXT_ID [--seed S] | branch TEXT_ID POSITION TOKEN (prints the new text's id)"
     )
-    p.add_argument("action", nargs="?", choices=["list", "gc", "close", *OPERANDS], default="list")
-    p.add_argument("words", nargs="*", metavar="TEXT_ID [POSITION [TOKEN]]", help="the text, and where")
-    p.add_argument("--older-than", default="1h", help="gc: remove texts not written for this long (default 1h)")
-    p.add_argument("--seed", type=int, help="retry: the new seed (default: the text's seed + 1)")
-    p.add_argument("--json", action="store_true")
+    add_options(p)
+    p.set_defaults(action="list", words=[])
+    actions = p.add_subparsers(dest="action", metavar="ACTION", title="actions (each has its --help)")
+    for action, (words, does) in FORMS.items():
+        # unset options are left out of an action's answer, so those given before the action stay
+        a = actions.add_parser(
+            action,
+            help=does,
+            description=does,
+            usage=f"vecgpt texts {action} {words} [options]".replace("  ", " "),
+            argument_default=argparse.SUPPRESS,
+        )
+        said = "; ".join(f"{w}: {WORDS[w]}" for w in words.split())
+        a.add_argument("words", nargs="*", metavar=words or "-", help=said or argparse.SUPPRESS)
+        add_options(a, action)
+
+
+def add_options(p: argparse.ArgumentParser, action: str | None = None) -> None:
+    """The store's options and --json, and the options of `action` (all of them on `texts` itself)."""
+    add_store_args(p)
+    if action in (None, "gc"):
+        p.add_argument("--older-than", metavar="AGE", help="gc: remove texts not written for this long (default 1h)")
+    if action in (None, "retry"):
+        p.add_argument("--seed", type=int, help="retry: the new seed (default: the text's seed + 1)")
+    p.add_argument("--json", action="store_true", help="the result as JSON")
