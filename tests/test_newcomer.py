@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from vecgpt import weights
 from vecgpt.cli import main
 from vecgpt.config import load_config, open_store
+from vecgpt.errors import VecgptError
 from vecgpt.loading import models, push
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +146,42 @@ def test_the_service_still_asks_for_yes(monkeypatch):
         implicit_load(Namespace(model=None, yes=False), config)(
             FakeTurbopuffer("https://gcp-us-central1.turbopuffer.com")
         )
+
+
+@pytest.mark.parametrize("typo, meant", [("gtp2", "gpt2"), ("gpt2-xxl", "gpt2-xl"), ("gpt-2", "gpt2")])
+def test_a_typo_of_a_gpt2_name_is_not_sent_to_the_hub(typo, meant, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: pytest.fail("sent to the hub"))
+    with pytest.raises(VecgptError, match=f"did you mean '{meant}'"):
+        weights.load(typo)
+
+
+def offline(*args, **kwargs):
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    raise LocalEntryNotFoundError("Cannot find an appropriate cached snapshot folder")
+
+
+def test_an_unreachable_hub_is_said_in_plain_words(monkeypatch, capsys):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    assert main(["generate", "hi", "--model", "gpt2", "--reference"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "the hub is not reachable from here; a folder or a shipped model works offline" in line
+    assert "LocalEntryNotFoundError" not in line
+
+
+def test_a_name_the_hub_lacks_is_said_so(monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    def missing(*args, **kwargs):
+        error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # its __init__ wants an HTTP response
+        Exception.__init__(error, "404")
+        raise error
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", missing)
+    with pytest.raises(VecgptError, match="the Hugging Face hub has no model 'someone/nothing'"):
+        weights.load("someone/nothing")

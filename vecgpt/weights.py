@@ -156,10 +156,12 @@ def resolve(model: str | None, files: tuple = ("config.json", "model.safetensors
         return SHIPPED / model
     if model.startswith(("/", ".", "~")) or Path(model).exists():
         raise VecgptError(f"{model}: no such model folder (a GPT-2 folder holds config.json and model.safetensors)")
-    close = difflib.get_close_matches(model, shipped_names(), n=1, cutoff=0.75) if "/" not in model else []
-    if close:  # a typo of a shipped name is not sent to the hub
+    known = [*shipped_names(), *SIZES]
+    close = difflib.get_close_matches(model, known, n=1, cutoff=0.7) if "/" not in model else []
+    if close and model not in SIZES:  # a typo of a shipped or a hub GPT-2 name is not sent to the hub
         raise VecgptError(
-            f"no model {model!r}; did you mean {close[0]!r}? Shipped models: {', '.join(shipped_names())}"
+            f"no model {model!r}; did you mean {close[0]!r}? Shipped models: {', '.join(shipped_names())}; "
+            f"GPT-2 on the Hugging Face hub: {', '.join(SIZES)}"
         )
     return download(model, files)
 
@@ -173,12 +175,27 @@ def download(name: str, files: tuple = ("config.json", "model.safetensors")) -> 
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(name, allow_patterns=list(files)))
-    except Exception as e:  # offline, unknown repo, bad name, auth: all end the same way for the user
-        raise VecgptError(
-            f"cannot fetch {name!r} from the Hugging Face hub ({type(e).__name__}); shipped models: "
-            f"{', '.join(shipped_names())}; or pass a local folder holding config.json and model.safetensors "
-            f"with --model PATH"
-        ) from None
+    except Exception as e:  # offline, unknown repo, bad name, auth: each a line saying what to do
+        raise VecgptError(f"cannot fetch {name!r} from the Hugging Face hub: {hub_failure(name, e)}") from None
+
+
+# what huggingface_hub, requests and httpx raise when no answer came back (by name: their modules move)
+UNREACHED = {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectError", "Timeout"}
+UNREACHED |= {"ConnectTimeout", "ReadTimeout", "TimeoutException", "TimeoutError", "ProxyError", "SSLError"}
+
+
+def hub_failure(name: str, e: Exception) -> str:
+    """Why a hub download failed, in plain words, and what works instead."""
+    offline = f"shipped models: {', '.join(shipped_names())}; or --model PATH, a folder holding config.json and "
+    offline += "model.safetensors"
+    kinds = {c.__name__ for c in type(e).__mro__}
+    if kinds & UNREACHED:
+        return f"the hub is not reachable from here; a folder or a shipped model works offline ({offline})"
+    if "RepositoryNotFoundError" in kinds:
+        return f"the Hugging Face hub has no model {name!r} (GPT-2's names there: {', '.join(SIZES)}); {offline}"
+    if "GatedRepoError" in kinds:
+        return f"{name} is gated: accept its terms on huggingface.co and log in (hf auth login); {offline}"
+    return f"{type(e).__name__}; {offline}"
 
 
 def load(model: str | None = None, dtype=np.float32) -> Model:
