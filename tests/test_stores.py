@@ -1,12 +1,14 @@
 """Conformance: every registered backend must pass these (run against the real library or server)."""
 
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from vecgpt import tolerance
-from vecgpt.backends.base import Search, Where, apart
+from vecgpt.backends.base import Search, Where, apart, in_flight
 from vecgpt.encoding import distance_bound
 from vecgpt.errors import VecgptError
 from vecgpt.meter import Metered
@@ -341,3 +343,49 @@ def test_a_grouped_search_answered_in_store_is_the_search_per_group(make_store, 
 
 
 FILTERS = [("eq", [{}, {"layer": 1}]), ("lt", [{}, {"position": 5}]), ("ge", [{}, {"position": 2}])]
+
+
+class HeldQueries:
+    """Query vectors that, when a store reads them (inside its call, before it sends anything), say so and wait
+    until the store's close has begun: a call in flight in another thread when the main thread closes the store,
+    as a Ctrl-C leaves the writer's or parallel()'s calls."""
+
+    def __init__(self, store, queries: np.ndarray):
+        self.store, self.queries, self.read, self.waited = store, queries, threading.Event(), None
+
+    def __array__(self, dtype=None, copy=None):
+        if not self.read.is_set():
+            self.read.set()
+            self.waited = in_flight(self.store).closing.wait(120)  # set by close before it waits: no race
+        return self.queries.astype(dtype or np.float32)
+
+    def __len__(self):
+        return len(self.queries)
+
+
+def test_close_waits_for_a_call_in_flight_in_another_thread(make_store, backend):
+    """The store closes only after its calls in flight: SQLite's connection closed under a search in another thread
+    raised apsw's ThreadingViolationError from close (a Ctrl-C's exit 1 with a traceback, not one line and 130)."""
+    store = make_store(backend)
+    if not getattr(type(store).close, "waits_for_calls", False):
+        pytest.skip(f"{backend}'s store class is not made with base.closes_after_calls")
+    filled(store, n=60)
+    q = rng.standard_normal((2, 24)).astype(np.float32)
+    alone = store.search("c", q, where=Where(lt={"position": 3}))
+    held, out = HeldQueries(store, q), {}
+
+    def call():
+        try:
+            out["hits"] = store.search("c", held, where=Where(lt={"position": 3}))
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            out["error"] = e
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    assert held.read.wait(120)
+    store.close()  # returns once the search has: the search ran on a store still open
+    ended = dict(out)  # what the call had given when close returned
+    thread.join()
+    assert held.waited and "error" not in out, out.get("error")
+    assert "hits" in ended
+    assert np.array_equal(np.sort(out["hits"].ids, 1), np.sort(alone.ids, 1))

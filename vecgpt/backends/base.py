@@ -294,13 +294,97 @@ def parallel(calls: Sequence, workers: int = 16) -> list:
     if len(calls) <= 1:
         return [call() for call in calls]
     pool, futures, running = _pool(), [], set()
-    for call in calls:
-        if len(running) >= workers:
-            running = wait(running, return_when=FIRST_COMPLETED).not_done
-        futures.append(pool.submit(contextvars.copy_context().run, call))
-        running.add(futures[-1])
-    wait(running)
+    try:
+        for call in calls:
+            if len(running) >= workers:
+                running = wait(running, return_when=FIRST_COMPLETED).not_done
+            futures.append(pool.submit(contextvars.copy_context().run, call))
+            running.add(futures[-1])
+        wait(running)
+    except BaseException:  # Ctrl-C while waiting: the calls not started are dropped, those running end first
+        for f in futures:
+            f.cancel()
+        wait(futures)
+        raise
     return [f.result() for f in futures]
+
+
+class InFlight:
+    """The calls a store has running, by thread. A Ctrl-C ends the main thread's call at once, while the calls the
+    writer thread or `parallel` runs go on in theirs; the store's close then waits for those before it shuts its
+    client (closing a connection a call is using fails in both, SQLite's with a ThreadingViolationError)."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.running: dict[int, int] = {}  # thread ident -> calls it has in flight (nested calls count again)
+        self.closing = threading.Event()  # set while a close waits (tests wait for it)
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self.cond:  # a call begun while a close shuts the client waits for it, then finds the store closed
+            self.running[me] = self.running.get(me, 0) + 1
+
+    def __exit__(self, *exc) -> None:
+        me = threading.get_ident()
+        with self.cond:
+            self.running[me] -= 1
+            if not self.running[me]:
+                del self.running[me]
+                self.cond.notify_all()
+
+    def close(self, shut) -> None:
+        """Wait until no other thread has a call in flight (this one's own are never waited for), then shut()."""
+        me = threading.get_ident()
+        with self.cond:
+            self.closing.set()
+            try:
+                self.cond.wait_for(lambda: all(thread == me for thread in self.running))
+                shut()
+            finally:
+                self.closing.clear()
+
+
+STORE_CALLS = (
+    *("create", "upsert", "search", "search_many", "fetch", "count", "drop", "collections", "stats", "clone"),
+    *("read_manifest", "write_manifest", "manifests", "read_text", "write_text", "texts", "flush", "compact"),
+)
+_in_flight_lock = threading.Lock()
+
+
+def in_flight(store) -> InFlight:
+    """The store's calls in flight (made on first use)."""
+    try:
+        return store.__dict__["_in_flight"]
+    except KeyError:
+        with _in_flight_lock:
+            return store.__dict__.setdefault("_in_flight", InFlight())
+
+
+def closes_after_calls(cls: type[T]) -> type[T]:
+    """A store class whose close() waits for its calls in flight in other threads: every method of STORE_CALLS it
+    has is counted while it runs (`InFlight`)."""
+    for name in STORE_CALLS:
+        method = getattr(cls, name, None)
+        if method is not None:
+            setattr(cls, name, _counted(method))
+    shut = cls.close
+
+    @functools.wraps(shut)
+    def close(self) -> None:
+        in_flight(self).close(lambda: shut(self))
+
+    close.waits_for_calls = True
+    cls.close = close
+    return cls
+
+
+def _counted(method):
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        with in_flight(self):
+            return method(self, *args, **kwargs)
+
+    return counted
 
 
 # Threads kept for `parallel` (so a round's requests do not each pay a thread start and a join): one pool for each

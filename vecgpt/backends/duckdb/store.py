@@ -58,6 +58,7 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
     return con
 
 
+@base.closes_after_calls
 class DuckStore(Records):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "duckdb"

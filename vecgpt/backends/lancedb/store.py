@@ -36,6 +36,7 @@ FEW = 1024  # ids a fetch names in its filter; more are read as a range
 FILE_FORMATS = ("legacy", "stable", "2.0", "2.1", "2.2")  # Lance's names for its file formats
 
 
+@base.closes_after_calls
 class LanceStore(FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "lancedb"

@@ -31,6 +31,7 @@ from vecgpt.errors import VecgptError
 CLONE_BATCH = 4096  # rows a clone reads at a time
 
 
+@base.closes_after_calls
 class MilvusStore(FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "milvus"

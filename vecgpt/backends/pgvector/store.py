@@ -80,6 +80,7 @@ def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
     return at
 
 
+@base.closes_after_calls
 class PgStore(Manifests, Texts, Session):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     concurrent = False  # the engine sends requests one after another; a search may use every connection

@@ -60,6 +60,7 @@ def check_shape(dim: int, attrs: Sequence[str]) -> None:
         )
 
 
+@base.closes_after_calls
 class SqliteStore(Searching):
     metrics: tuple[Metric, ...] = ("l2",)  # vec0 has no inner product
     backend = "sqlite"

@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 
+from vecgpt.backends import base
 from vecgpt.backends.base import TEXT_PREFIX, Metric, check_payload, check_rows, is_text, last_writes, parallel, record
 from vecgpt.backends.turbopuffer.catalog import Catalog, check_namespace
 from vecgpt.backends.turbopuffer.cost import b64_length
@@ -53,6 +54,7 @@ def _memory_checked(fn, url: str, what: str):
         ) from None
 
 
+@base.closes_after_calls
 class TurbopufferStore(Catalog, Searching, Records):
     metrics: tuple[Metric, ...] = ("l2",)
     concurrent = True  # the engine may send a round's requests at once
