@@ -27,7 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, fo
 
 import numpy as np  # noqa: E402
 
-from common import plots
 from common.plots import log_error_plot
 from common.subjects import (  # noqa: F401
     GPT2_SMALL,
@@ -234,7 +233,6 @@ def plot(summaries, path: Path, title: str) -> Path:
 def run(args) -> int:
     from common.record import new_run
 
-    plots.require()  # before the work: the results include a plot
     model, model64 = load_model(args.model), load_model(args.model, np.float64)
     prompts = checked_prompts(args, model.hparams)
     vs = variants(args.configs, args.store_root, not args.no_swap)

@@ -17,7 +17,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, fo
 
 import numpy as np  # noqa: E402
 
-from common import plots
 from common.plots import log_error_plot
 from common.subjects import add_common_arguments, describe_variant, load_model, model_label, open_engine, variants
 from common.tracing import NumpyReader
@@ -101,7 +100,6 @@ def run(args) -> int:
 
     from common.record import new_run
 
-    plots.require()  # before the work: the results include a plot
     model, model64 = load_model(args.model), load_model(args.model, np.float64)
     ids = tokenizer.encode(args.prompt)
     if not ids or args.n < 1:

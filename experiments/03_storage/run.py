@@ -18,7 +18,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common/
 
-from common import plots
 from common.plots import pyplot, save_plot
 from common.subjects import add_common_arguments, describe_variant, load_model, model_label, variants
 
@@ -110,8 +109,6 @@ def plot(results, path: Path, title: str) -> Path:
 
 def run(args) -> int:
     from common.record import new_run
-
-    plots.require()  # before the work: the results include a plot
 
     model = load_model(args.model)
     out = new_run(NAME, args.out)

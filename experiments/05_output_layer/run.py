@@ -153,9 +153,8 @@ def load_model(name: str):
 
 
 def run(args) -> int:
-    from vecgpt.errors import VecgptError
 
-    from common.record import new_run, provenance, write_json
+    from common.record import new_run, provenance
 
     if args.merge:
         return merge(args.merge, new_run(NAME, args.out))
@@ -174,15 +173,21 @@ def run(args) -> int:
     }
     for name in args.model or cfg["models"]:
         run_model(name, entries, cfg, result, out)
+    publish(out, result)
+    return 0
+
+
+def publish(out: Path, result: dict) -> None:
+    """results.json, results.md and output_layer.png (with matplotlib) in out; the tables on stdout."""
+    from common import plots
+    from common.record import say_written, write_json
+
     write_json(out / "results.json", result)
     (out / "results.md").write_text(report(result))
-    try:
-        plot(result["rows"], out / "output_layer.png")
-    except VecgptError as e:  # matplotlib missing: the tables still count
-        print(f"no plot: {e}", file=sys.stderr)
+    drawn = plots.draw({"output_layer.png": lambda: plot(result["rows"], out / "output_layer.png")})
     print(report(result))
-    print(f"\nwrote {out}/results.json, results.md, output_layer.png", file=sys.stderr)
-    return 0
+    print("", file=sys.stderr)
+    say_written(out, ["results.json", "results.md", *drawn])
 
 
 def run_model(name, entries, cfg, result, out) -> None:
@@ -270,8 +275,6 @@ def merge(folders, out) -> int:
     """One results.json / results.md / plot from several runs (e.g. kinds run in separate processes)."""
     import json
 
-    from common.record import write_json
-
     parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
     models = [m for p in parts for m in p["models"]]  # one entry per run: each has its own exact baseline
     result = {
@@ -282,10 +285,7 @@ def merge(folders, out) -> int:
         "skipped": [s for p in parts for s in p["skipped"]],
         "published": PUBLISHED,
     }
-    write_json(out / "results.json", result)
-    (out / "results.md").write_text(report(result))
-    plot(result["rows"], out / "output_layer.png")
-    print(report(result))
+    publish(out, result)
     return 0
 
 

@@ -32,7 +32,6 @@ import numpy as np  # noqa: E402
 
 from vecgpt.backends.base import available  # noqa: E402
 
-from common import plots  # noqa: E402
 from common.plots import pyplot  # noqa: E402
 from common.subjects import CONFIGS, RANDOM_SMALL, load_model, model_label, place  # noqa: E402
 from common.tpuf_server import start_server  # noqa: E402
@@ -67,7 +66,6 @@ def run(args) -> int:
 
     from common.record import new_run
 
-    plots.require()
     if args.n < 2 or args.prompt_tokens < 1 or min(args.texts) < 1:
         raise VecgptError("-n must be 2 or more, --prompt-tokens 1 or more, and every --texts 1 or more")
     model = load_model(args.model)

@@ -82,10 +82,8 @@ def run(args) -> int:
     from vecgpt.errors import VecgptError
     from vecgpt.weights import parameter_count, size_shape
 
-    from common import plots
     from common.record import new_run
 
-    plots.require()
     if args.render:
         return render(args)
     check(args)

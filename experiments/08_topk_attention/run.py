@@ -79,7 +79,9 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--refine", metavar="DIR", help="run nothing else: bisect the thresholds of the run in DIR, into --out"
     )
-    p.add_argument("--quick", action="store_true", help="one short passage, K in 1 and all (the test's run)")
+    p.add_argument(
+        "--quick", action="store_true", help="one short passage (of --corpus if given), K in 1 and all (the test's run)"
+    )
     p.add_argument("--seed", type=int, default=0, help="hnswlib's graph seed")
     p.add_argument("--out", default=None, help="results folder (default: a new ./results/topk-attention/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -111,7 +113,7 @@ def load_passages(args, s, hp):
     longest = max(s["contexts"])
     if longest > hp.n_ctx or min(s["contexts"]) < 2:
         raise VecgptError(f"context lengths must be 2 to the model's {hp.n_ctx} tokens, not {s['contexts']}")
-    if args.quick:
+    if args.quick and not args.corpus:  # a --corpus given is read, quick or not
         tokens, source = np.asarray(tokenizer.encode(QUICK_TEXT), np.int64), "passages.QUICK_TEXT"
     else:
         path = find_corpus(args.corpus, REPO)
@@ -267,21 +269,19 @@ def with_bytes(counts: dict, hp) -> dict:
 def publish(out, result) -> None:
     from report import mass_plot, plot, report
 
-    from vecgpt.errors import VecgptError
-
-    from common.record import write_json
+    from common import plots
+    from common.record import say_written, write_json
 
     write_json(out / "topk_attention.json", result)
     md = report(result)
     (out / "topk_attention.md").write_text(md)
-    try:
-        if result["rows"]:  # a stores-only run has no numpy figures to draw
-            plot(result, out / "topk_attention.png")
-            mass_plot(result, out / "mass.png")
-    except VecgptError as e:  # matplotlib missing: the tables still count
-        print(f"no plot: {e}", file=sys.stderr)
+    figures = {  # a stores-only run has no numpy figures to draw
+        "topk_attention.png": lambda: plot(result, out / "topk_attention.png"),
+        "mass.png": lambda: mass_plot(result, out / "mass.png"),
+    }
+    drawn = plots.draw(figures if result["rows"] else {})
     print(md)
-    print(f"wrote {out}/topk_attention.json, .md" + (", .png, mass.png" if result["rows"] else ""), file=sys.stderr)
+    say_written(out, ["topk_attention.json", "topk_attention.md", *drawn])
 
 
 def main(argv=None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +18,36 @@ def save_plot(fig, path: Path) -> Path:
     return path
 
 
-def require() -> None:
-    """Stop before the work, with an install hint, where matplotlib is missing."""
-    import importlib.util
+EXTRA = "pip install 'vecgpt[plots]'"
 
+
+def available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def draw(figures: dict[str, Callable[[], object]]) -> list[str]:
+    """Each figure drawn (its file name -> a function drawing it), and their names; without matplotlib none, said
+    once on stderr with the extra that brings them: the JSON and tables are the results, the plots a view of them."""
+    if not figures:
+        return []
+    if not available():
+        print(f"no plots ({', '.join(figures)}): they need matplotlib: {EXTRA}", file=sys.stderr)
+        return []
+    for make in figures.values():
+        make()
+    return list(figures)
+
+
+def require() -> None:
+    """Stop with an install hint where matplotlib is missing (drawing without `draw`)."""
     from vecgpt.errors import VecgptError
 
-    if importlib.util.find_spec("matplotlib") is None:
-        raise VecgptError("the plots need matplotlib: pip install 'vecgpt[plots]'")
+    if not available():
+        raise VecgptError(f"the plots need matplotlib: {EXTRA}")
 
 
 def pyplot():

@@ -106,12 +106,20 @@ def new_run(name: str, out: str | None = None) -> Path:
 
 
 def publish(out: Path, stem: str, data: dict, md: str, draw) -> None:
-    """stem.json, stem.md and stem.png (draw(path) makes it) in out; the tables on stdout."""
+    """stem.json, stem.md and stem.png (draw(path) makes it; not without matplotlib) in out; the tables on stdout."""
+    from common import plots
+
     write_json(out / f"{stem}.json", data)
     (out / f"{stem}.md").write_text(md + "\n")
-    draw(out / f"{stem}.png")
+    drawn = plots.draw({f"{stem}.png": lambda: draw(out / f"{stem}.png")})
     print(md)
-    print(f"\nwrote {out}/{stem}.json, {stem}.md, {stem}.png", file=sys.stderr)
+    print("", file=sys.stderr)
+    say_written(out, [f"{stem}.json", f"{stem}.md", *drawn])
+
+
+def say_written(out: Path, names: list[str]) -> None:
+    """The files a run wrote, on stderr: only those written."""
+    print(f"wrote {out}/{', '.join(names)}", file=sys.stderr)
 
 
 def write_json(path: Path, data: dict) -> Path:
