@@ -185,3 +185,27 @@ def test_a_name_the_hub_lacks_is_said_so(monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", missing)
     with pytest.raises(VecgptError, match="the Hugging Face hub has no model 'someone/nothing'"):
         weights.load("someone/nothing")
+
+
+def stores_table() -> list[dict]:
+    text = README.read_text().split("## Stores", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in text.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in rows[0]]
+    return [dict(zip(head, (c.strip() for c in row))) for row in rows[2:]]
+
+
+def test_the_stores_table_names_each_stores_pip_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rows = stores_table()
+    assert len(rows) == 8
+    for row in rows:
+        backend = row["backend"].split("`")[1]
+        wanted = f"`vecgpt[{backend}]`" if backend in extras else "none"
+        assert row["pip extra"] == wanted, row
+
+
+def test_the_readme_says_where_stores_live():
+    stores = README.read_text().split("## Stores", 1)[1].split("\n## ", 1)[0]
+    assert all(word in stores for word in ("~/.cache/vecgpt", "XDG_CACHE_HOME", "--store"))
