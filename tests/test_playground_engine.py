@@ -10,7 +10,7 @@ from vecgpt.playground.server import Settings
 from browser import Running, call, events
 from conftest import tiny_params
 
-SETTINGS = ("top_k", "prompt_block", "tile", "chunk_size", "attention_top_k", "attention_index", "key")
+SETTINGS = ("top_k", "prompt_block", "attention_top_k", "attention_index", "key")
 
 
 def test_a_config_asking_for_hnsw_runs_hnsw_in_the_playground(tmp_path):
@@ -18,7 +18,7 @@ def test_a_config_asking_for_hnsw_runs_hnsw_in_the_playground(tmp_path):
     model = weights.save(tmp_path / "model", hp, tiny_params(hp))
     config = tmp_path / "hnsw.toml"
     config.write_text(
-        f'model = "{model}"\nmetric = "ip"\ntop_k = 12\nprefill_chunk = 3\ntile = 4\nattention_top_k = 2\n'
+        f'model = "{model}"\nmetric = "ip"\ntop_k = 12\nprefill_chunk = 3\nattention_top_k = 2\n'
         f'attention_index = "hnsw"\n[store]\npath = "{tmp_path / "faiss"}"\n'
     )
     server = Running(Settings(configs=[str(config)]))

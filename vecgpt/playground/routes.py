@@ -222,6 +222,7 @@ def step_back(library, request, body):
         shelf.current(entry)
         check_position(entry, position, len(entry.text.tokens))
         entry.text.step_back(position)
+        entry.drop_costs(position)
     return {**views.text_view(entry, shelf), "cost": cost}
 
 
@@ -250,6 +251,7 @@ def retry(library, request, body):
         if position + 1 < len(entry.text.tokens):
             entry.text.step_back(position + 1)
         entry.text.retry(seed)
+        entry.drop_costs(position)
     return {**views.text_view(entry, shelf), "cost": cost}
 
 
@@ -350,6 +352,7 @@ def produce(library: Library, entry, n: int, put, hook, gone: threading.Event) -
                 position = len(t.tokens) - 1
             if not drawn:
                 break
+            entry.costs[position] = (drawn[-1], cost)
             put("token", {**views.token_rows([drawn[-1]], position)[0], "cost": cost})
             if drawn[-1] == tokenizer.ENDOFTEXT:
                 break

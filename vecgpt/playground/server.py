@@ -72,6 +72,13 @@ class Entry:
     model: str
     used: float = field(default_factory=time.monotonic)
     lock: threading.RLock = field(default_factory=threading.RLock)  # one operation on the text at a time
+    # position -> (token, what drawing it cost) for tokens this process drew: a reopened page shows them again
+    costs: dict = field(default_factory=dict)
+
+    def drop_costs(self, position: int) -> None:
+        """Forget the costs of the tokens from `position` on (stepped back, drawn again)."""
+        for p in [p for p in self.costs if p >= position]:
+            del self.costs[p]
 
 
 class Gate:

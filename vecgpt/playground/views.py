@@ -26,6 +26,9 @@ def text_view(entry: Entry, shelf: Shelf) -> dict:
         "text": tokenizer.decode(t.tokens[t.prompt_len :]),
         "settings": t.settings,
         "spent": t.record.get("spent") or {},  # what the text's operations have sent, in every process
+        "costs": {
+            p: cost for p, (token, cost) in list(entry.costs.items()) if p < len(t.tokens) and t.tokens[p] == token
+        },
         "n_ctx": hp.n_ctx,
         "n_vocab": hp.n_vocab,
     }
@@ -62,11 +65,14 @@ def stores_view(shelves: list[Shelf]) -> list[dict]:
                 "index": index,
                 "label": shelf.label,
                 "location": api.location(shelf.store, shelf.config.backend),
+                "metric": shelf.config.metric,
+                "loads": not bills_loads(shelf),  # a comparison loads a model it lacks
                 "documents": sum(v.get("documents", 0) for v in sizes),
                 "bytes": sum(v.get("bytes", 0) for v in sizes),
                 "models": [
                     {
                         "key": m["fingerprint"],
+                        "model_fingerprint": m.get("model_fingerprint"),  # the weights, in any encoding
                         "source": m["source"],
                         "documents": m.get("documents"),
                         "bytes": m["bytes"],
@@ -76,6 +82,12 @@ def stores_view(shelves: list[Shelf]) -> list[dict]:
             }
         )
     return out
+
+
+def bills_loads(shelf: Shelf) -> bool:
+    from vecgpt.backends.base import extra
+
+    return extra(shelf.config.backend, "estimate_cost") is not None
 
 
 def check_view(entry: Entry, shelf: Shelf) -> dict:

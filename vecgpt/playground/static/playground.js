@@ -19,12 +19,7 @@ async function showSpending() {
 async function loadStores() {
   stores = (await call("GET", "/api/stores")).stores;
   $("#store").innerHTML = "";
-  $("#compare-store").innerHTML = "";
-  for (const s of stores) {
-    $("#store").add(new Option(`${s.label} (${s.location.backend})`, s.index));
-    $("#compare-store").add(new Option(`${s.label} (${s.location.backend})`, s.label));
-  }
-  if (stores.length > 1) $("#compare-store").selectedIndex = 1;
+  for (const s of stores) $("#store").add(new Option(`${s.label} (${s.location.backend})`, s.index));
   fillModels();
 }
 
@@ -36,6 +31,29 @@ function fillModels() {
   const where = Object.entries(s.location).filter(([k]) => k !== "backend").map(([k, v]) => `${k} ${v}`).join(", ");
   $("#store-info").textContent = `${fmtInt(s.documents)} documents, ${human(s.bytes)} (${fmtInt(s.bytes)} bytes); ${s.location.backend}${where ? ": " + where : ""}`;
   if (!s.models.length) showError("#error", new Error("this store holds no model: run `vecgpt load` with its config"));
+  if (!view) fillCompare();
+}
+
+// "Compare with": the server's other stores, each saying whether it holds the text's model (the weights, in any
+// encoding; a comparison loads them into a store whose loads are not billed); with none, how to add one.
+function fillCompare() {
+  const index = view ? view.store : Number($("#store").value), key = view ? view.model : $("#model").value;
+  const mine = (stores[index] || { models: [] }).models.find((m) => m.key === key) || {};
+  const select = $("#compare-store");
+  select.innerHTML = "";
+  for (const s of stores.filter((s) => s.index !== index)) {
+    const holds = s.models.some((m) => m.model_fingerprint === mine.model_fingerprint);
+    const note = holds ? "holds the model" : s.loads ? "loads the model first" : "no model: `vecgpt load` it there";
+    const o = new Option(`${s.label} (${s.location.backend}, ${s.metric}): ${note}`, s.label);
+    o.disabled = !holds && !s.loads;
+    select.add(o);
+  }
+  const usable = [...select.options].find((o) => !o.disabled);
+  if (usable) select.value = usable.value;
+  select.hidden = !select.options.length;
+  $("#compare").disabled = !view || !usable;
+  $("#compare-info").textContent = select.options.length ? "" : "this server has one store: to compare, serve two, " +
+    "e.g. vecgpt serve --config configs/faiss.toml --config configs/faiss-l2.toml (docs/playground.md)";
 }
 
 function settingsBody() {
@@ -47,14 +65,16 @@ function settingsBody() {
 
 function setView(v, fresh) {
   view = v;
-  if (fresh) { costs = {}; checks = {}; compares = {}; $("#compare-info").textContent = ""; }
+  if (fresh) { costs = {}; checks = {}; compares = {}; }
+  Object.assign(costs, v.costs || {});  // what the server measured drawing each token (a reopened text too)
   const url = new URL(location.href);
   url.searchParams.set("text", v.id);
   history.replaceState(null, "", url);
   $("#text-id").textContent = `text ${v.id}`;
   // the fields say the text's settings (a retry moves its seed)
   $("#temperature").value = v.settings.temperature; $("#top-k").value = v.settings.top_k; $("#seed").value = v.settings.seed;
-  $("#continue").disabled = $("#export").disabled = $("#compare").disabled = false;
+  $("#continue").disabled = $("#export").disabled = false;
+  if (fresh) fillCompare();
   renderText();
   renderRequests();
 }
@@ -160,7 +180,7 @@ async function showCandidates(position) {
     if (r.chosen) tr.classList.add("chosen");
     tr.innerHTML = `<td>${r.id}</td><td class="txt"></td><td>${r.logit.toFixed(4)}</td><td>${r.probability.toFixed(4)}</td>
       <td class="txt"><span class="bar" style="width:${Math.round(80 * r.probability)}px"></span>${r.chosen ? " chosen" : ""}</td>
-      <td><button class="branch">branch with this candidate</button></td>`;
+      <td><button class="branch" aria-label="branch with this candidate" title="branch with this candidate">branch</button></td>`;
     tr.cells[1].textContent = JSON.stringify(r.text);
     tr.querySelector(".branch").addEventListener("click", () => act("branch", { position, token: r.id }, position));
   }
@@ -256,6 +276,7 @@ function renderRequests() {
       tr.cells[5].title = "q.k products: from a key search of the store / from memory (each position's own key)";
       tr.cells[7].appendChild(waterfall(c));
     }
+    tr.cells[8].className = "dollars";
     tr.cells[9].className = "check";
     tr.cells[10].className = "compare";
     if (compares[t.position]) {
@@ -263,6 +284,10 @@ function renderRequests() {
       tr.dataset.compareOrder = compares[t.position].order_differs ? "differs" : "same";
     }
   }
+  const table = $("#requests");  // a column shows once it has something to say
+  table.classList.toggle("no-dollars", !Object.values(costs).some((c) => c && c.dollars != null));
+  table.classList.toggle("no-check", !Object.keys(checks).length);
+  table.classList.toggle("no-compare", !Object.keys(compares).length);
 }
 
 async function runCheck() {
@@ -316,6 +341,7 @@ async function main() {
 }
 
 $("#store").addEventListener("change", fillModels);
+$("#model").addEventListener("change", () => { if (!view) fillCompare(); });
 $("#generate").addEventListener("click", generate);
 $("#continue").addEventListener("click", stream);
 $("#export").addEventListener("click", exportText);
