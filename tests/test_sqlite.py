@@ -40,9 +40,8 @@ def test_searches_wider_than_k_are_split_by_id_range(tmp_path, monkeypatch, thre
     monkeypatch.setattr(store, "limit", 16)
     monkeypatch.setattr(search, "SPLIT_WORK", 0)  # any model's table is split over the threads
 
-    def counted(text, values=()):
-        if "MATCH" in text:  # a KNN: its k
-            asked.append(values[1])
+    def counted(text, values=()):  # each KNN's k: the value after its query vector (KNNs joined by UNION ALL too)
+        asked.extend(values[i + 1] for i, v in enumerate(values) if isinstance(v, bytes) and "MATCH" in text)
         return rows(text, values)
 
     monkeypatch.setattr(store.db, "rows", counted)

@@ -14,16 +14,15 @@ import pyarrow as pa
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
-from vecgpt.backends.base import Hits, Metric, Search, record, row_order
+from vecgpt.backends.base import Metric, record
 from vecgpt.backends.duckdb.records import CATALOG, Records, duck_errors
+from vecgpt.backends.duckdb.searching import Searching
 from vecgpt.backends.duckdb.statements import (
     RESERVED,
     Meta,
     fixed,
     floats,
-    query_table,
     quote,
-    search_sql,
     table_name,
 )
 from vecgpt.errors import VecgptError
@@ -59,7 +58,7 @@ def open_file(path: Path, threads: int) -> duckdb.DuckDBPyConnection:
 
 
 @base.closes_after_calls
-class DuckStore(Records):
+class DuckStore(Searching, Records):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "duckdb"
     local = True  # reading a manifest costs no request
@@ -208,36 +207,6 @@ class DuckStore(Records):
             return vectors, np.zeros((len(want), 0), np.float32)
         return vectors, floats(result["payload"], meta.payload)[at]
 
-    # searches
-    def search(self, name, queries, k=None, where=None) -> Hits:
-        return self.search_many([Search(name, queries, k, where)])[0]
-
-    @duck_errors
-    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        return [self._search(s) for s in searches]
-
-    def _search(self, s: Search) -> Hits:
-        """One statement for all of a search's queries (a grouped search's too): each query scored against each row
-        by DuckDB's distance function, a row at a time, so a query's distances are those it gets alone."""
-        meta = self._col(s.collection)
-        if s.by:
-            queries = base.check_grouped(s.collection, s.queries, meta.dim)
-            where = base.group_filter(s)
-            base.check_attributes(s.collection, where.attributes() | {s.by}, meta.attrs)
-        else:
-            queries, where = base.check_vectors(s.collection, s.queries, meta.dim), s.where
-            base.check_where(s.collection, where, meta.attrs)
-        shape = queries.shape[:-1]  # (m,), or (groups, m)
-        if queries.size == 0 or s.k == 0:
-            return empty(shape, meta.dim if s.vectors else None)
-        if s.by and s.k is not None:  # a top-k of each group (no caller sends one): a search per group
-            return base.apart(lambda plain: [self._search(p) for p in plain], [s])[0]
-        record(1, int(np.prod(shape)))
-        text = search_sql(meta, "vecgpt_queries", shape[-1], s.k, where, s.by, s.vectors)
-        with self._registered("vecgpt_queries", query_table(queries)):
-            result = self.con.sql(text).to_arrow_table()
-        return hits(s.collection, result, meta, shape, every=s.k is None and not s.by)
-
 
 def check_shape(dim: int, payload: int, attrs: Sequence[str]) -> None:
     if not 1 <= dim <= MAX_DIM or not 0 <= payload <= MAX_DIM:
@@ -247,35 +216,6 @@ def check_shape(dim: int, payload: int, attrs: Sequence[str]) -> None:
     bad = [a for a in attrs if a.lower() in RESERVED]
     if bad:
         raise VecgptError(f"attribute name {bad[0]!r} is reserved ({', '.join(sorted(RESERVED))})")
-
-
-def empty(shape: tuple, dim: int | None) -> Hits:
-    vectors = None if dim is None else np.zeros((*shape, 0, dim), np.float32)
-    return Hits(np.zeros((*shape, 0), np.int64), np.zeros((*shape, 0)), vectors)
-
-
-def hits(name: str, result: pa.Table, meta: Meta, shape: tuple, every: bool) -> Hits:
-    """A search's rows as Hits [*shape, n]: rows come by query (sorted here when the statement did not), each query's
-    rows in any order (k: nearest first). l2 distances are squared in float64, exactly."""
-    key = result["i"].to_numpy()
-    if len(shape) == 2:  # grouped: query i of group g
-        key = result["g"].to_numpy() * shape[1] + key
-    order = None if np.all(key[:-1] <= key[1:]) else np.argsort(key, kind="stable")
-    counts = np.bincount(key, minlength=int(np.prod(shape))).reshape(-1, shape[-1])
-    base.check_groups(name, counts[:, 0].tolist())
-    n = int(counts[0, 0])
-    ids, dists = result["id"].to_numpy(), result["d"].to_numpy()
-    if order is not None:
-        ids, dists = ids[order], dists[order]
-    dists = dists.astype(np.float64) ** 2 if meta.metric == "l2" else dists
-    ids = ids.reshape(*shape, n)
-    if every and n and np.array_equal(ids, np.broadcast_to(row_order(n), ids.shape)):
-        ids = np.broadcast_to(row_order(n), ids.shape)  # the engine then knows the row order without comparing
-    vectors = None
-    if "rv" in result.column_names:
-        vectors = floats(result["rv"], meta.dim)
-        vectors = (vectors if order is None else vectors[order]).reshape(*shape, n, meta.dim)
-    return Hits(ids, dists.reshape(*shape, n), vectors)
 
 
 def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:

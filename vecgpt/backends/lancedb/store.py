@@ -128,13 +128,26 @@ class LanceStore(FolderStore):
         return self._searches([Search(name, queries, k, where)])[0]
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        if (
-            len(searches) > 1
-            and len({s.collection for s in searches}) == 1
-            and all(s.k is None and s.where is not None and not s.vectors for s in searches)
-        ):
-            return self._search_union(searches)
-        return self._searches(searches)
+        """Filtered all-row searches of one table (a layer's heads: one text's key search) as one query each table,
+        whatever other tables' searches come with them (every text of a step); the rest in one hop."""
+        tables: dict[str, list[int]] = {}
+        for j, s in enumerate(searches):
+            tables.setdefault(s.collection, []).append(j)
+        unions = [
+            js
+            for js in tables.values()
+            if len(js) > 1
+            and all(searches[j].k is None and searches[j].where is not None for j in js)
+            and not any(searches[j].vectors for j in js)
+        ]
+        out: list = [None] * len(searches)
+        rest = sorted(set(range(len(searches))) - {j for js in unions for j in js})
+        for js in unions:
+            for j, found in zip(js, self._search_union([searches[j] for j in js])):
+                out[j] = found
+        for j, found in zip(rest, self._searches([searches[j] for j in rest]) if rest else []):
+            out[j] = found
+        return out
 
     @lance_errors
     def _searches(self, searches: Sequence[Search]) -> list[Hits]:

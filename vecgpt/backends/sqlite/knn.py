@@ -54,6 +54,13 @@ def pieces(lo: int, hi: int, limit: int) -> list[tuple[int, int]]:
     return [(a, min(a + limit, hi)) for a in range(lo, hi, limit)]
 
 
+def chunks(items: list, n: int, most: int) -> list[list]:
+    """items in n runs of about equal length (fewer if there are fewer items), each cut into runs of at most `most`."""
+    size = -(-len(items) // max(n, 1))
+    runs = [items[a : a + size] for a in range(0, len(items), size)] if items else []
+    return [run[a : a + most] for run in runs for a in range(0, len(run), most)]
+
+
 class Found(NamedTuple):
     ids: np.ndarray  # [n] int64
     dists: np.ndarray  # [n] float64, squared

@@ -1,4 +1,5 @@
-"""search and search_many of the SQLite store: every query vector is one KNN statement per piece, run on the
+"""search and search_many of the SQLite store: every query vector is one KNN per piece, the KNNs of a search_many
+(every text's key searches of a step among them) joined by UNION ALL into one statement a thread, run on the
 threads' own connections at once; a model's large scan is split by id range over the threads, and a search that
 wants more rows than sqlite-vec's k is split into ranges of at most k ids (knn.py)."""
 
@@ -16,6 +17,7 @@ from vecgpt.backends.sqlite.knn import LIMIT, Found, Table
 from vecgpt.errors import VecgptError
 
 LOWEST, HIGHEST = -(2**63), 2**63 - 1  # open ends of a range: every id
+ARMS = 256  # KNNs a statement joins by UNION ALL at most (SQLite's limit: 500)
 SPLIT_WORK = 1 << 19  # rows x dim of a model's table from which a scan is split over the threads
 
 
@@ -42,7 +44,7 @@ class Searching:
         for s, table in zip(searches, tables):  # each checked before any is sent
             queries.append(base.check_vectors(s.collection, s.queries, table.dim))
             base.check_where(s.collection, s.where, table.attrs)
-            record(1, len(queries[-1]))
+        record(1, sum(len(q) for q in queries))  # its KNNs sent at once, a few statements (_run)
         pieces = []
         for si, (s, table, q) in enumerate(zip(searches, tables, queries)):
             if s.k != 0:
@@ -72,24 +74,40 @@ class Searching:
         return wanted_all and len(p.found.ids) == self.limit and not narrow
 
     def _run(self, pieces: list[Piece], searches, tables, queries) -> None:
+        """The pieces' KNNs as a few statements run at once, one a thread, each a UNION ALL of up to ARMS of them."""
         statements = {}
         for p in pieces:
-            s = searches[p.si]
             key = (p.si, p.span is not None)
             if key not in statements:
-                statements[key] = knn.statement(tables[p.si], s.where, p.span is not None, s.vectors)
+                statements[key] = knn.statement(
+                    tables[p.si], searches[p.si].where, p.span is not None, searches[p.si].vectors
+                )
 
-        def run(p: Piece):
+        def arm(p: Piece) -> tuple[str, list]:
             text, values = statements[(p.si, p.span is not None)]
-            bound = [*values, *p.span] if p.span is not None else values
-            rows = self.db.rows(text, (queries[p.si][p.qi].tobytes(), p.k, *bound))
-            p.found = knn.found(rows, searches[p.si].vectors)
+            return text, [queries[p.si][p.qi].tobytes(), p.k, *values, *(p.span or ())]
 
-        if self.threads < 2 or len(pieces) < 2:
-            for p in pieces:
-                run(p)
+        def run(chunk: list[Piece]) -> None:
+            if len(chunk) == 1:
+                text, values = arm(chunk[0])
+                chunk[0].found = knn.found(self.db.rows(text, values), searches[chunk[0].si].vectors)
+                return
+            arms = [arm(p) for p in chunk]
+            wide = any(searches[p.si].vectors for p in chunk)  # a search without vectors gets NULL in their column
+            pad = [", NULL" if wide and not searches[p.si].vectors else "" for p in chunk]
+            text = " UNION ALL ".join(f"SELECT {j}, *{pad[j]} FROM ({t})" for j, (t, _) in enumerate(arms))
+            rows: list[list[tuple]] = [[] for _ in chunk]
+            for row in self.db.rows(text, [v for _, values in arms for v in values]):
+                rows[row[0]].append(row[1:])
+            for p, found in zip(chunk, rows):
+                p.found = knn.found(found, searches[p.si].vectors)
+
+        chunks = knn.chunks(pieces, 1 if self.threads < 2 else self.threads, ARMS)
+        if len(chunks) < 2:
+            for chunk in chunks:
+                run(chunk)
         else:
-            base.parallel([lambda p=p: run(p) for p in pieces], workers=self.threads)
+            base.parallel([lambda c=c: run(c) for c in chunks], workers=self.threads)
 
     def _spans(self, name: str, table: Table) -> list[tuple[int, int] | None]:
         """A search's pieces: one per thread for a model's large table (ranges of its ids, the first and last
