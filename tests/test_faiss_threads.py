@@ -50,18 +50,19 @@ def test_workers_on_this_threads_core_come_last(monkeypatch, cpus):
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_a_split_scan_equals_one_scan_on_openmps_threads_and_on_the_workers(monkeypatch, metric):
     rng = np.random.default_rng(3)
-    table = faiss_store.FaissTable(300, metric)
-    table.append(rng.standard_normal((4001, 300)).astype(np.float32))
+    x = rng.standard_normal((4001, 300)).astype(np.float32)
+    table = faiss_store.FaissTable(300, metric, settings=faiss_store.Settings(threads=3))
+    table.append(x)
     q = rng.standard_normal((1, 300)).astype(np.float32)
-    monkeypatch.setattr(faiss_store, "THREADS", [3])
     monkeypatch.setattr(faiss_store, "PACE", faiss_store.Pace())
-    assert len(faiss_store.row_chunks(table.n, table.dim)) == 3
+    assert len(faiss_store.row_chunks(table.n, table.dim, 3)) == 3
     on_openmp = table.every_row(q)
     faiss_store.PACE.waiting = 1
     on_workers = table.every_row(q)
     assert faiss_store.PACE.waiting == 0
-    monkeypatch.setattr(faiss_store, "THREADS", [1])
-    one = table.every_row(q)
+    single = faiss_store.FaissTable(300, metric, settings=faiss_store.Settings(threads=1))
+    single.append(x)
+    one = single.every_row(q)
     assert on_openmp.shape == one.shape == (1, 4001)
     assert np.array_equal(on_openmp, one) and np.array_equal(on_workers, one)  # each row's sum, whoever scans it
 
@@ -201,7 +202,7 @@ FORKED = textwrap.dedent(
         again = store.search("m", block)  # OpenMP's threads again
         one = store.search("m", block[:1])  # a one-query scan: split, and |x|^2 made here
         same = np.array_equal(again.ids, before.ids) and np.array_equal(one.ids, before.ids[:1])
-        os._exit(0 if same and faiss_store.THREADS[0] == 1 else 3)
+        os._exit(0 if same and faiss_store.usable(2) == 1 else 3)
     _, status = os.waitpid(pid, 0)
     sys.exit(os.waitstatus_to_exitcode(status))
     """
@@ -215,3 +216,19 @@ def test_a_forked_child_searches_after_the_parent_ran_openmps_threads(tmp_path):
         [sys.executable, "-c", FORKED, str(tmp_path)], env=procs.env(), timeout=60, capture_output=True
     )
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("m", [1, 5])
+def test_the_fixed_kernel_split_over_threads_equals_one_thread(metric, m):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4001, 300)).astype(np.float32)
+    q = rng.standard_normal((m, 300)).astype(np.float32)
+    got = []
+    for threads in (1, 3):
+        table = faiss_store.FaissTable(300, metric, settings=faiss_store.Settings("fixed", threads=threads))
+        table.append(x)
+        got.append(table.all_dists(q, None)[0])
+    assert len(faiss_store.row_chunks(4001, 300 * m, 3, 32)) == 3
+    assert all(a % 32 == 0 for a, _ in faiss_store.row_chunks(4001, 300 * m, 3, 32))
+    assert np.array_equal(got[0], got[1]) and table.ran == "fixed"

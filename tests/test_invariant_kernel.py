@@ -1,6 +1,7 @@
-"""The invariant product (vecgpt/backends/_product.py): a search of every row with several queries gives each row the
-bits of its query searched alone, on FAISS and memory, in both metrics, whether the once-a-shape check passes (one
-BLAS product for every query count) or fails (the per-query kernels)."""
+"""The invariant kernels: a search of every row with several queries gives each row the bits of its query searched
+alone, on FAISS and memory, in both metrics: the fixed-order kernel (vecgpt/backends/_kernel.py) and the checked
+product (vecgpt/backends/_product.py), whether its once-a-shape check passes or fails. What is expected is computed
+here (each query alone, and a float64 reference), never read from the code under test."""
 
 from __future__ import annotations
 
@@ -21,14 +22,8 @@ FALLBACK = {"faiss": "scan", "memory": "gemv"}
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch):
-    """Verdicts and module settings of this test's own, put back after it (connect sets them process-wide)."""
+    """Verdicts of this test's own (they are process-wide: once a shape)."""
     monkeypatch.setattr(_product, "VERDICTS", {})
-    monkeypatch.setattr(faiss_store, "INVARIANT", [True])
-    monkeypatch.setattr(faiss_store, "KERNEL", ["blas"])
-    monkeypatch.setattr(memory_store, "KERNEL", ["blas"])
-    threshold = faiss_store.faiss.cvar.distance_compute_blas_threshold
-    yield
-    faiss_store.faiss.cvar.distance_compute_blas_threshold = threshold
 
 
 def filled(backend: str, metric: str, tmp_path, rows: int = ROWS, **options):
@@ -50,19 +45,87 @@ def assert_rows_are_each_alone(store, k=None):
             assert np.array_equal(together.ids[i], alone[i].ids[0]), (m, i)
 
 
-def expected_kernel(backend: str, metric: str, store) -> str:
-    if backend == "faiss" and metric == "l2":
-        return "scan"  # l2 keeps FAISS's own sums
-    return "blas" if all(_product.VERDICTS.values()) and _product.VERDICTS else FALLBACK[backend]
+def product_keeps_rows_here(x: np.ndarray) -> bool:
+    """Whether the checked product gives each row of x its query's bits alone on this CPU and BLAS, found here: three
+    queries alone, then among 2 to 64 others in turn, through the product's calls."""
+    q = np.random.default_rng(11).standard_normal((3, x.shape[1])).astype(x.dtype)
+    alone = np.concatenate([_product.product(q[i : i + 1], x) for i in range(3)])
+    turns = np.arange(64) % 3
+    return all(np.array_equal(_product.product(q[turns[:m]], x), alone[turns[:m]]) for m in range(2, 65))
+
+
+def near_float64(store, backend, metric):
+    """Each distance within a stated bound of float64's: a sum of DIM + 2 terms in float32 (memory: float64)."""
+    q = np.random.default_rng(6).standard_normal((5, DIM)).astype(np.float32)
+    x = store.fetch("m", np.arange(ROWS)).astype(np.float64)
+    q64 = q.astype(np.float64)
+    exact = -(q64 @ x.T) if metric == "ip" else ((q64[:, None, :] - x[None]) ** 2).sum(-1)
+    scale = np.abs(q64) @ np.abs(x).T if metric == "ip" else ((np.abs(q64)[:, None, :] + np.abs(x)[None]) ** 2).sum(-1)
+    u = np.finfo(np.float32 if backend == "faiss" else np.float64).eps
+    return np.all(np.abs(store.search("m", q).dists - exact) <= (DIM + 3) * u * scale + 1e-12)
 
 
 @pytest.mark.parametrize("backend", ["faiss", "memory"])
 @pytest.mark.parametrize("metric", ["ip", "l2"])
 @pytest.mark.parametrize("k", [None, 7])
-def test_each_row_of_a_search_is_its_query_alone_with_this_cpus_verdict(tmp_path, backend, metric, k):
-    store = filled(backend, metric, tmp_path)
+@pytest.mark.parametrize("kernel", ["blas", "fixed"])
+def test_each_row_of_a_search_is_its_query_alone(tmp_path, backend, metric, k, kernel):
+    store = filled(backend, metric, tmp_path, kernel=kernel)
     assert_rows_are_each_alone(store, k)
-    assert store.stats()["m"]["kernel"] == expected_kernel(backend, metric, store)
+    assert near_float64(store, backend, metric)
+    x = store.fetch("m", np.arange(ROWS)).astype(np.float32 if backend == "faiss" else np.float64)
+    if kernel == "fixed":
+        expected = "fixed"
+    elif backend == "faiss" and metric == "l2":
+        expected = "scan"  # l2 keeps FAISS's own sums
+    else:
+        expected = "blas" if product_keeps_rows_here(x) else FALLBACK[backend]
+    assert store.stats()["m"]["kernel"] == expected
+
+
+def fixed_order(q: np.ndarray, x: np.ndarray, metric: str) -> np.ndarray:
+    """Each (query, row) summed in increasing dimension order, one rounding an operation, in numpy (no BLAS)."""
+    acc = np.zeros((len(q), len(x)), x.dtype)
+    for d in range(x.shape[1]):
+        term = q[:, d : d + 1] * x[None, :, d] if metric == "ip" else (q[:, d : d + 1] - x[None, :, d]) ** 2
+        acc = acc + term
+    return acc
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+@pytest.mark.parametrize(("rows", "dim"), [(1, 1), (37, 13), (64, 8), (100, 65)])
+def test_the_fixed_kernel_sums_each_output_in_increasing_dimension_order(dtype, metric, rows, dim):
+    from vecgpt.backends import _kernel
+
+    rng = np.random.default_rng(12)
+    x, q = rng.standard_normal((rows, dim)).astype(dtype), rng.standard_normal((19, dim)).astype(dtype)
+    expected = fixed_order(q, x, metric)
+    for m in range(1, 20):  # every query block (8, 4, 2, 1) and their mixes
+        assert np.array_equal(_kernel.rows(q[:m], x, metric), expected[:m]), m
+
+
+@pytest.mark.parametrize("backend", ["faiss", "memory"])
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_two_stores_of_one_backend_each_keep_their_own_kernel(tmp_path, backend, metric):
+    fixed = filled(backend, metric, tmp_path / "a", kernel="fixed")
+    other = filled(backend, metric, tmp_path / "b", kernel=FALLBACK[backend])
+    q = np.random.default_rng(13).standard_normal((3, DIM)).astype(np.float32)
+    x = fixed.fetch("m", np.arange(ROWS))
+    dtype = np.float32 if backend == "faiss" else np.float64
+    want = fixed_order(q.astype(dtype), x.astype(dtype), metric if backend == "faiss" else "ip")
+    if backend == "faiss" and metric == "ip":
+        want = -want
+    got = fixed.search("m", q).dists
+    if backend == "memory":  # memory decodes l2 from its products (|x|^2 + |q|^2 - 2 q.x)
+        x64, q64 = x.astype(np.float64), q.astype(np.float64)
+        norms, q2 = np.einsum("ij,ij->i", x64, x64), np.einsum("ij,ij->i", q64, q64)
+        want = -want if metric == "ip" else np.maximum(norms[None] + q2[:, None] - 2 * want, 0.0)
+    plain = other.search("m", q).dists  # the other kernel's sums, between the fixed store's searches
+    assert np.array_equal(fixed.search("m", q).dists, got) and np.array_equal(got, want)
+    assert fixed.kernel == "fixed" and other.kernel == FALLBACK[backend]
+    assert fixed.stats()["m"]["kernel"] == "fixed" and other.stats()["m"]["kernel"] == FALLBACK[backend]
+    assert not np.array_equal(plain, got) or backend == "memory"  # FAISS's lane sums round otherwise than in order
 
 
 @pytest.mark.parametrize("backend", ["faiss", "memory"])
@@ -146,4 +209,4 @@ def test_faiss_without_invariance_takes_its_own_blas_search(tmp_path):
 def test_by_default_a_query_at_a_time(tmp_path, backend):
     store = filled(backend, "ip", tmp_path, kernel=None)
     store.search("m", np.ones((3, DIM), np.float32))
-    assert store.stats()["m"]["kernel"] == FALLBACK[backend] and not _product.VERDICTS
+    assert store.stats()["m"]["kernel"] == store.kernel == FALLBACK[backend] and not _product.VERDICTS

@@ -206,6 +206,7 @@ class InProcessStore(FolderStore):
     backend = "local"
     groups = True  # search_many takes grouped searches (Search.by)
     indexes: tuple[str, ...] = ()  # approximate indexes a Search may name (Search.index): FAISS's "hnsw"
+    table_options: dict = {}  # keyword arguments every table of this store is made with (its kernel settings)
 
     def __init__(self, path: str | None = None):
         super().__init__(path)
@@ -218,7 +219,7 @@ class InProcessStore(FolderStore):
             col = self._col(name)
             base.check_same(name, (col.table.dim, col.table.metric, col.width), dim, metric, payload)
             return
-        self._add(name, Collection(self.table_class(dim, metric), attrs, payload))
+        self._add(name, Collection(self.table_class(dim, metric, **self.table_options), attrs, payload))
 
     def upsert(self, name, ids, vectors, attrs=None, payload=None) -> None:
         col = self._col(name)
@@ -405,7 +406,7 @@ class InProcessStore(FolderStore):
         folder = self._folder(name)
         try:
             meta = json.loads((folder / "meta.json").read_text())
-            table = self.table_class.load(folder, meta["dim"], meta["metric"])
+            table = self.table_class.load(folder, meta["dim"], meta["metric"], **self.table_options)
             with np.load(folder / "attrs.npz") as saved:
                 ids, attrs = saved["__ids__"], {a: saved[a] for a in meta["attrs"]}
             width = meta.get("payload", 0)  # saved before payloads: none
@@ -430,7 +431,8 @@ class InProcessStore(FolderStore):
             raise self.damaged(f"collection {name!r} is damaged", e) from None
         if meta is None:
             raise self.damaged(f"collection {name!r} is damaged", ValueError(f"{self._log(name)} has no whole chunk"))
-        col = Collection(self.table_class(meta["dim"], meta["metric"]), meta["attrs"], meta["payload"])
+        table = self.table_class(meta["dim"], meta["metric"], **self.table_options)
+        col = Collection(table, meta["attrs"], meta["payload"])
         col.upsert(text_log.joined(name, chunks, meta["attrs"]))
         col.dirty, col.log_end = False, end
         return col

@@ -11,13 +11,14 @@ import os
 import queue
 import threading
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from vecgpt.backends import _product
+from vecgpt.backends import _kernel, _product
 from vecgpt.backends._in_process import InProcessStore, Table
 from vecgpt.errors import VecgptError
 
@@ -25,12 +26,12 @@ PREFERRED_METRIC = "ip"  # no pad and no decoding arithmetic: faster than l2, as
 UNBOUNDED = {"l2": float(np.finfo(np.float32).max), "ip": -float(np.finfo(np.float32).max)}
 
 
-def threads_for(queries: np.ndarray, rows: int, dim: int) -> None:
+def threads_for(queries: np.ndarray, rows: int, dim: int, threads: int) -> None:
     # OpenMP splits work by query: for a single query its threads only add overhead, and so they do for a
     # small search (a layer's key queries over a few hundred keys), whose threads wait for a core at each
     # barrier on a busy machine. docs/faiss.md, "Threads".
     many = len(queries) > 1 and len(queries) * rows * dim >= PARALLEL_WORK
-    faiss.omp_set_num_threads(THREADS[0] if many else 1)
+    faiss.omp_set_num_threads(usable(threads) if many else 1)
 
 
 PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads pay (a prompt block's)
@@ -38,37 +39,66 @@ PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads 
 # a block at a time, each block for every query while it is in a core's L2 cache: the rows are read from memory
 # once for all the queries, and each query's sums are FAISS's one-query kernel's, whatever else is searched with it.
 BLOCK_BYTES = 1 << 20
-INVARIANT = [True]  # False: several queries take FAISS's own search (BLAS: faster; a query's bits depend on the rest)
-# "scan": a search of every row is FAISS's one-query kernel for one query, its by-index kernel over blocks of rows for
-# several. "blas": an inner-product search of every row is one matrix product (_product) for any number of queries,
-# one included, where the check passed for the matrix's shape (else, and for l2, "scan"): several queries at BLAS
-# speed, one query about 3x slower than "scan" (docs/faiss.md, "Kernels").
-KERNEL = ["scan"]
-KERNELS = ("blas", "scan")
-BLAS_FROM = {True: faiss.cvar.distance_compute_blas_threshold, False: 2}  # queries from which FAISS's search uses BLAS
+# How a search of every row is computed (docs/faiss.md, "Kernels"). "scan": FAISS's one-query kernel for one query,
+# its by-index kernel over blocks of rows for several. "fixed": the fixed-order kernel (_kernel) for any number of
+# queries, each sum in increasing dimension order. "blas": an inner-product search is one matrix product (_product)
+# for any number of queries, one included, where the check passed for the matrix's shape (else, and for l2, "scan").
+KERNELS = ("scan", "fixed", "blas")
+DEFAULT_KERNEL = "scan"
+OWN_BLAS_FROM = 2  # queries from which FAISS's own search uses BLAS when a store is not invariant
 # The HNSW graphs of approximate key searches (attention_index = "hnsw"): FAISS's defaults but a wider search
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 40, 32
 SPLIT_WORK = 1 << 19  # multiply-adds a one-query scan needs before its rows are split over threads
-THREADS = [faiss.omp_get_max_threads()]
 _WORKERS: dict[int, Worker] = {}  # in_threads' workers, by number
+_FORKED = [False]  # this process is a forked child: every store's searches on one thread
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A store's own (connect's): its tables search with these, whatever other stores in the process use."""
+
+    kernel: str = DEFAULT_KERNEL
+    invariant: bool = True  # False: several queries take FAISS's own search (BLAS: a query's bits depend on the rest)
+    threads: int = faiss.omp_get_max_threads()
+
+    @property
+    def name(self) -> str:
+        """The kernel a search of every row with several queries runs (a text records it)."""
+        return self.kernel if self.invariant else "faiss"
 
 
 def _forked() -> None:
     """In a forked child: no worker threads, and FAISS on one thread. GNU OpenMP's threads do not survive a fork,
     and once the parent has run a parallel region, the child's next one with more than one thread waits forever."""
     _WORKERS.clear()
-    THREADS[0] = 1
+    _FORKED[0] = True
 
 
 os.register_at_fork(after_in_child=_forked)
 
 
-def row_chunks(n: int, dim: int) -> list[tuple[int, int]]:
-    """A one-query scan's rows as (start, end) per thread: one chunk unless the scan is big."""
-    if n * dim < SPLIT_WORK or THREADS[0] < 2:
+def usable(threads: int) -> int:
+    return 1 if _FORKED[0] else threads
+
+
+def row_chunks(n: int, dim: int, threads: int, align: int = 1) -> list[tuple[int, int]]:
+    """A scan's rows as (start, end) per thread, each start a multiple of align: one chunk unless the scan is big."""
+    threads = usable(threads)
+    if n * dim < SPLIT_WORK or threads < 2:
         return [(0, n)]
-    edges = [n * i // THREADS[0] for i in range(THREADS[0] + 1)]
+    edges = [min(n, -(-n * i // threads // align) * align) for i in range(threads)] + [n]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+@contextmanager
+def own_blas():
+    """FAISS's own search of several queries with BLAS from two (invariant = false), put back after."""
+    before = faiss.cvar.distance_compute_blas_threshold
+    faiss.cvar.distance_compute_blas_threshold = OWN_BLAS_FROM
+    try:
+        yield
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = before
 
 
 class Pace:
@@ -259,8 +289,9 @@ def selector(slots: np.ndarray | None):
 
 
 class FaissTable(Table):
-    def __init__(self, dim, metric, index=None):
+    def __init__(self, dim, metric, index=None, settings: Settings | None = None):
         super().__init__(dim, metric)
+        self.settings = settings or Settings()
         self.index = index or (faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim))
         self.rewrites = 0  # overwrite calls: an HNSW index of rows some of which changed is built again
         self.hnsw: dict[frozenset, tuple[faiss.IndexHNSWFlat, np.ndarray, int]] = {}  # approximate's, by group
@@ -292,22 +323,39 @@ class FaissTable(Table):
         if slots is not None:  # a filtered search: FAISS's by-index kernel over the matching rows
             dists = self.all_dists_groups(queries[None], slots[None])[0]
             return dists, np.broadcast_to(slots, dists.shape)
-        if self.blas():
-            return self.by_product(queries), None  # every row, in slot order
-        self.ran = "scan" if INVARIANT[0] or len(queries) == 1 else "faiss"
-        if len(queries) == 1:
-            return self.every_row(queries), None
-        if INVARIANT[0]:
-            return self.every_row_many(queries), None
-        threads_for(queries, self.n, self.dim)  # FAISS's own search of every row: BLAS for 20 queries or more
-        _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric])
+        if self.settings.invariant or len(queries) == 1:
+            return self.invariant_rows(queries), None  # every row, in slot order
+        self.ran = "faiss"
+        threads_for(queries, self.n, self.dim, self.settings.threads)  # FAISS's own search: BLAS from two queries
+        with own_blas():
+            _, d, found = self.index.range_search(np.ascontiguousarray(queries), UNBOUNDED[self.metric])
         return self._sign(d.reshape(len(queries), -1)), found.reshape(len(queries), -1)
+
+    def invariant_rows(self, queries) -> np.ndarray:
+        """Queries against every row [m, n] (lower is nearer), by the store's kernel: each row's bits its query's alone."""
+        if self.blas():
+            return self.by_product(queries)
+        if self.settings.kernel == "fixed" and self.n:
+            return self.by_fixed(queries)
+        self.ran = "scan"
+        return self.every_row(queries) if len(queries) == 1 else self.every_row_many(queries)
+
+    def by_fixed(self, queries) -> np.ndarray:
+        """The fixed-order kernel on the index's own rows, the rows split over the threads (a thread's share starts
+        at a whole tile; each sum is the same whoever computes it)."""
+        self.ran = "fixed"
+        q, x = np.ascontiguousarray(queries, np.float32), self._view()
+        out = np.empty((len(q), self.n), np.float32)
+        chunks = row_chunks(self.n, self.dim * len(q), self.settings.threads, _kernel.TILE_ROWS[np.dtype(np.float32)])
+        in_threads([lambda a=a, b=b: _kernel.rows(q, x, self.metric, out, a, b) for a, b in chunks])
+        return np.negative(out, out=out) if self.metric == "ip" else out
 
     def blas(self) -> bool:
         """Whether a search of every row is the checked product: inner product only (l2's product form would add
         |q|^2 and |x|^2 to it, another rounding than FAISS's own l2 sums, which the tolerance is derived for)."""
+        s = self.settings
         return (
-            INVARIANT[0] and KERNEL[0] == "blas" and self.metric == "ip" and self.n > 0 and _product.holds(self._view())
+            s.invariant and s.kernel == "blas" and self.metric == "ip" and self.n > 0 and _product.holds(self._view())
         )
 
     def by_product(self, queries) -> np.ndarray:
@@ -335,7 +383,7 @@ class FaissTable(Table):
 
             return run
 
-        in_threads([scan(a, b) for a, b in row_chunks(self.n, self.dim * len(q))])
+        in_threads([scan(a, b) for a, b in row_chunks(self.n, self.dim * len(q), self.settings.threads)])
         return np.negative(out, out=out) if self.metric == "ip" else out
 
     def every_row(self, queries) -> np.ndarray:
@@ -346,7 +394,7 @@ class FaissTable(Table):
         q = np.ascontiguousarray(queries, np.float32)
         if self.n == 0:
             return np.zeros((1, 0), np.float32)
-        chunks = row_chunks(self.n, self.dim)
+        chunks = row_chunks(self.n, self.dim, self.settings.threads)
         if len(chunks) > 1 and PACE.openmp():
             start = time.perf_counter()
             if self._lines is None or len(self._lines) != len(chunks):
@@ -375,7 +423,7 @@ class FaissTable(Table):
         ids = np.ascontiguousarray(slots if m == 1 else np.repeat(slots, m, axis=0), np.int64)  # each query's rows
         out = np.empty(ids.shape, np.float32)
         if out.size:
-            threads_for(x, ids.shape[1], self.dim)
+            threads_for(x, ids.shape[1], self.dim, self.settings.threads)
             BY_INDEX[self.metric](
                 faiss.swig_ptr(out), faiss.swig_ptr(x), self.index.get_xb(), faiss.swig_ptr(ids), self.dim, *ids.shape
             )
@@ -384,21 +432,19 @@ class FaissTable(Table):
     def topk(self, queries, k, slots):
         if k == 0:
             return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-        if slots is None and (len(queries) == 1 or INVARIANT[0]):  # the token search: the scan split over threads
-            if self.blas():
-                d = self.by_product(queries)
-            else:
-                self.ran = "scan"
-                d = self.every_row(queries) if len(queries) == 1 else self.every_row_many(queries)
+        invariant = self.settings.invariant
+        if slots is None and (len(queries) == 1 or invariant):  # the token search: every row by the store's kernel
+            d = self.invariant_rows(queries)
             found = [nearest(row, k) for row in d]
             return np.stack([row[best] for row, best in zip(d, found)]), np.stack(found)
-        if INVARIANT[0] and len(queries) > 1:  # a filtered search, a query at a time (FAISS's own: BLAS from 20)
+        if invariant and len(queries) > 1:  # a filtered search, a query at a time (FAISS's own: BLAS from 20)
             parts = [self.topk(queries[i : i + 1], k, slots) for i in range(len(queries))]
             return np.concatenate([d for d, _ in parts]), np.concatenate([f for _, f in parts])
         if slots is None:
             self.ran = "faiss"
-        threads_for(queries, self.n if slots is None else len(slots), self.dim)
-        d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
+        threads_for(queries, self.n if slots is None else len(slots), self.dim, self.settings.threads)
+        with own_blas():
+            d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
 
     def approximate(self, queries, k, within, allowed, group):
@@ -435,14 +481,14 @@ class FaissTable(Table):
         return graph
 
     def copy(self):
-        return FaissTable(self.dim, self.metric, faiss.clone_index(self.index))
+        return FaissTable(self.dim, self.metric, faiss.clone_index(self.index), self.settings)
 
     def save(self, folder: Path):
         faiss.write_index(self.index, str(folder / "index.faiss"))
 
     @classmethod
-    def load(cls, folder, dim, metric):
-        return cls(dim, metric, faiss.read_index(str(folder / "index.faiss")))
+    def load(cls, folder, dim, metric, settings: Settings | None = None):
+        return cls(dim, metric, faiss.read_index(str(folder / "index.faiss")), settings)
 
 
 class FaissStore(InProcessStore):
@@ -450,17 +496,25 @@ class FaissStore(InProcessStore):
     backend = "faiss"
     indexes = ("hnsw",)  # Search.index: an HNSW graph per group of a text's keys (FaissTable.approximate)
 
+    def __init__(self, path: str | None = None, settings: Settings | None = None):
+        super().__init__(path)
+        self.settings = settings or Settings()
+        self.table_options = {"settings": self.settings}
+
+    @property
+    def kernel(self) -> str:
+        """The kernel its searches of every row run: "scan", "fixed", "blas" (where a matrix's shape fails the
+        product's check: "scan"), or "faiss" (invariant = false)."""
+        return self.settings.name
+
 
 def connect(
-    path: str | None = None, threads: int | None = None, invariant: bool = True, kernel: str = "scan"
+    path: str | None = None, threads: int | None = None, invariant: bool = True, kernel: str = DEFAULT_KERNEL
 ) -> FaissStore:
     """invariant=False: several queries take FAISS's own search (BLAS), so a query's result depends on the others
     sent with it (texts sharing rounds then differ from alone in the last bits; docs/batching.md). kernel: "scan"
-    (FAISS's own kernels, a query at a time) or "blas" (one checked matrix product for every query count)."""
+    (FAISS's own kernels, a query at a time), "fixed" (the fixed-order kernel) or "blas" (one checked matrix product).
+    The settings are this store's alone; nothing module-wide changes."""
     if kernel not in KERNELS:
         raise VecgptError(f"faiss: kernel {kernel!r} is not one of {', '.join(KERNELS)}; set [store] kernel to one")
-    if threads:
-        THREADS[0] = threads
-    INVARIANT[0], KERNEL[0] = invariant, kernel
-    faiss.cvar.distance_compute_blas_threshold = BLAS_FROM[invariant]
-    return FaissStore(path)
+    return FaissStore(path, Settings(kernel, invariant, threads or faiss.omp_get_max_threads()))

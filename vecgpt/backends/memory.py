@@ -9,20 +9,22 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends import _product
+from vecgpt.backends import _kernel, _product
 from vecgpt.backends._in_process import InProcessStore, Table, grow
 from vecgpt.errors import VecgptError
 
-# "gemv": a query at a time (BLAS's matrix-vector product). "blas": a search of every row is one float64 matrix
-# product (_product) for any number of queries, one included, where the check passed for the matrix's shape (else,
-# and for a filtered search, "gemv"): several queries at BLAS speed, one query about 1.6x slower (docs/memory.md).
-KERNEL = ["gemv"]
-KERNELS = ("blas", "gemv")
+# How a search of every row computes its float64 products (docs/memory.md): "gemv", a query at a time (BLAS's
+# matrix-vector product); "fixed", the fixed-order kernel (_kernel) for any number of queries; "blas", one float64
+# matrix product (_product) for any number of queries where the check passed for the matrix's shape (else "gemv").
+# A filtered search is "gemv" whatever the kernel.
+KERNELS = ("gemv", "fixed", "blas")
+DEFAULT_KERNEL = "gemv"
 
 
 class NumpyTable(Table):
-    def __init__(self, dim, metric, data: np.ndarray | None = None):
+    def __init__(self, dim, metric, data: np.ndarray | None = None, kernel: str = DEFAULT_KERNEL):
         super().__init__(dim, metric)
+        self.kernel = kernel
         self._data = np.zeros((0, dim), np.float64) if data is None else data.astype(np.float64)
         self.n = len(self._data)
         self._norms = np.einsum("ij,ij->i", self._data, self._data)
@@ -55,9 +57,12 @@ class NumpyTable(Table):
     def products(self, q: np.ndarray, data: np.ndarray, every_row: bool) -> np.ndarray:
         """q [m, dim] . each row of data [n, dim] in float64: a search of every row as the checked product, else a
         query at a time (BLAS's matrix-vector product), whose sums never depend on the queries beside it."""
-        if every_row and KERNEL[0] == "blas" and len(data) and _product.holds(data):
+        if every_row and self.kernel == "blas" and len(data) and _product.holds(data):
             self.ran = "blas"
             return _product.product(q, data)
+        if every_row and self.kernel == "fixed":
+            self.ran = "fixed"
+            return _kernel.rows(q, data, "ip")
         if every_row:
             self.ran = "gemv"
         return np.stack([data @ row for row in q]) if len(q) else np.zeros((0, len(data)))
@@ -75,24 +80,29 @@ class NumpyTable(Table):
         return np.take_along_axis(d, order, 1), chosen[np.take_along_axis(part, order, 1)]
 
     def copy(self):
-        return NumpyTable(self.dim, self.metric, self._data[: self.n])  # astype copies
+        return NumpyTable(self.dim, self.metric, self._data[: self.n], self.kernel)  # astype copies
 
     def save(self, folder: Path):
         np.save(folder / "vectors.npy", self._data[: self.n].astype(np.float32))
 
     @classmethod
-    def load(cls, folder, dim, metric):
-        return cls(dim, metric, np.load(folder / "vectors.npy"))
+    def load(cls, folder, dim, metric, kernel: str = DEFAULT_KERNEL):
+        return cls(dim, metric, np.load(folder / "vectors.npy"), kernel)
 
 
 class MemoryStore(InProcessStore):
     table_class = NumpyTable
     backend = "memory"
 
+    def __init__(self, path: str | None = None, kernel: str = DEFAULT_KERNEL):
+        super().__init__(path)
+        self.kernel = kernel  # the kernel its searches of every row run (a text records it)
+        self.table_options = {"kernel": kernel}
 
-def connect(path: str | None = None, kernel: str = "gemv") -> MemoryStore:
-    """kernel: "gemv" (a query at a time) or "blas" (one checked float64 matrix product for every query count)."""
+
+def connect(path: str | None = None, kernel: str = DEFAULT_KERNEL) -> MemoryStore:
+    """kernel: "gemv" (a query at a time), "fixed" (the fixed-order kernel) or "blas" (one checked float64 matrix
+    product for every query count). This store's alone: nothing module-wide changes."""
     if kernel not in KERNELS:
         raise VecgptError(f"memory: kernel {kernel!r} is not one of {', '.join(KERNELS)}; set [store] kernel to one")
-    KERNEL[0] = kernel
-    return MemoryStore(path)
+    return MemoryStore(path, kernel)
