@@ -52,25 +52,7 @@ def _shuffles(vl: int) -> list[tuple[str, str, list[int]]]:
 
 def _transpose_ir(t: str, vl: int) -> str:
     """@transpose(x, ld, dim, buf): buf[d * vl + i] = x[i * ld + d] for the tile's vl rows."""
-    v, size = f"<{vl} x {t}>", 4 if t == "float" else 8
-    body = [f"  %x{i} = mul i64 %ld, {i}\n  %o{i} = add i64 %x{i}, %d" for i in range(vl)]
-    body += [
-        f"  %p{i} = getelementptr {t}, ptr %x, i64 %o{i}\n  %r{i} = load {v}, ptr %p{i}, align {size}"
-        for i in range(vl)
-    ]
-    for out, (a, b), mask in _shuffles(vl):
-        body.append(
-            f"  %{out} = shufflevector {v} %{a}, {v} %{b}, <{vl} x i32> <{', '.join(f'i32 {m}' for m in mask)}>"
-        )
-    for k in range(vl):
-        body.append(f"  %w{k} = add i64 %d, {k}\n  %s{k} = mul i64 %w{k}, %wd")
-        body.append(f"  %q{k} = getelementptr {t}, ptr %buf, i64 %s{k}\n  store {v} %c{k}, ptr %q{k}, align {size}")
-    tail = [
-        f"  %y{i} = mul i64 %ld, {i}\n  %z{i} = add i64 %y{i}, %e\n  %a{i} = getelementptr {t}, ptr %x, i64 %z{i}"
-        f"\n  %l{i} = load {t}, ptr %a{i}\n  %f{i} = add i64 %eb, {i}\n  %g{i} = getelementptr {t}, ptr %buf, i64 %f{i}"
-        f"\n  store {t} %l{i}, ptr %g{i}"
-        for i in range(vl)
-    ]
+    body, tail = _transpose_body(t, vl)
     return f"""
 define internal void @transpose(ptr noalias %x, i64 %ld, i64 %dim, ptr noalias %buf, i64 %wd) {{
 entry:
@@ -98,6 +80,31 @@ done:
 """
 
 
+def _transpose_body(t: str, vl: int) -> tuple[list[str], list[str]]:
+    """The vector loop's lines (vl rows loaded, transposed, stored) and the scalar tail's (dimensions past the last
+    whole vl)."""
+    v, size = f"<{vl} x {t}>", 4 if t == "float" else 8
+    body = [f"  %x{i} = mul i64 %ld, {i}\n  %o{i} = add i64 %x{i}, %d" for i in range(vl)]
+    body += [
+        f"  %p{i} = getelementptr {t}, ptr %x, i64 %o{i}\n  %r{i} = load {v}, ptr %p{i}, align {size}"
+        for i in range(vl)
+    ]
+    for out, (a, b), mask in _shuffles(vl):
+        body.append(
+            f"  %{out} = shufflevector {v} %{a}, {v} %{b}, <{vl} x i32> <{', '.join(f'i32 {m}' for m in mask)}>"
+        )
+    for k in range(vl):
+        body.append(f"  %w{k} = add i64 %d, {k}\n  %s{k} = mul i64 %w{k}, %wd")
+        body.append(f"  %q{k} = getelementptr {t}, ptr %buf, i64 %s{k}\n  store {v} %c{k}, ptr %q{k}, align {size}")
+    tail = [
+        f"  %y{i} = mul i64 %ld, {i}\n  %z{i} = add i64 %y{i}, %e\n  %a{i} = getelementptr {t}, ptr %x, i64 %z{i}"
+        f"\n  %l{i} = load {t}, ptr %a{i}\n  %f{i} = add i64 %eb, {i}\n  %g{i} = getelementptr {t}, ptr %buf, i64 %f{i}"
+        f"\n  store {t} %l{i}, ptr %g{i}"
+        for i in range(vl)
+    ]
+    return body, tail
+
+
 def _block_ir(t: str, vl: int, queries: int, vecs: int, metric: str) -> str:
     """@b{queries}x{vecs}(buf, wd, dim, q, ldq, out, ldo): out[j * ldo + i] = the sum over d, in increasing order, of
     query j's term with the tile's row i (buf[d * wd + i]), for `queries` queries and vecs * vl rows: independent
@@ -114,6 +121,18 @@ def _block_ir(t: str, vl: int, queries: int, vecs: int, metric: str) -> str:
         body.append(f"  %qp{j} = getelementptr {t}, ptr %q, i64 %qi{j}\n  %qs{j} = load {t}, ptr %qp{j}")
         body.append(f"  %qv{j} = insertelement {v} poison, {t} %qs{j}, i64 0")
         body.append(f"  %qb{j} = shufflevector {v} %qv{j}, {v} poison, <{vl} x i32> zeroinitializer")
+    body += _terms(t, vl, pairs, metric)
+    stores = [
+        f"  %oo{j}_{r} = mul i64 %ldo, {j}\n  %oa{j}_{r} = add i64 %oo{j}_{r}, {r * vl}"
+        f"\n  %op{j}_{r} = getelementptr {t}, ptr %out, i64 %oa{j}_{r}\n  store {v} %next{j}_{r}, ptr %op{j}_{r}, align {size}"
+        for j, r in pairs
+    ]
+    return _block_function(name, phis, body, stores)
+
+
+def _terms(t: str, vl: int, pairs, metric: str) -> list[str]:
+    """Each (query, row vector) pair's term at d and its add: ip q * x; l2 (q - x) * (q - x)."""
+    v, body = f"<{vl} x {t}>", []
     for j, r in pairs:
         if metric == "ip":
             body.append(f"  %term{j}_{r} = fmul {v} %qb{j}, %b{r}")
@@ -122,11 +141,10 @@ def _block_ir(t: str, vl: int, queries: int, vecs: int, metric: str) -> str:
                 f"  %diff{j}_{r} = fsub {v} %qb{j}, %b{r}\n  %term{j}_{r} = fmul {v} %diff{j}_{r}, %diff{j}_{r}"
             )
         body.append(f"  %next{j}_{r} = fadd {v} %acc{j}_{r}, %term{j}_{r}")
-    stores = [
-        f"  %oo{j}_{r} = mul i64 %ldo, {j}\n  %oa{j}_{r} = add i64 %oo{j}_{r}, {r * vl}"
-        f"\n  %op{j}_{r} = getelementptr {t}, ptr %out, i64 %oa{j}_{r}\n  store {v} %next{j}_{r}, ptr %op{j}_{r}, align {size}"
-        for j, r in pairs
-    ]
+    return body
+
+
+def _block_function(name: str, phis: list[str], body: list[str], stores: list[str]) -> str:
     return f"""
 define internal void @{name}(ptr noalias %buf, i64 %wd, i64 %dim, ptr noalias %q, i64 %ldq, ptr noalias %out, i64 %ldo) {{
 entry:
@@ -150,29 +168,7 @@ def _driver_ir(t: str, vl: int) -> str:
     then every query over it in blocks (BLOCKS: queries, row vectors), each block's calls over the tile's vectors."""
     wd, loops, prev = VECS * vl, [], "tile"
     for n, vecs in BLOCKS:
-        calls = []
-        for g in range(0, VECS, vecs):
-            calls.append(
-                f"  %bg{n}_{g} = getelementptr {t}, ptr %buf, i64 {g * vl}\n  %og{n}_{g} = getelementptr {t}, ptr %op{n}, i64 {g * vl}"
-                f"\n  call void @b{n}x{vecs}(ptr %bg{n}_{g}, i64 {wd}, i64 %dim, ptr %qp{n}, i64 %ldq, ptr %og{n}_{g}, i64 %ldo)"
-            )
-        loops.append(f"""
-  br label %h{n}
-h{n}:
-  %j{n} = phi i64 [{"0" if prev == "tile" else f"%j{prev}"}, %{"transposed" if prev == "tile" else f"x{prev}"}], [%jn{n}, %b{n}]
-  %end{n} = add i64 %j{n}, {n}
-  %fits{n} = icmp sle i64 %end{n}, %m
-  br i1 %fits{n}, label %b{n}, label %x{n}
-b{n}:
-  %qo{n} = mul i64 %j{n}, %ldq
-  %qp{n} = getelementptr {t}, ptr %q, i64 %qo{n}
-  %oo{n} = mul i64 %j{n}, %ldo
-  %oa{n} = add i64 %oo{n}, %col
-  %op{n} = getelementptr {t}, ptr %out, i64 %oa{n}
-{chr(10).join(calls)}
-  %jn{n} = add i64 %j{n}, {n}
-  br label %h{n}
-x{n}:""")
+        loops.append(_query_loop(t, vl, n, vecs, prev))
         prev = n
     transposes = [
         f"  %xs{s} = mul i64 %ld, {s * vl}\n  %xq{s} = getelementptr {t}, ptr %xp, i64 %xs{s}"
@@ -201,6 +197,34 @@ done:
   ret void
 }}
 """
+
+
+def _query_loop(t: str, vl: int, n: int, vecs: int, prev) -> str:
+    """The tile's queries n at a time, from where the loop for `prev` stopped (prev "tile": from 0)."""
+    wd = VECS * vl
+    calls = []
+    for g in range(0, VECS, vecs):
+        calls.append(
+            f"  %bg{n}_{g} = getelementptr {t}, ptr %buf, i64 {g * vl}\n  %og{n}_{g} = getelementptr {t}, ptr %op{n}, i64 {g * vl}"
+            f"\n  call void @b{n}x{vecs}(ptr %bg{n}_{g}, i64 {wd}, i64 %dim, ptr %qp{n}, i64 %ldq, ptr %og{n}_{g}, i64 %ldo)"
+        )
+    return f"""
+  br label %h{n}
+h{n}:
+  %j{n} = phi i64 [{"0" if prev == "tile" else f"%j{prev}"}, %{"transposed" if prev == "tile" else f"x{prev}"}], [%jn{n}, %b{n}]
+  %end{n} = add i64 %j{n}, {n}
+  %fits{n} = icmp sle i64 %end{n}, %m
+  br i1 %fits{n}, label %b{n}, label %x{n}
+b{n}:
+  %qo{n} = mul i64 %j{n}, %ldq
+  %qp{n} = getelementptr {t}, ptr %q, i64 %qo{n}
+  %oo{n} = mul i64 %j{n}, %ldo
+  %oa{n} = add i64 %oo{n}, %col
+  %op{n} = getelementptr {t}, ptr %out, i64 %oa{n}
+{chr(10).join(calls)}
+  %jn{n} = add i64 %j{n}, {n}
+  br label %h{n}
+x{n}:"""
 
 
 def _compile(dtype: np.dtype, metric: str):
