@@ -225,7 +225,7 @@ def test_a_query_cut_short_by_ctrl_c_leaves_nothing_for_asyncio_to_print(make_st
     import asyncio
     import gc
 
-    from vecgpt.backends.lancedb import store as lance_store
+    from vecgpt.backends.lancedb import search as lance_search
     from vecgpt.backends.lancedb import table as lance_table
 
     store = make_store("lancedb")
@@ -243,7 +243,7 @@ def test_a_query_cut_short_by_ctrl_c_leaves_nothing_for_asyncio_to_print(make_st
 
     def in_a_thread():  # whose loop is closed when it ends, as a process's are when it exits
         try:
-            lance_table.on_this_thread(lance_store.gather(slow(), interrupted()))
+            lance_table.on_this_thread(lance_search.gather(slow(), interrupted()))
         except KeyboardInterrupt:
             raised.append(True)
         try:  # what the cut query left must not wake up in the next one
@@ -269,7 +269,7 @@ def test_a_query_whose_task_outlives_its_cancelling_does_not_hold_the_reader(mak
     import time
     from contextlib import suppress
 
-    from vecgpt.backends.lancedb import store as lance_store
+    from vecgpt.backends.lancedb import search as lance_search
     from vecgpt.backends.lancedb import table as lance_table
 
     monkeypatch.setattr(lance_table.OwnLoop, "SETTLE_S", 0.2)
@@ -291,7 +291,7 @@ def test_a_query_whose_task_outlives_its_cancelling_does_not_hold_the_reader(mak
     def in_a_thread():
         start = time.monotonic()
         try:
-            lance_table.on_this_thread(lance_store.gather(never_done(), interrupted()))
+            lance_table.on_this_thread(lance_search.gather(never_done(), interrupted()))
         except KeyboardInterrupt:
             raised.append(time.monotonic() - start)
         got.append(store.search("text-k", x[:1], k=3))

@@ -4,7 +4,8 @@ is one statement scoring its queries by DuckDB's core array functions over FLOAT
 Environment: XDG_CACHE_HOME (the default file, $XDG_CACHE_HOME/vecgpt/duckdb/vecgpt.duckdb or
 ~/.cache/vecgpt/duckdb/vecgpt.duckdb). See docs/duckdb.md.
 
-Modules: store (the file, collections, rows, searches), statements (tables, filters and search SQL, Arrow columns),
+Modules: store (the file, collections, rows), searching (searches: a search_many's all-row searches one
+statement), statements (tables, filters and search SQL, Arrow columns),
 records (model and text records, the lock a text is open under).
 """
 

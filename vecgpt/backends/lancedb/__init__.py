@@ -4,7 +4,8 @@ through an index of one partition, which every search reads whole).
 Environment: XDG_CACHE_HOME (the default folder, $XDG_CACHE_HOME/vecgpt/lancedb or
 ~/.cache/vecgpt/lancedb). See docs/lancedb.md.
 
-Modules: store (collections, rows, searches, compaction), table (a table's metadata and ids, its
+Modules: store (collections, rows, compaction), search (searches: a table's filtered all-row searches one
+query), table (a table's metadata and ids, its
 read/write lock, filters as SQL).
 """
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import warnings
 from collections.abc import Sequence
-from contextlib import ExitStack
 from datetime import timedelta
 
 import lancedb
@@ -16,7 +14,8 @@ from lancedb.index import Bitmap, IvfFlat
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, record
+from vecgpt.backends.base import FolderStore, Metric, record
+from vecgpt.backends.lancedb.search import Searching
 from vecgpt.backends.lancedb.table import (
     DISTANCE,
     FLAT_INDEX,
@@ -25,10 +24,7 @@ from vecgpt.backends.lancedb.table import (
     fixed,
     floats,
     lance_errors,
-    on_this_thread,
     schema,
-    sql,
-    union,
 )
 from vecgpt.errors import VecgptError
 
@@ -37,7 +33,7 @@ FILE_FORMATS = ("legacy", "stable", "2.0", "2.1", "2.2")  # Lance's names for it
 
 
 @base.closes_after_calls
-class LanceStore(FolderStore):
+class LanceStore(Searching, FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "lancedb"
 
@@ -123,87 +119,6 @@ class LanceStore(FolderStore):
             table.changed()
             if self.compact_every and table.writes >= self.compact_every:
                 self._compact(table, index=table.flat)  # a load's first rows are not indexed: flush() does that
-
-    def search(self, name, queries, k=None, where=None) -> Hits:
-        return self._searches([Search(name, queries, k, where)])[0]
-
-    def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        """Filtered all-row searches of one table (a layer's heads: one text's key search) as one query each table,
-        whatever other tables' searches come with them (every text of a step); the rest in one hop."""
-        tables: dict[str, list[int]] = {}
-        for j, s in enumerate(searches):
-            tables.setdefault(s.collection, []).append(j)
-        unions = [
-            js
-            for js in tables.values()
-            if len(js) > 1
-            and all(searches[j].k is None and searches[j].where is not None for j in js)
-            and not any(searches[j].vectors for j in js)
-        ]
-        out: list = [None] * len(searches)
-        rest = sorted(set(range(len(searches))) - {j for js in unions for j in js})
-        for js in unions:
-            for j, found in zip(js, self._search_union([searches[j] for j in js])):
-                out[j] = found
-        for j, found in zip(rest, self._searches([searches[j] for j in rest]) if rest else []):
-            out[j] = found
-        return out
-
-    @lance_errors
-    def _searches(self, searches: Sequence[Search]) -> list[Hits]:
-        """Searches sent to LanceDB's event loop in one hop and run there concurrently (a round's 12 heads'
-        projections: one hop, not 12 threads' hops, each paying the runtime's fixed cost; docs/lancedb.md)."""
-        tables = [self._table(s.collection) for s in searches]
-        queries = [base.check_vectors(s.collection, s.queries, t.dim) for s, t in zip(searches, tables)]
-        for s, t, q in zip(searches, tables, queries):
-            base.check_where(s.collection, s.where, t.attrs)
-            record(1, len(q))
-        with ExitStack() as held:
-            for table in {id(t): t for t in tables}.values():
-                held.enter_context(table.lock.read())
-            limits = [t.row_count() if s.k is None else min(s.k, t.row_count()) for s, t in zip(searches, tables)]
-            sent = [
-                (t, q, n, s.where, s.vectors) for s, t, q, n in zip(searches, tables, queries, limits) if n and len(q)
-            ]
-            found = iter(on_this_thread(gather(*(nearest(*args) for args in sent))))
-        return [
-            hits(next(found), t, len(q)) if n and len(q) else base.no_hits(len(q), t.dim if s.vectors else None)
-            for s, t, q, n in zip(searches, tables, queries, limits)
-        ]
-
-    @lance_errors
-    def _search_union(self, searches: Sequence[Search]) -> list[Hits]:
-        """Filtered all-row searches of one table (a layer's heads) as one query: every query vector against the
-        rows any filter keeps (the conditions all filters share once, docs/lancedb.md), then each search keeps its
-        own matches. Of the shared conditions, LanceDB is sent those its bitmap indexes answer (the layer) where
-        there are such; the rest (the position range) are tested here on the rows it returns, which costs less than
-        LanceDB's filter on them (docs/lancedb.md)."""
-        table = self._table(searches[0].collection)
-        queries = [base.check_vectors(s.collection, s.queries, table.dim) for s in searches]
-        for s in searches:
-            base.check_where(s.collection, s.where, table.attrs)
-        shared = frozenset.intersection(*(frozenset(s.where.conditions()) for s in searches))
-        sent = frozenset(c for c in shared if c[1] in table.indexed) or shared
-        own = [s.where.conditions() - shared for s in searches]
-        here = [conditions | (shared - sent) for conditions in own]  # what each search's rows are tested for here
-        columns = sorted({name for conditions in here for _, name, _ in conditions})
-        stacked = np.vstack(queries)
-        record(1, len(stacked))
-        with table.lock.read():
-            limit = max(table.row_count(), 1)
-            result = on_this_thread(table.nearest(stacked, ["id", "_distance", *columns], limit, union(sent, own)))
-        order = np.argsort(result["query_index"].to_numpy(), kind="stable")
-        which = result["query_index"].to_numpy()[order]
-        ids, dists = result["id"].to_numpy()[order], table.distances(result)[order]
-        attrs = {c: result[c].to_numpy()[order] for c in columns}
-        ends = np.searchsorted(which, np.cumsum([len(q) for q in queries]))  # rows of search i: which < ends[i]
-        out, start = [], 0
-        for q, conditions, end in zip(queries, here, ends.tolist()):
-            keep = base.matching(conditions, {c: attrs[c][start:end] for c in columns}, end - start)
-            n = int(keep.sum()) // max(len(q), 1)
-            out.append(Hits(ids[start:end][keep].reshape(len(q), n), dists[start:end][keep].reshape(len(q), n)))
-            start = end
-        return out
 
     @lance_errors
     def fetch(self, name, ids, payload=False):
@@ -329,30 +244,3 @@ class LanceStore(FolderStore):
 
     def _table(self, name: str) -> Table:
         return base.existing(self._open(name), self, name)
-
-
-async def nearest(table: Table, queries: np.ndarray, limit: int, where, vectors: bool) -> pa.Table:
-    """One search's rows (with vectors, their stored vectors too); the ids are read with them until a search of
-    every row has shown the table's _rowids."""
-    known = table.rowids is not None
-    columns = (["_distance"] if known else ["id", "_distance"]) + (["vector"] if vectors else [])
-    result = await table.nearest(queries, columns, limit, sql(where))
-    if not known:
-        table.knows_rowids(result, every_row=where is None and limit == table.rows)
-    return result
-
-
-async def gather(*searches):
-    return await asyncio.gather(*searches)
-
-
-def hits(result: pa.Table, table: Table, m: int) -> Hits:
-    """A search's rows as [m, n] ids and distances, query by query (rows come grouped by query; made sure of)."""
-    grouped = "query_index" in result.column_names
-    order = np.argsort(result["query_index"].to_numpy(), kind="stable") if grouped else slice(None)
-    ids, dists = table.ids_of(result)[order], table.distances(result)[order]
-    n = len(ids) // m
-    found = Hits(ids.reshape(m, n), dists.reshape(m, n))
-    if "vector" in result.column_names:
-        found = found._replace(vectors=floats(result["vector"], table.dim)[order].reshape(m, n, table.dim))
-    return found

@@ -5,7 +5,7 @@ the folder.
 Environment: VECGPT_MILVUS_TOKEN (a server's token, user:password or an API key), XDG_CACHE_HOME (the default
 folder, $XDG_CACHE_HOME/vecgpt/milvus or ~/.cache/vecgpt/milvus). See docs/milvus.md.
 
-Modules: store (collections, rows, searches, clones), requests (Milvus's limits and the splits that keep
+Modules: store (collections, rows, clones), search (searches, split by id range past Milvus's limit), requests (Milvus's limits and the splits that keep
 requests inside them, filters as expressions, results as arrays), schema (a collection's fields and index), client
 (Milvus Lite or a server, errors, collection names).
 """

@@ -3,7 +3,6 @@ manifests and text records in the store's folder."""
 
 from __future__ import annotations
 
-import functools
 import threading
 from pathlib import Path
 
@@ -11,28 +10,22 @@ import numpy as np
 
 from vecgpt.backends import base
 from vecgpt.backends._text_log import Rows, last_rows
-from vecgpt.backends.base import FolderStore, Hits, Metric, Search, record
+from vecgpt.backends.base import FolderStore, Metric, record
 from vecgpt.backends.milvus.client import decode, encode, every_row, is_lite, milvus_errors, open_client, release
 from vecgpt.backends.milvus.requests import (
     Limits,
-    expression,
-    hit_arrays,
-    hit_vectors,
     id_batches,
-    joined,
-    nearest,
-    query_batches,
     row_batches,
-    within,
 )
 from vecgpt.backends.milvus.schema import MAX_PAYLOAD, RESERVED, Info, described, flat_index, schema
+from vecgpt.backends.milvus.search import Searching
 from vecgpt.errors import VecgptError
 
 CLONE_BATCH = 4096  # rows a clone reads at a time
 
 
 @base.closes_after_calls
-class MilvusStore(FolderStore):
+class MilvusStore(Searching, FolderStore):
     metrics: tuple[Metric, ...] = ("l2", "ip")
     backend = "milvus"
 
@@ -130,74 +123,6 @@ class MilvusStore(FolderStore):
         self._fresh.discard(name)
         self._written.add(name)
         self._held_ids.pop(name, None)
-
-    def search(self, name, queries, k=None, where=None) -> Hits:
-        return self.search_many([Search(name, queries, k, where)])[0]
-
-    def search_many(self, searches) -> list[Hits]:
-        return base.apart(self._search_many, searches)
-
-    @milvus_errors
-    def _search_many(self, searches) -> list[Hits]:
-        calls = [functools.partial(self._search, s) for s in searches]
-        return base.parallel(calls) if self.concurrent and len(calls) > 1 else [call() for call in calls]
-
-    def _search(self, s: Search) -> Hits:
-        info = self._get(s.collection)
-        queries = base.check_vectors(s.collection, s.queries, info.dim)
-        base.check_where(s.collection, s.where, info.attrs)
-        if len(queries) == 0 or s.k == 0:
-            return base.no_hits(len(queries), info.dim if s.vectors else None)
-        top = self.limits.top_k
-        if s.k is not None and s.k > top:
-            return self._by_ranges(s, info, queries)
-        found = self._requests(s, info, queries, top if s.k is None else s.k, expression(s.where))
-        if s.k is None and found.ids.shape[1] == top and self._matching(s) > top:  # more rows match than came
-            return self._by_ranges(s, info, queries)
-        return found
-
-    def _requests(self, s: Search, info: Info, queries: np.ndarray, limit: int, condition: str) -> Hits:
-        """One search, in as many requests as its queries and their answers need."""
-        hit_bytes = 12 + (4 * info.dim if s.vectors else 0)
-        parts = query_batches(len(queries), info.dim, limit, hit_bytes, self.limits)
-        found = [self._request(s, info, queries[part], limit, condition) for part in parts]
-        if len({h.ids.shape[1] for h in found}) > 1:
-            raise VecgptError(f"rows of {s.collection!r} changed during a search of it; search again")
-        return joined(found, axis=0)
-
-    def _request(self, s: Search, info: Info, queries: np.ndarray, limit: int, condition: str) -> Hits:
-        # Only the ids (Milvus Lite sends every field, vectors too, when none are named: three times the time)
-        fields = ["vector"] if s.vectors else ["id"]
-        record(1, len(queries))
-        result = self.client.search(
-            self._name(s.collection), queries, filter=condition, limit=limit, output_fields=fields
-        )
-        ids, dists = hit_arrays(result, len(queries), negate=info.metric == "ip")
-        vectors = hit_vectors(result, *ids.shape, info.dim) if s.vectors else None
-        return Hits(ids, dists, vectors)
-
-    def _matching(self, s: Search) -> int:
-        record()
-        stored = self._name(s.collection)
-        return int(self.client.query(stored, filter=expression(s.where), output_fields=["count(*)"])[0]["count(*)"])
-
-    def _by_ranges(self, s: Search, info: Info, queries: np.ndarray) -> Hits:
-        """A search of more rows than Milvus returns at once (every token row, for every logit): a search per
-        range of ids holding at most that many rows, then each query's nearest k of all of them."""
-        top = self.limits.top_k
-        limit = top if s.k is None else min(s.k, top)
-        parts = [self._requests(s, info, queries, limit, c) for c in within(s.where, self._ids(s.collection), top)]
-        found = joined(parts, axis=1)
-        return found if s.k is None else nearest(found, s.k)
-
-    def _ids(self, name: str) -> np.ndarray:
-        """Every id a collection holds, sorted (a model's kept until this process writes it)."""
-        if name in self._held_ids and not base.is_text(name):
-            return self._held_ids[name]
-        rows = every_row(self.client, self._name(name), ["id"], self.limits.top_k)
-        ids = [row["id"] for batch in rows for row in batch]
-        self._held_ids[name] = np.sort(np.array(ids, np.int64))
-        return self._held_ids[name]
 
     @milvus_errors
     def fetch(self, name, ids, payload=False):

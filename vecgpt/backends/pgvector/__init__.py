@@ -4,7 +4,8 @@ Environment: VECGPT_PG_DSN (a whole connection string, password included; wins o
 libpq's own PGPASSWORD, PGUSER, PGHOST ... and ~/.pgpass, and XDG_CACHE_HOME (where the local
 server's data_dir is by default). See docs/pgvector.md.
 
-Modules: session (the connection and its retries), store (collections, rows, searches, clones),
+Modules: session (the connection and its retries), store (collections and clones), rows (upserts and fetches),
+search (searches: a search_many one UNION ALL statement a connection),
 texts (text records and the lock a text is open under), manifests (model records, the load lock),
 statements (table names, search SQL, the binary COPY streams), dsn (connection strings without
 their passwords), server (a local PostgreSQL from pgserver).

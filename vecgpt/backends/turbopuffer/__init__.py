@@ -4,7 +4,7 @@ Environment: TURBOPUFFER_API_KEY (required, never printed); TURBOPUFFER_BASE_URL
 when [store] gives neither `base_url` nor `region`. Layout, limits, costs and the local server:
 docs/turbopuffer.md.
 
-Modules: `store` (TurbopufferStore), `catalog` (collections and the namespaces they own), `search` (kNN
+Modules: `store` (TurbopufferStore), `writes` (upserts, a load's background writes), `catalog` (collections and the namespaces they own), `search` (kNN
 subqueries, splitting at the row limit, fetch), `plumbing` (limits, concurrency gate, errors, billing),
 `filters` (`Where` -> filter), `cost` (prices, the `vecgpt load --dry-run` estimate), `gc` (`vecgpt
 tpuf-gc`), `server/` (`vecgpt tpuf-local`, a local server speaking turbopuffer's API).
@@ -17,7 +17,8 @@ import os
 from vecgpt.backends.base import user_name
 from vecgpt.backends.turbopuffer.cost import PRICES, dollars, estimate_cost
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_TOP_K, SLOTS, bounded_client_class
-from vecgpt.backends.turbopuffer.store import TurbopufferStore, b64
+from vecgpt.backends.turbopuffer.store import TurbopufferStore
+from vecgpt.backends.turbopuffer.writes import b64
 from vecgpt.errors import VecgptError
 
 __all__ = ["PRICES", "TurbopufferStore", "b64", "connect", "dollars", "estimate_cost"]
