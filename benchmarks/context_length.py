@@ -83,7 +83,7 @@ def main():
     layout = args.layout or config.layout
     push(store, model, config.metric, progress=False, layout=layout)
     key = store_fingerprint(model, config.metric, layout)
-    engine = Engine(store, top_k=config.top_k, tile=config.tile, model=key)
+    engine = Engine(store, top_k=config.top_k, model=key)
     rows = []
     for length in args.contexts:
         rows.append(at_length(engine, model, length, args.n))

@@ -111,7 +111,7 @@ def store_row(model, ids, config, n, fresh: bool, keep: bool = True, layout: str
     t = time.perf_counter()
     push(store, model, config.metric, progress=True, layout=layout)
     load_s = time.perf_counter() - t
-    text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, tile=config.tile, model=key).open()
+    text = Engine(store, top_k=config.top_k, prompt_block=config.prompt_block, model=key).open()
     first, tok, _ = per_token_seconds(text, ids, n)
     row = {"store": f"{config.backend} ({config.metric})", "layout": layout, "prompt_s": first, "per_token_s": tok}
     row["load_s"] = load_s

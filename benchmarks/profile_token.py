@@ -83,7 +83,6 @@ def main():
         store,
         top_k=config.top_k,
         prompt_block=config.prompt_block,
-        tile=config.tile,
         model=store_fingerprint(model, config.metric, config.layout),
     )
     text = engine.open()

@@ -5,7 +5,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from vecgpt import engine, tokenizer, tolerance
+from vecgpt import engine, text_keys, tokenizer, tolerance
 from vecgpt.api import generate
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
@@ -95,31 +95,6 @@ def test_token_by_token_equals_block(make_store, tiny_model):
     assert np.array_equal(block.ids, single.ids)
     np.testing.assert_allclose(block.logits, single.logits, atol=1e-9)
     assert len(single_text.meter.tokens) == 1
-
-
-@pytest.mark.parametrize("layout", ["four", "three", "five"])
-@pytest.mark.parametrize("tile", [1, 3])
-def test_attention_summed_a_few_positions_at_a_time_agrees_with_numpy(make_store, tiny_model, model64, layout, tile):
-    """The default chunk holds every key of these short texts; chunks of 1 and 3 positions sum the store's keys'
-    values and memory's across chunks, a prompt block's own keys masked inside them."""
-    store = make_store("faiss")
-    push(store, tiny_model, "ip", progress=False, layout=layout)
-    ids = tokenizer.encode("To be or not to be, that is the question")
-    greedy = generate(Reference(model64, np.float64), ids, 8, stop=False).tokens
-    text = Engine(store, tile=tile).open()
-    r = tolerance.forced_comparison(text, model64, ids, greedy, "ip", tolerance.unit_roundoff("faiss"))
-    assert not r["violations"], r["violations"][:5]
-
-
-@pytest.mark.parametrize("layout", ["four", "five"])
-def test_a_chunk_of_values_in_float64_is_the_most_positions_that_fit_its_bytes(make_store, tiny_model, layout):
-    store = make_store("memory")
-    push(store, tiny_model, "ip", progress=False, layout=layout)
-    text = Engine(store).open()
-    per_position = 8 * text.hp.n_head * text.value_width()  # float64 bytes of one position's kept values
-    assert text.chunk() * per_position <= engine.CHUNK_BYTES < (text.chunk() + 1) * per_position
-    assert text.chunk(m=text.chunk() + 5) == text.chunk() + 5  # a prompt block: its values no bigger than its output
-    assert Engine(store, tile=3).open().chunk(m=10) == 3  # the config's, whatever the block
 
 
 def test_attention_softmax_is_the_references_bit_for_bit_in_the_scores_own_array():
@@ -231,7 +206,7 @@ def test_key_rows_tag_each_key_with_its_layer_head_and_position(make_store, tiny
         (layer, start, rng.standard_normal((m, hp.n_head, hd)), rng.standard_normal((m, hp.n_head, width)))
         for layer, start, m in shapes
     ]
-    name, ids, vectors, attrs, values = text.key_rows(entries)
+    name, ids, vectors, attrs, values = text_keys.key_rows(text, entries)
     at = 0
     for layer, start, k, v in entries:
         for i in range(len(k)):

@@ -60,9 +60,9 @@ def test_a_text_keeps_raw_values(make_store, tiny_model):
     engine = loaded(make_store, "memory", tiny_model, "l2", "five")
     with engine.open() as text:
         text.read(tokenizer.encode(PROMPT))
-        assert text.row_widths() == (hd, hd) and text.projected.shape == (hp.n_layer, hp.n_ctx, hp.n_head, hd)
+        assert text.row_widths() == (hd, hd) and text.projected.shape == (hp.n_layer, hp.n_head, hp.n_ctx, hd)
         _, values = engine.store.fetch(text.name, text.key_ids(1, np.arange(hp.n_head), 2), payload=True)
-        assert np.array_equal(values, text.projected[1, 2])
+        assert np.array_equal(values, text.projected[1, :, 2])
     names = matrices(hp, "five")
     assert "h.0.attn.c_proj" in names and not any(n.startswith("h.0.attn.c_proj.") for n in names)
     plain = push(engine.store, tiny_model, "l2", progress=False)

@@ -155,7 +155,6 @@ def config_engine(store, config: Config, key: str) -> Engine:
         store,
         top_k=config.top_k,
         prompt_block=config.prompt_block,
-        tile=config.tile,
         model=key,
         prefill_chunk=config.prefill_chunk,
         attention_top_k=config.attention_top_k,

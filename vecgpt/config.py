@@ -37,7 +37,6 @@ class Config:
     attention_index: str | None = (
         None  # with attention_top_k: the store's approximate index of keys ("hnsw"); unset: exact
     )
-    tile: int = 0  # key positions whose values attention sums at a time; 0: as many as 1 MiB holds (engine.chunk)
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
     def __post_init__(self):
@@ -64,8 +63,6 @@ class Config:
                 "attention_top_k ranks each head's earlier keys by q.k, not by l2 distance: use --metric ip "
                 '(metric = "ip"), on a store that ranks by inner product'
             )
-        if self.tile < 0:
-            raise VecgptError(f"tile must be a number of positions, or 0 to let the engine choose; not {self.tile}")
 
 
 def preferred_metric(backend: str) -> str:
@@ -103,7 +100,6 @@ TYPES = {
     "prefill_chunk": int,
     "attention_top_k": int,
     "attention_index": str,
-    "tile": int,
     "store": dict,
 }
 

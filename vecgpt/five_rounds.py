@@ -16,15 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from vecgpt.engine import Session, Step, layout, one, several
+from vecgpt.text_keys import queue_rows
 
 
 @layout("five")
 class FiveRounds(Session):
     """A Session on a model loaded with layout "five"; `projected` holds each position's raw value [.., H, hd]."""
-
-    # float32, as stored: attention converts a chunk at a time (engine.CHUNK_BYTES). In float64 a text held twice the
-    # memory, and a step of 16 texts spent more time taking fresh pages for new positions than converting
-    kept = np.float32
 
     def value_width(self) -> int:
         """A position's kept value: the raw value of its head, hd."""
@@ -39,18 +36,17 @@ class FiveRoundsStep(Step):
         them), a decode step's after (its search needs only earlier rows: it waits for no write of its own)."""
         v32 = v.astype(np.float32)  # as the store holds them
         for _, s, start, rows in self.texts():
-            s.projected[layer, start : start + rows.stop - rows.start] = v32[rows]
+            s.keep_values(layer, start, v32[rows])
         for _, s, start, rows in self.texts(only=several):
-            s.queue_rows(layer, start, k32[rows], v32[rows])
+            queue_rows(s, layer, start, k32[rows], v32[rows])
         searched = self.key_round(q, layer)
         for _, s, start, rows in self.texts(only=one):
-            s.queue_rows(layer, start, k32[rows], v32[rows])
+            queue_rows(s, layer, start, k32[rows], v32[rows])
         return searched
 
     def attention(self, q, searched, own, layer):  # q [m, H, hd] -> [m, d]: concat_h softmax(q k^T / sqrt(hd)) v_h
         heads = np.zeros((len(q), self.hp.n_embd))
-        for i, s, start, rows in self.texts():
-            h = s.weighted_values(q[rows], searched[i], own[:, rows], layer, start)  # [H, m, hd]
+        for rows, h in self.weighted_values(searched, own, layer):  # each text's [H, m, hd]
             heads[rows] = h.transpose(1, 0, 2).reshape(rows.stop - rows.start, -1)
         return self.linear(heads, f"h.{layer}.attn.c_proj")
 

@@ -19,15 +19,13 @@ import threading
 from collections import Counter, deque
 from collections.abc import Generator
 
-from vecgpt.engine import Read
-
 
 class Job:
     """One text's operation in a stepper: its generator, the read it waits for, and how it ended."""
 
     def __init__(self, operation: Generator, on_end=None):
         self.operation, self.on_end = operation, on_end
-        self.read: Read | None = None
+        self.read = None  # the engine.Read it waits for
         self.done, self.result, self.error = False, None, None
 
     def advance(self, answer=None) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from vecgpt.engine import Session, Step, calls, layout, one, own_scores, several, squared_norms
 from vecgpt.meter import later
 from vecgpt.reference import gelu, layer_norm
+from vecgpt.text_keys import queue_rows
 
 
 class ThreeRoundsStep(Step):
@@ -45,7 +46,7 @@ class ThreeRoundsStep(Step):
         self.fresh = k.astype(np.float32)  # keys as the store holds them (in the rows' payload)
         projected = np.stack([d(h) for (_, d), h in zip(values, found[1])], axis=1)
         for _, s, start, rows in self.texts():
-            s.projected[layer, start : start + rows.stop - rows.start] = projected[rows]
+            s.keep_values(layer, start, projected[rows])
         searched = self.key_scores(asked, own, layer)
         blocks = [rows for *_, rows in self.texts(only=several)]
         if blocks:  # a block: its documents are made and written, then searched with the earlier ones
@@ -74,8 +75,8 @@ class ThreeRoundsStep(Step):
                 at += 1
             doc = doc32[at : at + m]
             s.key_norms[layer, :, start : start + m] = squared_norms(doc).T
-            payload = np.concatenate([self.fresh[rows], s.projected[layer, start : start + m]], axis=2)
-            s.queue_rows(layer, start, doc, payload)
+            payload = np.concatenate([self.fresh[rows], s.values(layer, start, m)], axis=2)
+            queue_rows(s, layer, start, doc, payload)
             at += m
 
     def fc_and_documents(self, x, layer):  # [m, d] -> c_fc's [m, 4d]; a decode step's documents beside it
@@ -95,7 +96,7 @@ class ThreeRounds(Session):
     def take_rows(self, vectors, payload) -> None:
         """The first n positions' rows as the store holds them: documents [L, n, H, d + 1], payload [.., hd + d]."""
         n, hd = vectors.shape[1], self.hp.n_embd // self.hp.n_head
-        self.projected[:, :n] = payload[..., hd:]
+        self.projected[:, :, :n] = payload[..., hd:].transpose(0, 2, 1, 3)
         self.key_norms[:, :, :n] = squared_norms(vectors).transpose(0, 2, 1)
 
 

@@ -131,7 +131,7 @@ def count(v, model, ids, args) -> list[dict]:
     engine, results = open_engine(v, model, progress=not args.quiet), []
     try:
         for block in (True, False):
-            session = Engine(engine.store, top_k=engine.top_k, prompt_block=block, tile=engine.tile).open()
+            session = Engine(engine.store, top_k=engine.top_k, prompt_block=block).open()
             try:
                 gen = generate(session, ids, args.n, top_k=engine.top_k, stop=False)
             finally:

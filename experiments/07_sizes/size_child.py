@@ -184,7 +184,7 @@ def generate_phase(spec: dict) -> dict:
         key = f"{found}-e{encoding.ENCODING_VERSION}-{config.metric}{suffix}"  # loading.store_fingerprint's
         c = config
         engine, engine_s = timed(
-            lambda: Engine(store, c.top_k, c.prompt_block, c.tile, model=key, prefill_chunk=c.prefill_chunk)
+            lambda: Engine(store, c.top_k, c.prompt_block, model=key, prefill_chunk=c.prefill_chunk)
         )
         text, text_s = timed(engine.open)
         out = {"open_s": open_s, **parts, "engine_s": engine_s, "open_text_s": text_s, **read_tokens(text, store, spec)}

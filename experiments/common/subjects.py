@@ -147,15 +147,14 @@ def variants(config_paths, store_root: str | None = None, both_metrics: bool = T
 def open_engine(variant: Variant, model, progress: bool = False):
     """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
     from vecgpt.config import open_store
-    from vecgpt.engine import Engine
+    from vecgpt.api import config_engine
     from vecgpt.loading import push
 
     store = open_store(variant.config)
     t = time.perf_counter()
     key = push(store, model, variant.config.metric, progress=progress, layout=variant.config.layout)["fingerprint"]
     variant.stats["push_s"] = time.perf_counter() - t
-    c = variant.config
-    return Engine(store, top_k=c.top_k, prompt_block=c.prompt_block, tile=c.tile, model=key)
+    return config_engine(store, variant.config, key)
 
 
 def describe_variant(v: Variant) -> dict:
@@ -169,7 +168,6 @@ def describe_variant(v: Variant) -> dict:
         "store": c.store,
         "top_k": c.top_k,
         "prompt_block": c.prompt_block,
-        "tile": c.tile,
         "note": v.note,
     }
 
