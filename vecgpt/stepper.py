@@ -2,8 +2,9 @@
 
 A text's operation (`Text.generating`: generate tokens; reading a prompt) is a generator that yields each read it
 needs (engine.Read: a chunk of its prompt, or its one new token) and gets back that read's candidates. The stepper
-plays the scheduler of a serving engine: each `step` admits waiting operations (at most `at_once` in flight), takes
-every operation's next read, runs them as one engine.Step (one block of rows: each matrix one search for all the
+plays the scheduler of a serving engine: each `step` admits waiting operations (at most `at_once` in flight), picks
+the reads it runs (every decode step, then prompt chunks, oldest first, while the step's rows stay within `budget`;
+a read left out waits for the next step), runs them as one engine.Step (one block of rows: each matrix one search for all the
 texts, each text's keys searched in its own collection in the same round), and hands each its result. Texts join
 and leave between steps; nothing waits on a timer. A prompt is read in chunks (Engine.chunk_size), so a long prompt
 does not hold up the texts that decode. A text alone is a stepper of one, on the same path.
@@ -52,12 +53,16 @@ class Job:
             self.done = True
 
 
+BUDGET = 256  # rows a step reads at most (a decode step is one row, a prompt's chunk up to engine.PREFILL_CHUNK)
+
+
 class Stepper:
     """Operations of texts on one engine, stepped together."""
 
-    def __init__(self, at_once: int = 16, on_step=None):
-        """on_step(jobs): called after each step with the jobs whose reads it ran (the throughput experiment's)."""
-        self.at_once, self.on_step = at_once, on_step
+    def __init__(self, at_once: int = 16, on_step=None, budget: int = BUDGET):
+        """on_step(jobs): called after each step with the jobs whose reads it ran (the throughput experiment's).
+        budget: the rows a step reads at most (one read always runs, however long)."""
+        self.at_once, self.on_step, self.budget = at_once, on_step, budget
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.steps = Counter()  # steps run, by the number of texts in them
@@ -80,15 +85,26 @@ class Stepper:
                 self.running.append(job)
         if not self.running:
             return
-        reads = [job.read for job in self.running]
-        session = reads[0].session
-        answers = session.step(reads).run()
+        chosen = self.scheduled()
+        reads = [job.read for job in chosen]
+        answers = reads[0].session.step(reads).run()
         self.steps[len(reads)] += 1
         if self.on_step is not None:
-            self.on_step(list(self.running))
-        for job, answer in zip(self.running, answers):
+            self.on_step(chosen)
+        for job, answer in zip(chosen, answers):
             job.advance(answer)
         self.running = [job for job in self.running if not job.done]
+
+    def scheduled(self) -> list[Job]:
+        """The jobs whose reads this step runs: every decode step (one row), then prompt chunks in the order their
+        texts came, while the rows stay within the budget; at least one."""
+        rows, chosen = 0, []
+        for job in sorted(self.running, key=lambda j: len(j.read.ids) > 1):  # stable: decode steps first
+            if chosen and rows + len(job.read.ids) > self.budget:
+                continue
+            chosen.append(job)
+            rows += len(job.read.ids)
+        return chosen
 
     def run(self) -> None:
         """Step until every operation has ended; cut short (Ctrl-C), every operation is closed first."""

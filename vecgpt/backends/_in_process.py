@@ -200,6 +200,7 @@ MEMO = 256  # rows_by's answers remembered per collection (a text's key searches
 NONE = np.zeros(0, np.int64)
 
 
+@base.closes_after_calls
 class InProcessStore(FolderStore):
     table_class: type[Table]
     metrics: tuple[Metric, ...] = ("l2", "ip")
