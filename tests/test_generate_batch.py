@@ -1,5 +1,6 @@
 """`vecgpt generate --batch FILE` and batch.generate_many: each text as it is alone, the shared requests split
-among the texts, and a bad batch file refused in one line naming the line, before any search.
+among the texts, a bad batch file refused in one line naming the line, before any search, and a kept batch
+(`--keep`) that kill -9 or Ctrl-C leaves with every text resumable, each then ending as its uninterrupted solo run.
 
 The tiny model on FAISS and memory folders. Tokens and candidates' logits are compared bit for bit: every store
 computes each query of a shared search alone (vecgpt.stepper), so a text's numbers do not depend on what else reads.
@@ -8,16 +9,23 @@ computes each query of a shared search alone (vecgpt.stepper), so a text's numbe
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from procs import ROOT, default_sigint, env
 from test_cli import assert_one_line_error, run
 
-from vecgpt import batch, tokenizer
+from vecgpt import api, batch, tokenizer
 from vecgpt.api import open_engine
+from vecgpt.backends.base import get_store
 from vecgpt.config import Config
-from vecgpt.engine import Read
+from vecgpt.engine import Engine, Read
 from vecgpt.stepper import Stepper
+from vecgpt.text import FLUSH_EVERY, Text
 
 PROMPTS = ["Hello", "The history of the vector database", "A", "Once upon a time, in a land far away, a"]
 
@@ -65,9 +73,10 @@ def test_a_batch_prints_each_text_after_its_prompt(capsys, tmp_path, store, tiny
         (b"", "holds no prompt"),
     ],
 )
-def test_a_bad_batch_file_is_refused_before_any_search(capsys, tmp_path, tiny_model_dir, content, needle):
+@pytest.mark.parametrize("keep", [[], ["--keep"]])
+def test_a_bad_batch_file_is_refused_before_any_search(capsys, tmp_path, tiny_model_dir, content, needle, keep):
     folder = tmp_path / "faiss"
-    args = ["--backend", "faiss", "--store", str(folder), "--model", str(tiny_model_dir), "-n", "4"]
+    args = ["--backend", "faiss", "--store", str(folder), "--model", str(tiny_model_dir), "-n", "4", *keep]
     code, out, err = run(capsys, "generate", *args, "--batch", batch_file(tmp_path, content))
     assert_one_line_error(code, err, needle)
     assert out == "" and not folder.exists()  # nothing loaded, no text started
@@ -152,3 +161,99 @@ def test_alone_and_stepped_together_agree_bit_for_bit_on_logits(tmp_path, tiny_m
             assert np.array_equal(a.ids, b.ids) and np.array_equal(a.logits, b.logits)
     for s in sessions:
         s.close()
+
+
+# A kept batch --------------------------------------------------------------------------------------------------------
+KEPT = re.compile(r"vecgpt: (.+):(\d+): text (\w+) is kept; continue it with --resume \3")
+
+
+def test_a_kept_batch_says_each_id_before_any_token_and_keeps_every_text(capsys, tmp_path, store, tiny_model_dir):
+    args = [*store, "--model", str(tiny_model_dir), "-n", "3", "--seed", "2", "--json", "--keep", "--at-once", "2"]
+    code, out, err = run(capsys, "generate", *args, "--batch", batch_file(tmp_path, PROMPTS))
+    said = [KEPT.fullmatch(line) for line in err.splitlines() if "is kept" in line]
+    assert code == 0 and [int(m[2]) for m in said if m] == [1, 2, 3, 4], err
+    outs = [json.loads(line) for line in out.splitlines()]
+    assert [d["text_id"] for d in outs] == [m[3] for m in said] and all(d["kept"] for d in outs)
+    code, listed, _ = run(capsys, "texts", *store, "--json")
+    held = {t["id"]: t["tokens"] for t in json.loads(listed)}
+    assert held == {d["text_id"]: len(d["text_tokens"]) for d in outs}
+
+
+STOPPER = """
+import os, signal, sys
+from vecgpt import stepper
+from vecgpt.backends.memory import MemoryStore
+from vecgpt.cli import main
+how, at, counted = os.environ["STOP"], int(os.environ["STOP_AT"]), [0]
+step, upsert = stepper.Stepper.step, MemoryStore.upsert
+def stepped(self):
+    step(self)
+    counted[0] += 1
+    if counted[0] == at:
+        os.kill(os.getpid(), signal.SIGKILL if how == "kill -9" else signal.SIGINT)
+def upserted(self, name, *args, **kwargs):
+    if name.endswith(".c"):
+        counted[0] += 1
+        if counted[0] == at:
+            raise KeyboardInterrupt  # Ctrl-C landing in a round that carries writes
+    return upsert(self, name, *args, **kwargs)
+if how == "ctrl-c mid-write":
+    MemoryStore.upsert = upserted
+else:
+    stepper.Stepper.step = stepped
+sys.exit(main(sys.argv[1:]))
+"""
+N, SEED = 40, 7
+# (how, at, drew): stopped at step 30, the first two texts have drawn 30 tokens (the others wait); the third write of
+# candidates rows is the first text's second (its 32nd token), sent with the second's in one round
+STOPS = [("kill -9", 30, 30), ("ctrl-c", 30, 30), ("ctrl-c mid-write", 3, 32)]
+
+
+def stopped_batch(tmp_path, model_dir, how: str, at: int) -> tuple[int, str]:
+    """`generate --batch --keep` on memory, two texts at a time, stopped by `how` at its `at`-th step (or write of
+    candidates rows); its exit code and stderr."""
+    argv = ["generate", "--backend", "memory", "--store", str(tmp_path / "kept"), "--model", str(model_dir)]
+    argv += ["-n", str(N), "--seed", str(SEED), "--temperature", "0.8", "--no-stop", "--keep", "--at-once", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-c", STOPPER, *argv, "--batch", batch_file(tmp_path, PROMPTS)],
+        env={**env(), "STOP": how, "STOP_AT": str(at)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=default_sigint,
+    )
+    return proc.returncode, proc.stderr
+
+
+@pytest.mark.parametrize(("how", "at", "drew"), STOPS)
+def test_a_kept_batch_stopped_midway_leaves_each_text_to_end_as_its_solo_run(tmp_path, tiny_model_dir, how, at, drew):
+    rc, err = stopped_batch(tmp_path, tiny_model_dir, how, at)
+    assert rc == (-signal.SIGKILL if how == "kill -9" else 130), err
+    assert "Traceback" not in err, err
+    said = [m for m in map(KEPT.fullmatch, err.splitlines()) if m]
+    assert [int(m[2]) for m in said] == [1, 2, 3, 4], err  # every text kept before the first step
+    store = get_store("memory", path=str(tmp_path / "kept"))
+    solo = Config(backend="memory", store={"path": str(tmp_path / "solo")})
+    for number, (prompt, m) in enumerate(zip(PROMPTS, said), 1):
+        record = store.read_text(m[3])
+        drawn = len(record["tokens"]) - record["prompt_len"]
+        if number > 2:  # never admitted: its prompt, nothing read
+            assert drawn == 0 and record["written"] == 0, record
+        elif how == "ctrl-c":  # stopped between steps: every token drawn landed, and a record claiming it
+            assert drawn == drew, record
+        else:  # lost: at most the tokens after the last record
+            assert drew - drawn <= FLUSH_EVERY + 1 and drawn >= FLUSH_EVERY, record
+        alone = api.generate_text(
+            prompt, n=N, config=solo, model=str(tiny_model_dir), temperature=0.8, seed=SEED, stop=False
+        )
+        text = Text.resume(Engine(store, model=record["model"]), m[3])
+        assert text.tokens == alone["text_tokens"][: len(text.tokens)]
+        known = [text.candidates(p) for p in range(text.prompt_len, len(text.tokens))]  # fetched, none read
+        assert known == [s["candidates"] for s in alone["steps"][:drawn]]
+        text.generate(N - drawn, stop=False)
+        assert text.tokens == alone["text_tokens"]
+        assert [text.candidates(p) for p in range(text.prompt_len, len(text.tokens))] == [
+            s["candidates"] for s in alone["steps"]
+        ]  # every logit, bit for bit
+    store.close()

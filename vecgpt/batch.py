@@ -7,6 +7,9 @@
 computes alone, whatever else runs beside it; a text that fails gives {"error": ...} in its place and the others
 go on. At most `at_once` texts read at a time; the next starts as one finishes (it joins at the next step).
 One thread runs them all: a text's operation is a generator the stepper advances (Text.generating).
+
+`keep`: every text is started and kept before any is read (`on_kept(i, text_id)` as each is), so that after Ctrl-C
+or kill -9 each can be continued (`vecgpt generate --resume ID`) and ends as its uninterrupted run would.
 """
 
 from __future__ import annotations
@@ -75,9 +78,11 @@ def generate_many(
     confirm=None,
     on_result: Callable[[int, dict], None] | None = None,
     where: str = "prompt",
+    keep: bool = False,
+    on_kept: Callable[[int, str], None] | None = None,
 ) -> list[dict]:
     """Generate a text for each prompt, the texts stepped together; their `generate --json` dicts in order.
-    on_result(i, dict) is called as text i finishes."""
+    on_result(i, dict) is called as text i finishes; keep: see the module's doc."""
     if at_once < 1:
         raise VecgptError(f"--at-once must be 1 or more, not {at_once}")
     config = config or Config()
@@ -87,7 +92,8 @@ def generate_many(
     config.top_k = max(config.top_k, k)
     engine = api.open_engine(config, m, progress=progress, confirm=confirm)
     try:
-        return Batch(engine, config, at_once).run(ids, n, temperature, k, seed, stop, on_result)
+        said = (on_kept or (lambda i, text_id: None)) if keep else None
+        return Batch(engine, config, at_once).run(ids, n, temperature, k, seed, stop, on_result, said)
     finally:
         engine.store.close()
 
@@ -98,8 +104,10 @@ class Batch:
     def __init__(self, engine, config: Config, at_once: int, on_step=None):
         self.engine, self.config, self.stepper = engine, config, Stepper(at_once, on_step)
 
-    def run(self, ids: list, n: int, temperature: float, k: int, seed: int, stop: bool, on_result=None) -> list:
+    def run(self, ids: list, n: int, temperature: float, k: int, seed: int, stop: bool, on_result=None, on_kept=None):
+        """Each prompt's `generate --json` dict, in order; on_kept: keep every text (`keep_all`), else none."""
         results: list = [None] * len(ids)
+        kept = self.keep_all(ids, temperature, k, seed, on_kept) if on_kept else [None] * len(ids)
 
         def ended(i: int, job) -> None:
             results[i] = job.result if job.error is None else {"error": first_line(job.error), "prompt_tokens": ids[i]}
@@ -107,14 +115,31 @@ class Batch:
                 on_result(i, results[i])
 
         for i, prompt in enumerate(ids):
-            self.stepper.add(self.text(prompt, n, temperature, k, seed, stop), partial(ended, i))
+            self.stepper.add(self.text(prompt, n, temperature, k, seed, stop, kept[i]), partial(ended, i))
         self.stepper.run()
         return results
 
-    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool):
-        """One text's operation: what `generate --json` gives, or {"error": one line}."""
+    def keep_all(self, ids: list, temperature: float, k: int, seed: int, on_kept) -> list:
+        """Every text started and kept before any is read, on_kept(i, its id) as each is: each one's record, or the
+        error that refused it. Each Text is dropped: its session's memory is taken again only as it is read."""
+        out = []
+        for i, prompt in enumerate(ids):
+            try:
+                text = Text.start(self.engine, prompt, temperature, k, seed)
+            except VecgptError as e:
+                out.append(e)
+                continue
+            out.append((text.keep(), text.record))
+            on_kept(i, text.id)
+        return out
+
+    def text(self, ids: list[int], n: int, temperature: float, k: int, seed: int, stop: bool, kept=None):
+        """One text's operation: what `generate --json` gives, or {"error": one line}. kept: the (id, record) of the
+        text `keep_all` started for it, or the error that refused it."""
         try:
-            text = Text.start(self.engine, ids, temperature, k, seed)
+            if isinstance(kept, VecgptError):
+                raise kept
+            text = Text.start(self.engine, ids, temperature, k, seed) if kept is None else self.resume(*kept)
         except VecgptError as e:
             return {"error": str(e), "prompt_tokens": ids}
         try:
@@ -123,4 +148,10 @@ class Batch:
         except Exception as e:  # this text fails; the others go on
             return {"error": str(e) or type(e).__name__, "prompt_tokens": ids, "text_id": text.id}
         finally:
-            text.close()
+            if not text.kept:
+                text.close()
+
+    def resume(self, text_id: str, record: dict) -> Text:
+        text = Text.resume(self.engine, text_id, record)
+        text.keep()
+        return text

@@ -280,7 +280,6 @@ def generate_batch(args, config, common: dict) -> int:
         flag
         for flag, on in (
             ("a prompt", args.prompt),
-            ("--keep", args.keep),
             ("--resume", args.resume),
             ("--reference", args.reference),
         )
@@ -301,6 +300,8 @@ def generate_batch(args, config, common: dict) -> int:
             confirm=implicit_load(args, config),
             on_result=printer,
             where=args.batch,
+            keep=args.keep,
+            on_kept=lambda i, text_id: kept_notice(text_id, f"{args.batch}:{i + 1}: "),
             **common,
         )
     failed = [i + 1 for i, out in enumerate(outs) if "error" in out]
@@ -358,8 +359,8 @@ class SaysFirst:
             self.then(piece)
 
 
-def kept_notice(text_id: str) -> None:
-    print(f"vecgpt: text {text_id} is kept; continue it with --resume {text_id}", file=sys.stderr, flush=True)
+def kept_notice(text_id: str, where: str = "") -> None:
+    print(f"vecgpt: {where}text {text_id} is kept; continue it with --resume {text_id}", file=sys.stderr, flush=True)
 
 
 class Echo:
@@ -426,7 +427,12 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p), add_layout_arg(p)
     p.add_argument("prompt", nargs="?")
     p.add_argument("-n", type=int, default=8, help="tokens to generate")
-    p.add_argument("--keep", action="store_true", help="leave the text in the store (its id on stderr and in --json)")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the text in the store (its id on stderr and in --json); with --batch every text, each kept before "
+        "any is read",
+    )
     p.add_argument(
         "--resume",
         metavar="TEXT_ID",
