@@ -377,9 +377,12 @@ def tpuf_config(tmp_path):
     return options, config
 
 
-def test_generate_loads_a_missing_model_only_with_yes_and_states_the_cost(tmp_path, capsys, tiny_model_dir):
-    from vecgpt.cli import main
+def test_generate_loads_a_missing_model_only_with_yes_and_states_the_cost(
+    tmp_path, capsys, tiny_model_dir, monkeypatch
+):
+    from vecgpt.cli import main, store
 
+    monkeypatch.setattr(store, "on_this_machine", lambda _: False)  # as the service: the local server bills nothing
     options, config = tpuf_config(tmp_path)
     argv = ["generate", "--config", str(config), "--model", str(tiny_model_dir), "hi", "-n", "1"]
     assert main(argv) == 2  # stdin is no TTY here: nothing is asked, nothing written
@@ -432,11 +435,12 @@ def test_on_a_terminal_an_implicit_load_is_asked_for_on_stderr(tmp_path, tiny_mo
     for answer, code, loaded in (("n", 2, 0), ("y", 0, 1)):
         leader, follower = pty.openpty()
         os.write(leader, f"{answer}\n".encode())
+        as_the_service = "import sys, vecgpt.cli.store as s; s.on_this_machine = lambda _: False; from vecgpt.cli import main; sys.exit(main(sys.argv[1:]))"
         proc = subprocess.run(
             [
                 sys.executable,
-                "-m",
-                "vecgpt",
+                "-c",
+                as_the_service,
                 "generate",
                 "--config",
                 str(config),
