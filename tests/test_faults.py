@@ -20,7 +20,7 @@ from procs import ROOT, assert_one_line_error, cli, env, finish, needs, store_co
 
 from vecgpt import api, encoding, weights
 from vecgpt.backends.base import get_store, worst_case_s
-from vecgpt.config import load_config
+from vecgpt.config import Config, load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import collection, get, ln_table, matrices, store_fingerprint
@@ -322,3 +322,60 @@ def test_a_damaged_store_folder_is_a_one_line_error(backend, tmp_path, loaded, t
         rc = main(["generate", "--config", str(config), "--model", str(tiny_model_dir), "-n", "2", PROMPT])
         err = capsys.readouterr().err
         assert_one_line_error(rc, err)
+
+
+# 5. the disk fills while a kept text writes -------------------------------------------------------------------
+TEXT_DISK_FULL = """
+set -u
+mount -t tmpfs -o size=64m tmpfs "$STORE"
+vecgpt() { "$PY" -m vecgpt.cli "$@" --backend faiss --store "$STORE" --model "$MODEL"; }
+vecgpt load >/dev/null || exit 90
+used=$(df --output=used -B1 "$STORE" | tail -1)
+mount -o remount,size=$((used + 262144)) "$STORE"
+vecgpt generate "$PROMPT" -n "$N" --keep --temperature 0.8 --seed 5 --no-stop >/dev/null 2>"$OUT/full.err"
+echo $? >"$OUT/full.rc"
+mount -o remount,size=64m "$STORE"
+"$PY" -c "$RESUME" "$STORE" "$N" >"$OUT/resumed.json"
+"""
+RESUME = """
+import json, sys
+from vecgpt.backends.base import get_store
+from vecgpt.engine import Engine
+from vecgpt.text import Text
+store, n = get_store("faiss", path=sys.argv[1]), int(sys.argv[2])
+(text_id,) = store.texts()
+held = store.read_text(text_id)
+text = Text.resume(Engine(store, model=held["model"]), text_id)
+known = [text.candidates(p) for p in range(text.prompt_len, len(text.tokens))]
+text.generate(n - (len(text.tokens) - text.prompt_len), stop=False)
+every = [text.candidates(p) for p in range(text.prompt_len, len(text.tokens))]
+print(json.dumps({"id": text_id, "held": held["tokens"], "known": known, "tokens": text.tokens, "every": every}))
+"""
+
+
+def test_a_full_disk_mid_text_is_one_line_and_loses_no_acknowledged_token(tmp_path, long_model):
+    """On a real tmpfs (a mount namespace of our own, no root) with 256 KiB free once the model is loaded: the text's
+    writes fill it; the record and every row it claims stay; with room, the resumed text ends as the solo run."""
+    needs("faiss")
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode:
+        pytest.skip("no unprivileged mount namespaces here (unshare -rm)")
+    (tmp_path / "store").mkdir()
+    n, names = 150, {"STORE": tmp_path / "store", "MODEL": long_model, "OUT": tmp_path, "PY": sys.executable}
+    extra = {**{k: str(v) for k, v in names.items()}, "N": str(n), "PROMPT": PROMPT, "RESUME": RESUME}
+    done = subprocess.run(["unshare", "-rm", "bash", "-c", TEXT_DISK_FULL], env={**env(), **extra}, timeout=300)
+    assert done.returncode == 0
+    err = (tmp_path / "full.err").read_text()
+    resumed = json.loads((tmp_path / "resumed.json").read_text())
+    lines, text_id, held = err.splitlines(), resumed["id"], resumed["held"]
+    assert (tmp_path / "full.rc").read_text().strip() == "2" and len(lines) == 2 and "is kept" in lines[0], err
+    assert lines[1] == (
+        f"vecgpt: error: the disk filled while writing text {text_id}: its last record ({len(held)} tokens) and "
+        f"every row it claims are intact; free room and continue it with `vecgpt generate --resume {text_id}`"
+    )
+    solo = Config(backend="faiss", store={"path": str(tmp_path / "solo")})  # the CLI's: FAISS's own metric
+    alone = api.generate_text(PROMPT, n, solo, str(long_model), temperature=0.8, seed=5, stop=False)
+    drawn = len(held) - len(alone["prompt_tokens"])
+    assert 0 < drawn < n and held == alone["text_tokens"][: len(held)]  # the kept part of the text, as it was
+    assert resumed["known"] == [s["candidates"] for s in alone["steps"][:drawn]]  # its candidates fetched, every bit
+    assert resumed["tokens"] == alone["text_tokens"]
+    assert resumed["every"] == [s["candidates"] for s in alone["steps"]]

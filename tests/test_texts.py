@@ -11,19 +11,22 @@ import json
 import os
 import select
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
-from procs import cli, finish, store_config, wait_for
+from procs import ROOT, cli, env, finish, store_config, wait_for
 
-from vecgpt import tokenizer, tolerance, weights
+from vecgpt import api, tokenizer, tolerance, weights
 from vecgpt.backends.base import get_store, one_process
+from vecgpt.config import load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import drop, push, store_fingerprint
 from vecgpt.sampling import choose, draw
-from vecgpt.text import Text, gc_texts, list_texts
+from vecgpt.text import FLUSH_EVERY, Text, gc_texts, list_texts
 
 from conftest import SLOW, tiny_params
 
@@ -118,6 +121,57 @@ def test_ctrl_c_leaves_a_kept_text_complete(backend, tmp_path, long_model):
     b = run_json("generate", "--resume", held["id"], "-n", "2", "--json", *args)
     assert b["positions_reread"] == 0
     assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
+
+
+KILLER = """
+import os, signal, sys
+from vecgpt import text_record
+from vecgpt.cli import main
+at, drawn, keep_up = int(os.environ["KILL_AT_TOKEN"]), [0], text_record.Record.keep_up
+def kept_up(self, *args):
+    keep_up(self, *args)
+    drawn[0] += 1
+    if drawn[0] == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+text_record.Record.keep_up = kept_up
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("store_backend", ["memory", "faiss", "lancedb"])  # LanceDB: writes from a thread of their own
+def test_kill_9_loses_only_the_tokens_after_the_last_record_and_a_resume_equals_the_solo_run(
+    store_backend, tmp_path, long_model
+):
+    """`generate -n 60 --keep` SIGKILLs itself once its 40th token is drawn (its writes queued so far, the record
+    perhaps among them): the record in the store claims only what it holds; a resume fetches those positions' keys and
+    candidates, reads the rest again and ends as the uninterrupted run, token for token and logit for logit."""
+    config, options = store_config(store_backend, tmp_path)
+    argv = ["generate", PROMPT, "-n", "60", "--keep", "--config", str(config), "--model", long_model.source, *SAMPLED]
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLER, *argv], env={**env(), "KILL_AT_TOKEN": "40"}, cwd=ROOT, capture_output=True
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    store = get_store(store_backend, **options)
+    (text_id,) = store.texts()
+    held = store.read_text(text_id)
+    drawn = len(held["tokens"]) - held["prompt_len"]
+    if not getattr(store, "concurrent", False):  # writes ride with the rounds: the record is at most a flush behind
+        assert 40 - FLUSH_EVERY - 1 <= drawn < 40, held
+    solo = config.with_name("solo.toml")
+    solo.write_text(config.read_text().replace(str(tmp_path / store_backend), str(tmp_path / "solo")))
+    alone = api.generate_text(PROMPT, 60, load_config(solo), long_model.source, temperature=0.8, seed=5, stop=False)
+    text = Text.resume(Engine(store, model=held["model"]), text_id)
+    assert text.tokens == alone["text_tokens"][: len(text.tokens)]
+    known = [text.candidates(p) for p in range(text.prompt_len, len(text.tokens))]
+    assert known == [s["candidates"] for s in alone["steps"][:drawn]]  # fetched: every claimed row is there
+    text.generate(60 - drawn, stop=False)
+    assert text.tokens == alone["text_tokens"]
+    n_held = len(held["tokens"])  # read again: the held positions without keys, then each token drawn but the last
+    assert text.cost["positions_read"] == n_held - min(held["written"], n_held - 1) + 60 - drawn - 1
+    assert [text.candidates(p) for p in range(text.prompt_len, len(text.tokens))] == [
+        s["candidates"] for s in alone["steps"]
+    ]
+    store.close()
 
 
 @pytest.fixture
