@@ -33,3 +33,27 @@ def test_a_batch_gives_each_text_its_bits_alone_with_each_kernel(tmp_path, tiny_
     ran = {s.get("kernel") for s in store.stats().values()} - {None}
     assert ran <= {kernel, "scan"} and (kernel in ran or kernel == "blas")  # blas: a shape may fail its check
     assert np.isfinite(got[0][0].logits).all()
+
+
+def test_a_text_records_its_kernel_and_resumes_only_on_it(tmp_path, tiny_model):
+    """A kept text computed with one kernel is refused in one line by a store running another (its bits would
+    change), and continues on a store running the one it began with."""
+    from vecgpt.backends.base import get_store
+    from vecgpt.errors import VecgptError
+    from vecgpt.loading import push
+    from vecgpt.text import Text
+
+    path = str(tmp_path / "faiss")
+    store = get_store("faiss", path=path, kernel="scan")
+    key = push(store, tiny_model, "ip", progress=False, layout="five")["fingerprint"]
+    text = Text.start(Engine(store, model=key), [15496, 995])
+    text.generate(2)
+    text_id = text.keep()
+    assert text.settings["kernel"] == "scan"
+    store.close()
+    other = get_store("faiss", path=path, kernel="fixed")
+    with pytest.raises(VecgptError, match=r"computed with the 'scan' kernel .* kernel = \"scan\""):
+        Text.resume(Engine(other, model=key), text_id)
+    other.close()
+    same = get_store("faiss", path=path, kernel="scan")
+    assert Text.resume(Engine(same, model=key), text_id).tokens == text.tokens

@@ -40,6 +40,7 @@ from vecgpt.stepper import run_one
 from vecgpt.text_record import (
     Record,
     check_context,
+    check_kernel,
     check_tokens,
     disk_full,
     gc_texts,
@@ -94,6 +95,7 @@ class Text:
         record = record or read_record(engine.store, text_id)
         if record["model"] != engine.key:
             raise VecgptError(f"text {text_id} runs model {record['model']}, not {engine.key}")
+        check_kernel(engine, text_id, record)
         text = cls(engine, text_id, record, engine.session(SESSION_PREFIX + text_id, create=False))
         if record["written"] or record["scored"] > record["prompt_len"]:  # else nothing was read: nothing to fetch
             text._restore(record)

@@ -30,12 +30,23 @@ def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, see
             "temperature": temperature,
             "top_k": top_k or engine.top_k,
             "attention_top_k": engine.check_top_k(attention_top_k) or engine.attention_top_k,
+            "kernel": getattr(engine.store, "kernel", None),  # an in-process store's: how its products are summed
         },
         "written": 0,
         "scored": len(prompt),
         "created": now,
         "updated": now,
     }
+
+
+def check_kernel(engine: Engine, text_id: str, record: dict) -> None:
+    """A text continues on the kernel it was computed with (its bits depend on it): refused in one line otherwise."""
+    was, now = record["settings"].get("kernel"), getattr(engine.store, "kernel", None)
+    if was is not None and now is not None and was != now:
+        raise VecgptError(
+            f"text {text_id} was computed with the {was!r} kernel and this store runs {now!r}: open the store with "
+            f'[store] kernel = "{was}" to continue it as it began'
+        )
 
 
 class Record:
