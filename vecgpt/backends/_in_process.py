@@ -49,6 +49,15 @@ class Table:
         self, queries: np.ndarray, slots: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray | None]: ...  # dists, slots [m, n] (None: every row, in slot order)
     def topk(self, queries: np.ndarray, k: int, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]: ...
+    def within(self, queries: np.ndarray, radius: np.ndarray, slots: np.ndarray | None) -> list:
+        """A radius search (Search.radius): each query's (dists, slots) of the rows at distance <= its radius, in any
+        order; here all_dists compared in numpy (the memory store's; FAISS has its range search)."""
+        dists, chosen = self.all_dists(queries, slots)
+        if chosen is None:
+            chosen = np.broadcast_to(np.arange(self.n), dists.shape)
+        keep = dists <= radius[:, None]
+        return [(d[mine], rows[mine]) for d, rows, mine in zip(dists, chosen, keep)]
+
     def all_dists_groups(self, queries: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """queries [G, m, dim], each group's over its own rows (slots [G, n]) -> dists [G, m, n]: a layer's heads."""
         if not len(slots):
@@ -253,6 +262,10 @@ class InProcessStore(FolderStore):
         if s.where is not None:
             base.check_where(s.collection, s.where, col.names)
         record(1, len(queries))
+        radius = base.check_radius(s, queries.shape[:1])
+        if radius is not None:
+            found = col.table.within(queries, radius, col.slots(s.where))
+            return base.ragged([(col.ids[rows], d) for d, rows in found], s.k)
         if s.index is not None:
             return self._approximate(s, col, queries)
         slots = col.slots(s.where)
@@ -297,7 +310,7 @@ class InProcessStore(FolderStore):
     def _groups(self, s: Search) -> Hits:
         """A grouped search of every row of each group (a layer's heads): the groups' rows found together, then one
         scan of each group's queries over its rows (FAISS: one kernel call for them all). Others: group by group."""
-        if s.k is not None or s.vectors or s.index:
+        if s.k is not None or s.vectors or s.index or s.radius is not None:
             return base.apart(lambda plain: [self._search(p) for p in plain], [s])[0]
         col = self._col(s.collection)
         queries = base.check_grouped(s.collection, s.queries, col.table.dim)

@@ -107,6 +107,9 @@ def stacked(arrays: Sequence[np.ndarray]) -> np.ndarray:
 
 
 class Hits(NamedTuple):
+    """A search's rows. A radius search's (Search.radius) are ragged: n is the most rows any query (of any group)
+    found, each query's rows nearest first (ties by id), padded after them with id -1 and distance inf."""
+
     ids: np.ndarray  # [m, n] int64
     dists: np.ndarray  # [m, n] in the store's precision (float64 where it gives it)
     vectors: np.ndarray | None = None  # [m, n, dim] float32, the rows as stored, where the Search asked for them
@@ -138,6 +141,10 @@ class Search:
     # An approximate search (with k): the store's index of that kind (one of its `indexes`, e.g. "hnsw") over the
     # rows that match `where`'s equalities, its ranges applied as the index's filter. None: exact.
     index: str | None = None
+    # A radius search: a radius per query ([m]; grouped: [G, m]) in the store's distance. Each query gets every row
+    # matching `where` at a distance <= its radius (a row exactly at it included), with k at most the k nearest of
+    # them; ragged Hits (see Hits), never vectors, never an index. None: no radius.
+    radius: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -227,8 +234,17 @@ def apart(search_many, searches: Sequence[Search]) -> list[Hits]:
 def each_group(s: Search) -> list[Search]:
     """A grouped Search (Search.by) as one plain Search per group."""
     where = group_filter(s)
+    radius = check_radius(s, np.shape(s.queries)[:-1])
     return [
-        Search(s.collection, q, s.k, Where({**where.eq, s.by: g}, where.lt, where.ge), s.vectors, index=s.index)
+        Search(
+            s.collection,
+            q,
+            s.k,
+            Where({**where.eq, s.by: g}, where.lt, where.ge),
+            s.vectors,
+            index=s.index,
+            radius=None if radius is None else radius[g],
+        )
         for g, q in enumerate(s.queries)
     ]
 
@@ -249,10 +265,79 @@ def joined(s: Search, hits: Sequence[Hits]) -> Hits:
     if not hits:  # no groups
         m = np.shape(s.queries)[1] if np.ndim(s.queries) == 3 else 0
         return Hits(np.zeros((0, m, 0), np.int64), np.zeros((0, m, 0)))
+    if s.radius is not None:  # ragged: each group's rows padded to the most any query found
+        n = max(h.ids.shape[-1] for h in hits)
+        return Hits(stacked([padded(h.ids, n, -1) for h in hits]), stacked([padded(h.dists, n, np.inf) for h in hits]))
     check_groups(s.collection, [h.ids.shape[-1] for h in hits])
     vectors = None if hits[0].vectors is None else stacked([h.vectors for h in hits])
     scored = None if any(h.scored is None for h in hits) else sum(h.scored for h in hits)
     return Hits(stacked([h.ids for h in hits]), stacked([h.dists for h in hits]), vectors, scored)
+
+
+def check_radius(s: Search, shape: Sequence[int]) -> np.ndarray | None:
+    """A radius search's radii, float64 of its queries' shape (shape: [m], or [G, m] grouped); None without one."""
+    if s.radius is None:
+        return None
+    radius = np.asarray(s.radius, np.float64)
+    if radius.shape != tuple(shape):
+        raise VecgptError(
+            f"a radius search of {s.collection!r} takes a radius per query, shape {tuple(shape)}, not {radius.shape}"
+        )
+    if np.isnan(radius).any():
+        raise VecgptError(f"a radius search of {s.collection!r} has a radius that is NaN")
+    if s.vectors or s.index is not None:
+        raise VecgptError(f"a radius search of {s.collection!r} takes neither vectors nor an index")
+    return radius
+
+
+def ragged(found: Sequence[tuple[np.ndarray, np.ndarray]], k: int | None = None, shape: tuple = ()) -> Hits:
+    """A radius search's Hits from each query's (ids, dists) in any order: nearest first (ties by id), at most k,
+    padded to the most rows with id -1 and distance inf; shape: the queries' ([m] by default, [G, m] grouped)."""
+    rows = []
+    for ids, dists in found:
+        order = np.lexsort((ids, dists))[:k]
+        rows.append((np.asarray(ids, np.int64)[order], np.asarray(dists, np.float64)[order]))
+    n = max((len(ids) for ids, _ in rows), default=0)
+    ids = np.stack([padded(i, n, -1) for i, _ in rows]) if rows else np.zeros((0, 0), np.int64)
+    dists = np.stack([padded(d, n, np.inf) for _, d in rows]) if rows else np.zeros((0, 0))
+    shape = tuple(shape) or (len(rows),)
+    return Hits(ids.reshape(*shape, n), dists.reshape(*shape, n))
+
+
+def padded(a: np.ndarray, n: int, fill) -> np.ndarray:
+    """a [..., n'] widened to [..., n] by `fill` after its own entries."""
+    if a.shape[-1] == n:
+        return a
+    out = np.full((*a.shape[:-1], n), fill, a.dtype)
+    out[..., : a.shape[-1]] = a
+    return out
+
+
+def by_query(which: np.ndarray, ids: np.ndarray, dists: np.ndarray, m: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Rows of m queries, row j query which[j] (0..m-1), as each query's (ids, dists): for `ragged`."""
+    order = np.argsort(which, kind="stable")
+    ends = np.searchsorted(which[order], np.arange(m + 1)).tolist()
+    ids, dists = ids[order], dists[order]
+    return [(ids[a:b], dists[a:b]) for a, b in zip(ends[:-1], ends[1:])]
+
+
+def float32_at_most(r: float, distance=float, near: float | None = None) -> np.float32:
+    """The largest float32 x whose distance(x) <= r, for a store that holds a distance as a float32 x and gives the
+    protocol's distance(x) (non-decreasing; default x itself). A store comparing x < nextafter of it (or x <= it)
+    keeps exactly the rows at distance <= r: where its threshold is a float32 and strict (FAISS, Milvus, LanceDB).
+    near: an x about there (default r), from which it steps a float32 at a time."""
+    start = r if near is None else near
+    x = np.float32(min(max(start, -FLOAT32_MAX), FLOAT32_MAX)) if np.isfinite(start) else np.float32(start)
+    down, up = np.float32(-np.inf), np.float32(np.inf)
+    with np.errstate(over="ignore"):
+        while np.isfinite(x) and distance(x) > r:
+            x = np.nextafter(x, down)
+        while x != up and distance(np.nextafter(x, up)) <= r:
+            x = np.nextafter(x, up)
+    return x
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_groups(name: str, counts: Sequence[int]) -> None:

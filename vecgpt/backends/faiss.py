@@ -18,7 +18,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from vecgpt.backends import _kernel, _product
+from vecgpt.backends import _kernel, _product, base
 from vecgpt.backends._in_process import InProcessStore, Table
 from vecgpt.errors import VecgptError
 
@@ -446,6 +446,23 @@ class FaissTable(Table):
         with own_blas():
             d, found = self.index.search(np.ascontiguousarray(queries), k, params=selector(slots))
         return self._sign(d), found
+
+    def within(self, queries, radius, slots):
+        """A radius search: FAISS's range search (its one-query kernels' sums), the filter as its selector, a call for
+        each radius (it takes one). It keeps d < radius (l2) or a product > radius (ip), in float32: the radius sent
+        is the float32 next to the last distance kept (base.float32_at_most), so a row exactly at it is kept."""
+        q, out, params = np.ascontiguousarray(queries, np.float32), [None] * len(queries), selector(slots)
+        for r in np.unique(radius):
+            at = np.flatnonzero(radius == r)
+            last = base.float32_at_most(float(r))
+            bound = np.nextafter(last, np.float32(np.inf)) if self.metric == "l2" else -last
+            if self.metric == "ip":  # FAISS keeps products > bound: those >= -last
+                bound = np.nextafter(bound, np.float32(-np.inf))
+            faiss.omp_set_num_threads(1)
+            lims, d, found = self.index.range_search(q[at], float(bound), params=params)
+            for j, i in enumerate(at.tolist()):
+                out[i] = (self._sign(d[lims[j] : lims[j + 1]]), found[lims[j] : lims[j + 1]])
+        return out
 
     def approximate(self, queries, k, within, allowed, group):
         """The k nearest of the rows `allowed` (ascending slots, all in `within`) by an HNSW graph of the rows `within`
