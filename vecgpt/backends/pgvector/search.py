@@ -37,14 +37,15 @@ class Searching:
             prepared.append(base.check_vectors(s.collection, s.queries, metas[-1].dim))
         # each search's vector dimension where it asks for its rows' vectors and gets them (never a wide collection's)
         dims = [m.dim if s.vectors and m.parts == 1 else None for s, m in zip(searches, metas)]
+        radii = [base.check_radius(s, q.shape[:1]) for s, q in zip(searches, prepared)]
         pieces = []  # (search number, statement, parameters, cost)
-        for s_index, (s, meta, queries, dim) in enumerate(zip(searches, metas, prepared, dims)):
+        for s_index, (s, meta, queries, dim, radius) in enumerate(zip(searches, metas, prepared, dims, radii)):
             if len(queries) == 0 or s.k == 0:
                 continue
             ranges = self._ranges(meta, s)
             for blocks in ranges:
                 text, args = self._search_sql(
-                    len(pieces), meta, queries, s.k, s.where, s.collection, blocks, dim is not None
+                    len(pieces), meta, queries, s.k, s.where, s.collection, blocks, dim is not None, radius
                 )
                 pieces.append((s_index, text, args, len(queries) * max(meta.pages, 1) / len(ranges)))
         found = self._send(pieces, sum(len(q) for q in prepared)) if pieces else {}
@@ -52,11 +53,13 @@ class Searching:
         for p, piece in enumerate(pieces):
             mine[piece[0]].append(p)
         out = []
-        for s, meta, queries, at, dim in zip(searches, metas, prepared, mine, dims):
+        for s, meta, queries, at, dim, radius in zip(searches, metas, prepared, mine, dims, radii):
             per_query = [
                 merge([arrays(found.get((p, i))) for p in at], s.k, meta.parts) for i in range(1, len(queries) + 1)
             ]
-            out.append(hits(s.collection, len(queries), per_query, dim))
+            out.append(
+                hits(s.collection, len(queries), per_query, dim) if radius is None else within(per_query, s, radius)
+            )
         return out
 
     def _ranges(self, meta: Meta, s: Search) -> list:
@@ -79,9 +82,10 @@ class Searching:
         record(len(jobs), subqueries)
         return {(p, i): (ids, dists, vectors) for rows in self._run_all(jobs) for p, i, ids, dists, vectors in rows}
 
-    def _search_sql(self, s_index, meta, queries, k, where, name, blocks=None, vectors=False):
+    def _search_sql(self, s_index, meta, queries, k, where, name, blocks=None, vectors=False, radius=None):
         """One SELECT giving (search, query number, ids[], dists[], vectors[][] or NULL) rows for one search
-        (blocks: the rows in that page range; vectors: the rows' vectors too): its text, params."""
+        (blocks: the rows in that page range; vectors: the rows' vectors too; radius: only the rows within each
+        query's, but for a wide collection, whose distances are summed here): its text, params."""
         filters = []
         if where is not None:
             base.check_where(name, where, meta.attrs)
@@ -90,8 +94,9 @@ class Searching:
                 for op, values in (("=", where.eq), ("<", where.lt), (">=", where.ge))
                 for attr, value in sorted(values.items())
             ]
-        single = len(queries) == 1
-        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks, vectors)
+        ranged = radius is not None and meta.parts == 1
+        single = len(queries) == 1 and not ranged
+        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks, vectors, ranged)
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
             text = self._sql[key] = search_sql(
@@ -104,6 +109,7 @@ class Searching:
                 meta.parts,
                 blocks,
                 vectors,
+                ranged,
             ).as_string(self.conn)
         args = [f[2] for f in filters]
         if meta.parts > 1:  # a vector (single) or an array of vectors per part
@@ -111,6 +117,8 @@ class Searching:
             return text, [
                 split_queries[0, p] if single else list(split_queries[:, p]) for p in range(meta.parts)
             ] + args
+        if ranged:
+            return text, [list(queries), radius.tolist(), *args]
         return text, [queries[0] if single else list(queries), *args]
 
 
@@ -134,6 +142,13 @@ def hits(name: str, m: int, found: list[tuple], dim: int | None = None) -> Hits:
         return Hits(ids[None], dists[None], None if dim is None else vectors[None])
     ids, dists = np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found])
     return Hits(ids, dists, None if dim is None else np.stack([f[2] for f in found]))
+
+
+def within(found: list[tuple], s: Search, radius) -> Hits:
+    """A radius search's ragged Hits from each query's rows: those within its radius (already so, but for a wide
+    collection's, whose distances are summed here), at most k."""
+    rows = [(ids[dists <= r], dists[dists <= r]) for (ids, dists, _), r in zip(found, radius.tolist())]
+    return base.ragged(rows, s.k)
 
 
 def fetch_rows(conn: psycopg.Connection, query: str, params: list) -> list:

@@ -26,6 +26,7 @@ SEARCH = {
     "FROM unnest(%b::vector[]) WITH ORDINALITY q(v, i) CROSS JOIN LATERAL "
     "(SELECT t.id, {dist} AS d FROM {table} t{cond} ORDER BY d, t.id LIMIT {k}) x GROUP BY q.i",
 }
+RADII = "unnest(%b::vector[], %b::float8[]) WITH ORDINALITY q(v, r, i)"  # a radius search's queries and radii
 NO_VECTORS = ", NULL::real[]"  # a UNION ALL's statements all have the fifth column
 # The k nearest's vectors are looked up by id once they are chosen: read with every row scanned, each row's vector
 # would go through the sort.
@@ -63,12 +64,16 @@ def search_sql(
     parts: int = 1,
     blocks: tuple[int, int | None] | None = None,
     vectors: bool = False,
+    radius: bool = False,
 ) -> sql.Composed:
     """The statement of one search: search number s_index, (op, attribute) filters taking %s parameters,
     (blocks) only the rows in pages [lo, hi), (vectors) the rows' vectors too, but never a wide collection's
     (parts > 1: its fifth column is NULL); the query vector(s) first: one per part (single), or one array per
-    part."""
+    part. With radius (several queries, one part): the rows at distance <= each query's radius, an array of
+    float8 radii the parameter after the queries'."""
     conditions = [sql.SQL("t.{} " + op + " %s").format(sql.Identifier(attr)) for op, attr in filters]
+    if radius:
+        conditions.append(sql.SQL(DISTANCE[metric] + " <= q.r").format(sql.SQL("t.embedding"), sql.SQL("q.v")))
     conditions += block_conditions(blocks)
     cond = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL("")
     fmt = dict(s=sql.Literal(s_index), table=table, cond=cond, vec=sql.SQL(NO_VECTORS))
@@ -79,9 +84,10 @@ def search_sql(
     if parts > 1:
         return wide_sql(metric, single, k, parts, fmt)
     q = sql.SQL("%b::vector") if single else sql.SQL("q.v")
-    return sql.SQL(SEARCH[single, k is not None]).format(
-        dist=sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q), **fmt
-    )
+    template = SEARCH[single, k is not None]
+    if radius:
+        template = template.replace("unnest(%b::vector[]) WITH ORDINALITY q(v, i)", RADII)
+    return sql.SQL(template).format(dist=sql.SQL(DISTANCE[metric]).format(sql.SQL("t.embedding"), q), **fmt)
 
 
 def block_conditions(blocks: tuple[int, int | None] | None) -> list[sql.Composed]:
