@@ -25,9 +25,11 @@ class Plan(NamedTuple):
     queries: np.ndarray
     where: Where | None
     shape: tuple
+    radius: np.ndarray | None  # a radius search's, of the queries' shape
 
     def sql(self, table: str) -> str:
-        return search_sql(self.meta, table, self.shape[-1], self.s.k, self.where, self.s.by, self.s.vectors)
+        s = self.s
+        return search_sql(self.meta, table, self.shape[-1], s.k, self.where, s.by, s.vectors, self.radius is not None)
 
     def columns(self) -> tuple:
         """What its statement's rows hold: searches alike in this go in one UNION ALL."""
@@ -69,11 +71,12 @@ class Searching:
             queries, where = base.check_vectors(s.collection, s.queries, meta.dim), s.where
             base.check_where(s.collection, where, meta.attrs)
         shape = queries.shape[:-1]  # (m,), or (groups, m)
+        radius = base.check_radius(s, shape)
         if queries.size == 0 or s.k == 0:
             return empty(shape, meta.dim if s.vectors else None)
         if s.by and s.k is not None:  # a top-k of each group (no caller sends one): a search per group
             return base.apart(lambda plain: [self._one(p) for p in plain], [s])[0]
-        return Plan(s, meta, queries, where, shape)
+        return Plan(s, meta, queries, where, shape, radius)
 
     def _one(self, s: Search) -> Hits:
         plan = self._plan(s)
@@ -86,7 +89,7 @@ class Searching:
         names = [f"vecgpt_queries_{j}" if j else "vecgpt_queries" for j in range(len(plans))]
         with ExitStack() as registered:
             for name, plan in zip(names, plans):
-                registered.enter_context(self._registered(name, query_table(plan.queries)))
+                registered.enter_context(self._registered(name, query_table(plan.queries, plan.radius)))
             if len(plans) == 1:
                 return [hits(plans[0], self.con.sql(plans[0].sql(names[0])).to_arrow_table())]
             result = self.con.sql(self._union(plans, names)).to_arrow_table()
@@ -107,6 +110,15 @@ def empty(shape: tuple, dim: int | None) -> Hits:
     return Hits(np.zeros((*shape, 0), np.int64), np.zeros((*shape, 0)), vectors)
 
 
+def within(plan: Plan, key: np.ndarray, result: pa.Table) -> Hits:
+    """A radius search's rows (query `key`, any order) as ragged Hits: the statement kept each query's within its
+    radius (and k)."""
+    dists = result["d"].to_numpy().astype(np.float64)
+    dists = dists**2 if plan.meta.metric == "l2" else dists
+    rows = base.by_query(key, result["id"].to_numpy(), dists, int(np.prod(plan.shape)))
+    return base.ragged(rows, plan.s.k, plan.shape)
+
+
 def hits(plan: Plan, result: pa.Table) -> Hits:
     """A search's rows as Hits [*shape, n]: rows come by query (sorted here when the statement did not), each query's
     rows in any order (k: nearest first). l2 distances are squared in float64, exactly."""
@@ -115,6 +127,8 @@ def hits(plan: Plan, result: pa.Table) -> Hits:
     key = result["i"].to_numpy()
     if len(shape) == 2:  # grouped: query i of group g
         key = result["g"].to_numpy() * shape[1] + key
+    if plan.radius is not None:
+        return within(plan, key, result)
     order = None if np.all(key[:-1] <= key[1:]) else np.argsort(key, kind="stable")
     counts = np.bincount(key, minlength=int(np.prod(shape))).reshape(-1, shape[-1])
     base.check_groups(name, counts[:, 0].tolist())

@@ -16,6 +16,11 @@ RESERVED = {"id", "v", "payload", "i", "g"}  # a collection table's own columns,
 # square is taken in float64 here, exact for a float32).
 DISTANCE = {"ip": "array_negative_inner_product(w.v, q.v)", "l2": "array_distance(w.v, q.v)"}
 OPS = {np.equal: "=", np.less: "<", np.greater_equal: ">="}
+# A radius search's condition: the distance as the store gives it, in DOUBLE (l2: the root squared, as hits() does).
+WITHIN = {
+    "ip": f"CAST({DISTANCE['ip']} AS DOUBLE) <= q.r",
+    "l2": f"CAST({DISTANCE['l2']} AS DOUBLE) * CAST({DISTANCE['l2']} AS DOUBLE) <= q.r",
+}
 
 
 @dataclass
@@ -58,12 +63,20 @@ def terms(where: Where | None) -> list[str]:
 
 
 def search_sql(
-    meta: Meta, queries: str, m: int, k: int | None, where: Where | None, by: str | None, vectors: bool
+    meta: Meta,
+    queries: str,
+    m: int,
+    k: int | None,
+    where: Where | None,
+    by: str | None,
+    vectors: bool,
+    radius: bool = False,
 ) -> str:
-    """One statement scoring the m queries of the table `queries` (columns i, v; g for a grouped search) against the
-    rows of a collection that match: rows (g,) i, id, d (the store's distance) and (vectors) the rows' v as rv.
-    With k (not grouped): each query's k nearest (ties by id), ordered by query, then distance, then id, as one
-    top-k per query (DuckDB's top-N; a window over every query's rows sorts them all, 20x slower)."""
+    """One statement scoring the m queries of the table `queries` (columns i, v; g for a grouped search; r, a radius
+    search's radii) against the rows of a collection that match: rows (g,) i, id, d (the store's distance) and
+    (vectors) the rows' v as rv. With k (not grouped): each query's k nearest (ties by id), ordered by query, then
+    distance, then id, as one top-k per query (DuckDB's top-N; a window over every query's rows sorts them all, 20x
+    slower). With radius: only the rows whose distance, as the store gives it (l2: squared in float64), is <= r."""
     rows = [
         *(["q.g"] if by else []),
         "q.i",
@@ -71,13 +84,14 @@ def search_sql(
         f"{DISTANCE[meta.metric]} AS d",
         *(["w.v AS rv"] if vectors else []),
     ]
-    conditions = terms(where)
+    conditions = terms(where) + ([WITHIN[meta.metric]] if radius else [])
     filtered = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     table = quote(meta.table)
     if k is None:
         joined = f"{table} w JOIN {queries} q ON w.{quote(by)} = q.g" if by else f"{table} w, {queries} q"
         return f"SELECT {', '.join(rows)} FROM {joined}{filtered}"
-    one = f"SELECT {', '.join(rows)} FROM {table} w, (SELECT i, v FROM {queries} WHERE i = {{}}) q{filtered}"
+    taken = "i, v, r" if radius else "i, v"
+    one = f"SELECT {', '.join(rows)} FROM {table} w, (SELECT {taken} FROM {queries} WHERE i = {{}}) q{filtered}"
     parts = [f"({one.format(i)} ORDER BY d, w.id LIMIT {int(k)})" for i in range(m)]
     return " UNION ALL ".join(parts) + " ORDER BY i, d, id"
 
@@ -95,10 +109,12 @@ def floats(column, width: int) -> np.ndarray:
     return column.combine_chunks().flatten().to_numpy().reshape(-1, width)
 
 
-def query_table(queries: np.ndarray) -> pa.Table:
-    """Queries [m, dim] (or [G, m, dim]: groups) as the Arrow table a search statement reads: i, (g,) v."""
+def query_table(queries: np.ndarray, radius: np.ndarray | None = None) -> pa.Table:
+    """Queries [m, dim] (or [G, m, dim]: groups) as the Arrow table a search statement reads: i, (g,) v, and a radius
+    search's radii (of the queries' shape) as r."""
+    radii = {} if radius is None else {"r": np.asarray(radius, np.float64).ravel()}
     if queries.ndim == 3:
         groups, m, dim = queries.shape
         g, i = np.divmod(np.arange(groups * m, dtype=np.int64), m)
-        return pa.table({"g": g, "i": i, "v": fixed(queries.reshape(groups * m, dim))})
-    return pa.table({"i": np.arange(len(queries), dtype=np.int64), "v": fixed(queries)})
+        return pa.table({"g": g, "i": i, "v": fixed(queries.reshape(groups * m, dim)), **radii})
+    return pa.table({"i": np.arange(len(queries), dtype=np.int64), "v": fixed(queries), **radii})
