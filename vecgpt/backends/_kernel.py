@@ -3,9 +3,10 @@
 Each (query, row) output is summed over the dimension in increasing order, one float32 (or float64) multiply and one
 add a term (l2: a subtract, a multiply, an add), starting from zero: no fused multiply-add, no reassociation, so the
 bits are the IEEE rounding of that one sequence, whoever else is searched and whichever path computes it. The work is
-vectorised across rows: a tile of VL rows is transposed in registers into a small buffer (dim x VL, in L1/L2), and the
-queries run over it in blocks of 8, 4 and 1, each query's value broadcast and multiplied into VL rows at once. One
-query reads each row once (as fast as a matrix-vector product, memory-bound); many reuse the tile from cache.
+vectorised across rows, each query's value broadcast and multiplied into a vector of rows at once. Up to DIRECT_UP_TO
+queries read a tile's rows in place (@direct: 8 rows x 8 floats transposed in registers a step, the next tile
+prefetched into L2): as fast as FAISS's one-query scan, memory-bound. More transpose each tile once into a small
+buffer (dim x tile rows, in L1/L2) and run over it in blocks of 8, 4, 2 and 1 (@scan), reusing it from cache.
 
 The kernel is LLVM IR written here and compiled once per process by llvmlite (numba's code generator): numba's own
 loops left it scalar (numba keeps LLVM's SLP vectorizer off), and its transposes went through scatters, 2.3 ms for

@@ -39,12 +39,13 @@ PARALLEL_WORK = 1 << 24  # multiply-adds a search needs before OpenMP's threads 
 # a block at a time, each block for every query while it is in a core's L2 cache: the rows are read from memory
 # once for all the queries, and each query's sums are FAISS's one-query kernel's, whatever else is searched with it.
 BLOCK_BYTES = 1 << 20
-# How a search of every row is computed (docs/faiss.md, "Kernels"). "scan": FAISS's one-query kernel for one query,
-# its by-index kernel over blocks of rows for several. "fixed": the fixed-order kernel (_kernel) for any number of
-# queries, each sum in increasing dimension order. "blas": an inner-product search is one matrix product (_product)
-# for any number of queries, one included, where the check passed for the matrix's shape (else, and for l2, "scan").
+# How a search of every row is computed (docs/faiss.md, "Kernels"). "fixed" (the default): the fixed-order kernel
+# (_kernel) for any number of queries, each sum in increasing dimension order: one query about as fast as "scan",
+# several near numpy's sgemm. "scan": FAISS's one-query kernel for one query, its by-index kernel over blocks of rows
+# for several. "blas": an inner-product search is one matrix product (_product) for any number of queries, one
+# included, where the check passed for the matrix's shape (else, and for l2, "scan").
 KERNELS = ("scan", "fixed", "blas")
-DEFAULT_KERNEL = "scan"
+DEFAULT_KERNEL = "fixed"
 OWN_BLAS_FROM = 2  # queries from which FAISS's own search uses BLAS when a store is not invariant
 # The HNSW graphs of approximate key searches (attention_index = "hnsw"): FAISS's defaults but a wider search
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH = 32, 40, 32
@@ -529,8 +530,9 @@ def connect(
     path: str | None = None, threads: int | None = None, invariant: bool = True, kernel: str = DEFAULT_KERNEL
 ) -> FaissStore:
     """invariant=False: several queries take FAISS's own search (BLAS), so a query's result depends on the others
-    sent with it (texts sharing rounds then differ from alone in the last bits; docs/batching.md). kernel: "scan"
-    (FAISS's own kernels, a query at a time), "fixed" (the fixed-order kernel) or "blas" (one checked matrix product).
+    sent with it (texts sharing rounds then differ from alone in the last bits; docs/batching.md). kernel: "fixed" (the
+    fixed-order kernel, the default), "scan" (FAISS's own kernels, a query at a time) or "blas" (one checked matrix
+    product).
     The settings are this store's alone; nothing module-wide changes."""
     if kernel not in KERNELS:
         raise VecgptError(f"faiss: kernel {kernel!r} is not one of {', '.join(KERNELS)}; set [store] kernel to one")
