@@ -38,15 +38,31 @@ class Table(NamedTuple):
 def statement(table: Table, where: Where | None, ranged: bool, vectors: bool) -> tuple[str, list[int]]:
     """The KNN for one query vector (parameters: the vector, k, then the returned values, then with `ranged`
     the id range [lo, hi)): its text and the filter's values."""
+    terms, values = filter_terms(where)
+    terms += [f"{ID} >= ?", f"{ID} < ?"] if ranged else []
+    columns = "id, distance, vector" if vectors else "id, distance"
+    text = f"SELECT {columns} FROM {quoted(table.name)} WHERE vector MATCH ? AND k = ?"
+    return text + "".join(f" AND {t}" for t in terms), values
+
+
+def radius_statement(table: Table, where: Where | None) -> tuple[str, list[int]]:
+    """A radius search of one query vector: sqlite-vec's KNN needs a k, so a scan of the matching rows by its
+    distance function, those whose distance squared (in float64, as found() squares it) is <= the radius, nearest
+    first, at most k (-1: every one). Parameters: the vector, the filter's values, the radius, k."""
+    terms, values = filter_terms(where)
+    inner = f"SELECT id, vec_distance_l2(vector, ?) AS distance FROM {quoted(table.name)}"
+    inner += " WHERE " + " AND ".join(terms) if terms else ""
+    return f"SELECT id, distance FROM ({inner}) WHERE distance * distance <= ? ORDER BY distance, id LIMIT ?", values
+
+
+def filter_terms(where: Where | None) -> tuple[list[str], list[int]]:
+    """A filter's terms (? for each value) and their values."""
     terms, values = [], []
     for op, kind in OPS:
         for attr, value in sorted(getattr(where, kind).items()) if where is not None else []:
             terms.append(f"{quoted(attr)} {op} ?")
             values.append(int(value))
-    terms += [f"{ID} >= ?", f"{ID} < ?"] if ranged else []
-    columns = "id, distance, vector" if vectors else "id, distance"
-    text = f"SELECT {columns} FROM {quoted(table.name)} WHERE vector MATCH ? AND k = ?"
-    return text + "".join(f" AND {t}" for t in terms), values
+    return terms, values
 
 
 def pieces(lo: int, hi: int, limit: int) -> list[tuple[int, int]]:

@@ -45,25 +45,26 @@ class Searching:
             queries.append(base.check_vectors(s.collection, s.queries, table.dim))
             base.check_where(s.collection, s.where, table.attrs)
         record(1, sum(len(q) for q in queries))  # its KNNs sent at once, a few statements (_run)
+        radii = [base.check_radius(s, q.shape[:1]) for s, q in zip(searches, queries)]
         pieces = []
         for si, (s, table, q) in enumerate(zip(searches, tables, queries)):
             if s.k != 0:
-                spans = self._spans(s.collection, table)
-                pieces += [
-                    Piece(si, qi, span, min(s.k or self.limit, self.limit)) for qi in range(len(q)) for span in spans
-                ]
-        self._run(pieces, searches, tables, queries)
-        cut = {(p.si, p.qi) for p in pieces if self._cut(p, searches[p.si])}
+                spans, k = self._spans(s.collection, table), min(s.k or self.limit, self.limit)
+                if radii[si] is not None:  # a scan, not a KNN: no limit on its k (-1: every row)
+                    spans, k = [None], -1 if s.k is None else s.k
+                pieces += [Piece(si, qi, span, k) for qi in range(len(q)) for span in spans]
+        self._run(pieces, searches, tables, queries, radii)
+        cut = {(p.si, p.qi) for p in pieces if radii[p.si] is None and self._cut(p, searches[p.si])}
         if cut:  # rows past sqlite-vec's k: the search again in ranges of at most k ids, each whole
             ranges = {si: self._ranges(tables[si]) for si, _ in cut}
             cut = {(si, qi) for si, qi in cut if ranges[si]}
             pieces = [p for p in pieces if (p.si, p.qi) not in cut]
             more = [Piece(si, qi, span, self.limit) for si, qi in sorted(cut) for span in ranges[si]]
-            self._run(more, searches, tables, queries)
+            self._run(more, searches, tables, queries, radii)
             pieces += more
         return [
-            hits(s, [[p.found for p in pieces if p.si == si and p.qi == qi] for qi in range(len(q))], t.dim)
-            for si, (s, t, q) in enumerate(zip(searches, tables, queries))
+            hits(s, [[p.found for p in pieces if p.si == si and p.qi == qi] for qi in range(len(q))], t.dim, radius)
+            for si, (s, t, q, radius) in enumerate(zip(searches, tables, queries, radii))
         ]
 
     def _cut(self, p: Piece, s: Search) -> bool:
@@ -73,18 +74,26 @@ class Searching:
         narrow = p.span is not None and p.span[1] - p.span[0] <= self.limit
         return wanted_all and len(p.found.ids) == self.limit and not narrow
 
-    def _run(self, pieces: list[Piece], searches, tables, queries) -> None:
-        """The pieces' KNNs as a few statements run at once, one a thread, each a UNION ALL of up to ARMS of them."""
+    def _run(self, pieces: list[Piece], searches, tables, queries, radii) -> None:
+        """The pieces' KNNs (a radius search's scans) as a few statements run at once, one a thread, each a UNION ALL
+        of up to ARMS of them."""
         statements = {}
         for p in pieces:
             key = (p.si, p.span is not None)
-            if key not in statements:
-                statements[key] = knn.statement(
-                    tables[p.si], searches[p.si].where, p.span is not None, searches[p.si].vectors
-                )
+            if key in statements:
+                continue
+            s = searches[p.si]
+            ranged = p.span is not None
+            statements[key] = (
+                knn.statement(tables[p.si], s.where, ranged, s.vectors)
+                if radii[p.si] is None
+                else knn.radius_statement(tables[p.si], s.where)
+            )
 
         def arm(p: Piece) -> tuple[str, list]:
             text, values = statements[(p.si, p.span is not None)]
+            if radii[p.si] is not None:
+                return text, [queries[p.si][p.qi].tobytes(), *values, float(radii[p.si][p.qi]), p.k]
             return text, [queries[p.si][p.qi].tobytes(), p.k, *values, *(p.span or ())]
 
         def run(chunk: list[Piece]) -> None:
@@ -132,12 +141,15 @@ class Searching:
         return [] if lo is None or hi - lo < self.limit else knn.pieces(lo, hi + 1, self.limit)
 
 
-def hits(s: Search, found: list[list[Found]], dim: int) -> Hits:
-    """A search's Hits [m, n] from each query's pieces (with vectors where it asked); every query saw as many rows."""
+def hits(s: Search, found: list[list[Found]], dim: int, radius=None) -> Hits:
+    """A search's Hits [m, n] from each query's pieces (with vectors where it asked); every query saw as many rows,
+    but in a radius search's (ragged Hits)."""
     width = dim if s.vectors else None
     if s.k == 0:
         return base.no_hits(len(found), width)
     rows = [knn.merged(parts, s.k) for parts in found]
+    if radius is not None:
+        return base.ragged([(f.ids, f.dists) for f in rows], s.k)
     if not rows or not any(len(f.ids) for f in rows):
         return base.no_hits(len(rows), width)
     if len({len(f.ids) for f in rows}) > 1:
