@@ -235,3 +235,25 @@ def test_a_bad_radius_is_refused(make_store, backend):
     ]:
         with pytest.raises(VecgptError, match=words):
             searched(store, [bad])
+
+
+@pytest.mark.parametrize("keeps", [3, 30, 85])
+def test_turbopuffer_pages_until_a_row_lies_beyond_the_radius(make_store, keeps):
+    """turbopuffer has no range query: a radius search asks for the nearest rows, then twice as many while all of
+    them lie within the radius; past max_top_k (50 here) it splits by id ranges as any search. One request when the
+    first page (8 rows) already reaches beyond the radius, more when it was full."""
+    store = make_store("turbopuffer", max_top_k=50)
+    store.first_page = 8
+    x = fill(store, "l2")
+    q = np.random.default_rng(7).standard_normal((1, DIM)).astype(np.float32)
+    keep = WHERE.mask(attributes(), N)
+    t, gap = truth(q, x, "l2"), margin(q, x, "l2", "turbopuffer")
+    radius = np.array([radius_between(t[0, keep], keeps, gap)])
+    with tally() as counts:
+        (hits,) = store.search_many([Search("c", q, where=WHERE, radius=radius)])
+    want = [set((np.flatnonzero(keep & (t[0] <= radius[0])) * 7 + 5).tolist())]
+    assert len(want[0]) == keeps
+    check_ragged(hits, want, np.arange(N) * 7 + 5, t, gap)
+    assert counts["requests"] == 1 if keeps < 8 else counts["requests"] > 1
+    (top,) = store.search_many([Search("c", q, 12, WHERE, radius=radius)])  # k: pages stop at k rows
+    assert top.ids[0][top.ids[0] >= 0].tolist() == hits.ids[0][:12][hits.ids[0][:12] >= 0].tolist()

@@ -10,7 +10,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vecgpt.backends.base import Hits, Search, Where, check_found, check_vectors, check_where, parallel
+from vecgpt.backends.base import (
+    Hits,
+    Search,
+    Where,
+    check_found,
+    check_radius,
+    check_vectors,
+    check_where,
+    parallel,
+    ragged,
+)
 from vecgpt.backends.turbopuffer.filters import MATCH_ALL, range_of, strip_range, to_filter, with_range
 from vecgpt.backends.turbopuffer.plumbing import KNN_SLOTS, MAX_SUBQUERIES
 from vecgpt.errors import VecgptError
@@ -19,35 +29,51 @@ from vecgpt.errors import VecgptError
 class Task:
     """One kNN subquery: query vector `qi` of search `si`, on these replica namespaces, with this filter."""
 
-    __slots__ = ("si", "qi", "replicas", "filter", "limit", "want", "ids", "dists", "vectors")
+    __slots__ = ("si", "qi", "replicas", "filter", "limit", "want", "ids", "dists", "vectors", "radius")
 
-    def __init__(self, si, qi, replicas, filt, limit, want=None):
+    def __init__(self, si, qi, replicas, filt, limit, want=None, radius=None):
         self.si, self.qi, self.replicas, self.filter, self.limit = si, qi, replicas, filt, limit
         self.want = want  # the rows' vectors too, this wide (None: not)
+        self.radius = radius  # a radius search's page: asked again, twice as long, while its rows are all within
         self.ids = self.dists = self.vectors = None
+
+    def full(self) -> bool:
+        """Rows may have been left out: it got as many as it asked for (and, a radius search's page, all within)."""
+        within = self.radius is None or not len(self.ids) or self.dists.max() <= self.radius
+        return len(self.ids) >= self.limit and within
 
 
 class Searching:
     """search, search_many and fetch of a TurbopufferStore."""
 
+    first_page = 128  # rows a radius search's subquery asks for first (then twice as many, and so on)
+
     def search(self, name, queries, k=None, where=None) -> Hits:
         return self.search_many([Search(name, queries, k, where)])[0]
 
     def search_many(self, searches: Sequence[Search]) -> list[Hits]:
-        """Every query vector of every search is one subquery; all of them go out at once."""
+        """Every query vector of every search is one subquery; all of them go out at once. turbopuffer has no range
+        query: a radius search's subquery asks for the nearest `first_page` rows, then twice as many while every row
+        that came was within the radius (up to max_top_k, then split by id ranges as any search)."""
         tasks, shapes = [], []
         for si, s in enumerate(searches):
             spec = self._spec(s.collection)
             q = check_vectors(s.collection, s.queries, spec["dim"])
             check_where(s.collection, s.where, spec["attrs"])
+            radius = check_radius(s, q.shape[:1])
             limit = self.max_top_k if s.k is None or s.k > self.max_top_k else s.k
+            limit = limit if radius is None else min(limit, self.first_page)
             want = spec["dim"] if s.vectors else None  # the rows' vectors too, this wide
-            shapes.append((q, s.k, want))
+            shapes.append((q, s.k, want, radius))
             for replicas, filt in self._targets(s.collection, spec, s.where):
-                tasks += [Task(si, qi, replicas, filt, limit, want) for qi in range(len(q))]
-        queries = [q for q, _, _ in shapes]
+                tasks += [
+                    Task(si, qi, replicas, filt, limit, want, None if radius is None else radius[qi])
+                    for qi in range(len(q))
+                ]
+        queries = [shape[0] for shape in shapes]
         self._run(tasks, queries)
-        cut = [t for t in tasks if len(t.ids) >= t.limit and (shapes[t.si][1] is None or shapes[t.si][1] > t.limit)]
+        self._pages(tasks, queries, [shape[1] for shape in shapes])
+        cut = [t for t in tasks if t.full() and (shapes[t.si][1] is None or shapes[t.si][1] > t.limit)]
         while cut:  # results that may be cut short at the row limit: split by id ranges and ask again
             gone = set(cut)
             tasks = [t for t in tasks if t not in gone]
@@ -55,7 +81,20 @@ class Searching:
             self._run(more, queries)
             tasks += more
             cut = [t for t in more if len(t.ids) >= t.limit]
-        return [self._assemble(q, k, [t for t in tasks if t.si == si], want) for si, (q, k, want) in enumerate(shapes)]
+        return [
+            self._assemble(q, k, [t for t in tasks if t.si == si], want, radius)
+            for si, (q, k, want, radius) in enumerate(shapes)
+        ]
+
+    def _pages(self, tasks: list[Task], queries: list[np.ndarray], ks: list[int | None]) -> None:
+        """A radius search's subqueries whose rows all lay within the radius, asked again for twice as many rows
+        until one lies beyond it, fewer rows match, k rows came, or they ask for max_top_k."""
+        most = [self.max_top_k if k is None else min(k, self.max_top_k) for k in ks]
+        more = [t for t in tasks if t.radius is not None]
+        while more := [t for t in more if t.full() and t.limit < most[t.si]]:
+            for t in more:
+                t.limit = min(2 * t.limit, most[t.si])
+            self._run(more, queries)
 
     def _targets(self, name: str, spec: dict, where: Where | None) -> list[tuple[list[str], list]]:
         part = spec["partition"]
@@ -127,12 +166,15 @@ class Searching:
             span = self._spans[ns] = (0, int(rows[0]["id"]) + 1 if rows else 1)
         return span
 
-    def _assemble(self, q: np.ndarray, k: int | None, tasks: list[Task], dim: int | None) -> Hits:
-        """One search's Hits from its subqueries' rows (dim: with the rows' vectors, that wide)."""
+    def _assemble(self, q: np.ndarray, k: int | None, tasks: list[Task], dim: int | None, radius=None) -> Hits:
+        """One search's Hits from its subqueries' rows (dim: with the rows' vectors, that wide; radius: those within
+        each query's, as ragged Hits)."""
         m = len(q)
         per = [[t for t in tasks if t.qi == i] for i in range(m)]
         ids = [np.concatenate([t.ids for t in ts]) if ts else np.zeros(0, np.int64) for ts in per]
         dists = [np.concatenate([t.dists for t in ts]) if ts else np.zeros(0) for ts in per]
+        if radius is not None:
+            return ragged([(i[d <= r], d[d <= r]) for i, d, r in zip(ids, dists, radius.tolist())], k)
         rows = (
             [np.vstack([t.vectors for t in ts]) if ts else np.zeros((0, dim), np.float32) for ts in per]
             if dim
