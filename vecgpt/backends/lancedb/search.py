@@ -40,7 +40,7 @@ class Searching:
             for js in tables.values()
             if len(js) > 1
             and all(searches[j].k is None and searches[j].where is not None for j in js)
-            and not any(searches[j].vectors for j in js)
+            and not any(searches[j].vectors or searches[j].radius is not None for j in js)
         ]
         out: list = [None] * len(searches)
         rest = sorted(set(range(len(searches))) - {j for js in unions for j in js})
@@ -57,20 +57,25 @@ class Searching:
         projections: one hop, not 12 threads' hops, each paying the runtime's fixed cost; docs/lancedb.md)."""
         tables = [self._table(s.collection) for s in searches]
         queries = [base.check_vectors(s.collection, s.queries, t.dim) for s, t in zip(searches, tables)]
-        for s, t, q in zip(searches, tables, queries):
+        radii = [base.check_radius(s, q.shape[:1]) for s, q in zip(searches, queries)]
+        for s, t, q, r in zip(searches, tables, queries, radii):
             base.check_where(s.collection, s.where, t.attrs)
-            record(1, len(q))
+            record(1 if r is None else len(np.unique(r)), len(q))  # a radius search: a query for each radius
         with ExitStack() as held:
             for table in {id(t): t for t in tables}.values():
                 held.enter_context(table.lock.read())
             limits = [t.row_count() if s.k is None else min(s.k, t.row_count()) for s, t in zip(searches, tables)]
             sent = [
-                (t, q, n, s.where, s.vectors) for s, t, q, n in zip(searches, tables, queries, limits) if n and len(q)
+                nearest(t, q, n, s.where, s.vectors) if r is None else within(t, q, r, n, s.where)
+                for s, t, q, n, r in zip(searches, tables, queries, limits, radii)
+                if n and len(q)
             ]
-            found = iter(on_this_thread(gather(*(nearest(*args) for args in sent))))
+            found = iter(on_this_thread(gather(*sent)))
         return [
-            hits(next(found), t, len(q)) if n and len(q) else base.no_hits(len(q), t.dim if s.vectors else None)
-            for s, t, q, n in zip(searches, tables, queries, limits)
+            (hits(next(found), t, len(q)) if r is None else base.ragged(next(found), s.k))
+            if n and len(q)
+            else base.no_hits(len(q), t.dim if s.vectors else None)
+            for s, t, q, n, r in zip(searches, tables, queries, limits, radii)
         ]
 
     @lance_errors
@@ -117,6 +122,23 @@ async def nearest(table: Table, queries: np.ndarray, limit: int, where, vectors:
     if not known:
         table.knows_rowids(result, every_row=where is None and limit == table.rows)
     return result
+
+
+async def within(table: Table, queries: np.ndarray, radius: np.ndarray, limit: int, where) -> list[tuple]:
+    """A radius search, each query's (ids, dists): LanceDB's distance range, a query for each radius (it takes one
+    for all its vectors), its upper bound (exclusive, on LanceDB's float32 _distance) the float32 after the last
+    whose distance as the store gives it is <= the radius (ip: 1 - x.y, less 1), so a row exactly at it is kept."""
+    out: list = [None] * len(queries)
+    for r in np.unique(radius).tolist():
+        at = np.flatnonzero(radius == r)
+        last = base.float32_at_most(r, table.distance_of, r + 1.0 if table.metric == "ip" else r)
+        upper = np.nextafter(last, np.float32(np.inf))
+        result = await table.nearest(queries[at], ["id", "_distance"], limit, sql(where), float(upper))
+        which = result["query_index"].to_numpy() if "query_index" in result.column_names else np.zeros(len(result))
+        rows = base.by_query(which.astype(np.int64), result["id"].to_numpy(), table.distances(result), len(at))
+        for i, found in zip(at.tolist(), rows):
+            out[i] = found
+    return out
 
 
 async def gather(*searches):

@@ -91,10 +91,10 @@ class Table:
             self.rows = self.handle.count_rows()
         return self.rows
 
-    async def nearest(self, vectors: np.ndarray, columns: list[str], limit: int, where: str | None = None):
+    async def nearest(self, vectors: np.ndarray, columns: list[str], limit: int, where: str | None = None, upper=None):
         """An exact search by the table's metric (a flat scan, or the store's index of one partition, which scores
         every row; never another index), run on LanceDB's event loop: pa.Table of _rowid, _distance, `columns`
-        and (two or more vectors) query_index."""
+        and (two or more vectors) query_index. upper: only rows whose _distance is below it (a radius search)."""
         # An unfiltered search of a table with the store's index reads it: one partition, so every row is scored,
         # from vectors LanceDB keeps in memory, faster than a scan of the table's files (docs/lancedb.md).
         # Otherwise two or more vectors take LanceDB's batched flat search, which keeps each query's nearest as it
@@ -105,6 +105,7 @@ class Table:
         query = self.query() if where is None else self.query().where(where)
         query = query.nearest_to(np.vstack([vectors, vectors]) if twice else vectors)  # rows: one query each
         query = query.column("vector").distance_type(DISTANCE[self.metric])
+        query = query if upper is None else query.distance_range(None, upper)
         query = query.nprobes(1) if indexed else query.bypass_vector_index()
         result = await collect(query.select(columns).with_row_id().limit(limit))
         return result.filter(pc.equal(result["query_index"], 0)).drop_columns("query_index") if twice else result
@@ -148,6 +149,10 @@ class Table:
         """The protocol's distances from LanceDB's float32 `_distance`: its dot distance is 1 - x.y."""
         dists = result["_distance"].to_numpy().astype(np.float64)
         return dists - 1.0 if self.metric == "ip" else dists
+
+    def distance_of(self, d: np.float32) -> float:
+        """The protocol's distance of one `_distance` d, as `distances` gives it."""
+        return float(d) - 1.0 if self.metric == "ip" else float(d)
 
     def held_ids(self) -> set[int]:
         if self.ids is None:
