@@ -42,8 +42,11 @@ class Searching:
         info = self._get(s.collection)
         queries = base.check_vectors(s.collection, s.queries, info.dim)
         base.check_where(s.collection, s.where, info.attrs)
+        radius = base.check_radius(s, queries.shape[:1])
         if len(queries) == 0 or s.k == 0:
             return base.no_hits(len(queries), info.dim if s.vectors else None)
+        if radius is not None:
+            return self._within(s, info, queries, radius)
         top = self.limits.top_k
         if s.k is not None and s.k > top:
             return self._by_ranges(s, info, queries)
@@ -71,6 +74,44 @@ class Searching:
         ids, dists = hit_arrays(result, len(queries), negate=info.metric == "ip")
         vectors = hit_vectors(result, *ids.shape, info.dim) if s.vectors else None
         return Hits(ids, dists, vectors)
+
+    def _within(self, s: Search, info: Info, queries: np.ndarray, radius: np.ndarray) -> Hits:
+        """A radius search: Milvus's range search, a request for each radius (a search takes one); where a query got
+        as many rows as Milvus returns at once and more may lie within, the search again by id ranges."""
+        top = self.limits.top_k
+        limit = top if s.k is None else min(s.k, top)
+        found = self._ranged(s, info, queries, radius, limit, expression(s.where))
+        if (s.k is None or s.k > top) and any(len(ids) >= top for ids, _ in found):
+            parts = [
+                self._ranged(s, info, queries, radius, top, c) for c in within(s.where, self._ids(s.collection), top)
+            ]
+            found = [tuple(np.concatenate(rows) for rows in zip(*pieces)) for pieces in zip(*parts)]
+        return base.ragged(found, s.k)
+
+    def _ranged(self, s, info: Info, queries: np.ndarray, radius: np.ndarray, limit: int, condition: str) -> list:
+        """Each query's (ids, dists) within its radius, at most `limit`. Milvus keeps an l2 distance d < radius, an
+        inner product p > radius (in float32): the radius sent is the float32 next to the last distance kept
+        (base.float32_at_most), so a row exactly at it is kept."""
+        out: list = [None] * len(queries)
+        for r in np.unique(radius).tolist():
+            at = np.flatnonzero(radius == r)
+            last = base.float32_at_most(r)
+            bound = np.nextafter(last, np.float32(np.inf)) if info.metric == "l2" else np.nextafter(-last, -np.inf)
+            params = {"params": {"radius": float(bound)}}
+            for part in query_batches(len(at), info.dim, limit, 12, self.limits):
+                record(1, len(at[part]))
+                result = self.client.search(
+                    self._name(s.collection),
+                    queries[at[part]],
+                    filter=condition,
+                    limit=limit,
+                    output_fields=["id"],
+                    search_params=params,
+                )
+                for i, hits in zip(at[part].tolist(), result):
+                    d = np.array(hits.distances, np.float64)
+                    out[i] = (np.array(hits.ids, np.int64), -d if info.metric == "ip" else d)
+        return out
 
     def _matching(self, s: Search) -> int:
         record()
