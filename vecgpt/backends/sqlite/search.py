@@ -79,16 +79,13 @@ class Searching:
         of up to ARMS of them."""
         statements = {}
         for p in pieces:
-            key = (p.si, p.span is not None)
-            if key in statements:
-                continue
-            s = searches[p.si]
-            ranged = p.span is not None
-            statements[key] = (
-                knn.statement(tables[p.si], s.where, ranged, s.vectors)
-                if radii[p.si] is None
-                else knn.radius_statement(tables[p.si], s.where)
-            )
+            key, s = (p.si, p.span is not None), searches[p.si]
+            if key not in statements:
+                statements[key] = (
+                    knn.statement(tables[p.si], s.where, key[1], s.vectors)
+                    if radii[p.si] is None
+                    else knn.radius_statement(tables[p.si], s.where)
+                )
 
         def arm(p: Piece) -> tuple[str, list]:
             text, values = statements[(p.si, p.span is not None)]
