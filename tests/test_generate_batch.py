@@ -204,9 +204,10 @@ else:
 sys.exit(main(sys.argv[1:]))
 """
 N, SEED = 40, 7
-# (how, at, drew): stopped at step 30, the first two texts have drawn 30 tokens (the others wait); the third write of
-# candidates rows is the first text's second (its 32nd token), sent with the second's in one round
-STOPS = [("kill -9", 30, 30), ("ctrl-c", 30, 30), ("ctrl-c mid-write", 3, 32)]
+# (how, at, drew): stopped at step 30, the first two texts have drawn 30 tokens (the others wait). Their candidates
+# rows go out after their 1st, 2nd, 4th, 8th, 16th and 32nd tokens, two writes in one round each time: the 11th write
+# is the first text's at its 32nd token
+STOPS = [("kill -9", 30, 30), ("ctrl-c", 30, 30), ("ctrl-c mid-write", 11, 32)]
 
 
 def stopped_batch(tmp_path, model_dir, how: str, at: int) -> tuple[int, str]:

@@ -2,8 +2,10 @@
 
 One row a position: the top-k ids and each float64 logit as three float32s whose float64 sum is exactly it (`pack`).
 A row is not written as it is made: rows wait (`pending`) and go out together, one upsert through the session's
-writer, every FLUSH_EVERY positions and at the end of each operation (`flush`). `landed` is `scored` as the store
-holds it: the rows of every generated position below it were acknowledged.
+writer, every FLUSH_EVERY positions and at the end of each operation (`flush`). A text's first rows go out sooner,
+after 1, 1, 2, 4 and 8 (as many as were written before), so its record claims its first tokens soon after they
+are drawn. `landed` is `scored` as the store holds it: the rows of every generated position below it were
+acknowledged.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ class CandidateRows:
     """A text's candidates by position, the positions whose rows wait to be written, and the tickets of those queued
     (Session.write)."""
 
-    def __init__(self, session: Session, scored: int):
-        self.session = session
+    def __init__(self, session: Session, scored: int, first: int):
+        self.session, self.first = session, first  # first: the first generated position (the prompt's length)
         self.known: dict[int, Candidates] = {}
         self.scored = scored  # the rows of generated positions below it are in the store
         self.pending: set[int] = set()
@@ -35,7 +37,8 @@ class CandidateRows:
         self.pending.add(p)
 
     def due(self) -> bool:
-        return len(self.pending) >= FLUSH_EVERY
+        """FLUSH_EVERY rows wait, or as many as the generated positions before them."""
+        return bool(self.pending) and len(self.pending) >= min(FLUSH_EVERY, max(1, min(self.pending) - self.first))
 
     def flush(self) -> None:
         """The waiting rows, queued as one upsert behind every write queued before."""

@@ -115,7 +115,7 @@ class Text:
         self.tokens: list[int] = list(record["tokens"])
         self.prompt_len: int = record["prompt_len"]
         self.settings: dict = dict(record["settings"])
-        self.rows = CandidateRows(self.session, record["scored"])
+        self.rows = CandidateRows(self.session, record["scored"], record["prompt_len"])
 
     @property
     def record(self) -> dict:

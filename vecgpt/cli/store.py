@@ -427,12 +427,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p), add_layout_arg(p)
     p.add_argument("prompt", nargs="?")
     p.add_argument("-n", type=int, default=8, help="tokens to generate")
-    p.add_argument(
-        "--keep",
-        action="store_true",
-        help="leave the text in the store (its id on stderr and in --json); with --batch every text, each kept before "
-        "any is read",
-    )
+    p.add_argument("--keep", action="store_true", help="leave the text (--batch: each) in the store; its id on stderr")
     p.add_argument(
         "--resume",
         metavar="TEXT_ID",
