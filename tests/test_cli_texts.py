@@ -15,6 +15,7 @@ from test_cli import assert_one_line_error, run
 import vecgpt
 from vecgpt import weights
 from vecgpt.cli import main
+from vecgpt.policy import SETTINGS as POLICY_SETTINGS
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates, choose, draw
 
@@ -77,7 +78,7 @@ def test_show_prints_tokens_candidates_settings_and_what_was_spent(capsys, store
     assert code == 0 and d["id"] == made["text_id"] and cost_of(err, "show")[0] > 0
     assert [t["id"] for t in d["tokens"]] == made["text_tokens"] and d["prompt_len"] == 1
     assert (
-        d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 3, "attention_top_k": None}
+        d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 3, **dict.fromkeys(POLICY_SETTINGS)}
         and d["prompt"] == "Hello"
     )
     assert d["text"] == made["text"] and d["version"] == vecgpt.__version__

@@ -60,7 +60,8 @@ def test_a_text_keeps_raw_values(make_store, tiny_model):
     engine = loaded(make_store, "memory", tiny_model, "l2", "five")
     with engine.open() as text:
         text.read(tokenizer.encode(PROMPT))
-        assert text.row_widths() == (hd, hd) and text.projected.shape == (hp.n_layer, hp.n_head, hp.n_ctx, hd)
+        assert text.row_widths() == (hd + 1, hd)  # an l2 key's row has its pad column (vecgpt.key_bounds)
+        assert text.projected.shape == (hp.n_layer, hp.n_head, hp.n_ctx, hd)
         _, values = engine.store.fetch(text.name, text.key_ids(1, np.arange(hp.n_head), 2), payload=True)
         assert np.array_equal(values, text.projected[1, :, 2])
     names = matrices(hp, "five")

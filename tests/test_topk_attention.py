@@ -1,6 +1,7 @@
-"""Top-k attention (attention_top_k = K): each head's key search returns a query's K best earlier keys by q.k, the
-softmax runs over them and the query's own key. K reaching every earlier key is today's attention bit for bit; a
-smaller K keeps exactly numpy's top K and its logits keep the tolerance rule; the counts follow K."""
+"""Top-k attention (attention_top_k = K) in every layout: each head's key search returns a query's K best earlier
+keys by q.k, the softmax runs over them and the query's own key. K reaching every earlier key is today's attention
+bit for bit; a smaller K keeps exactly numpy's top K and its logits keep the tolerance rule; the counts follow K.
+Every store, the threshold, sinks and a window: tests/test_attention_policy.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from vecgpt.config import load_config
 from vecgpt.engine import Engine, Read
 from vecgpt.errors import VecgptError
 from vecgpt.loading import push, store_fingerprint
+from vecgpt.policy import Policy
 from vecgpt.stepper import Stepper
 
 from conftest import BACKENDS
@@ -68,7 +70,7 @@ def shortlist(model64, ids: list[int], k: int) -> float:
                 best = np.sort(s[i, :i])[::-1]
                 gaps.append(best[k - 1] - best[k])
         cache = {"k": np.zeros((0, hp.n_embd)), "v": np.zeros((0, hp.n_embd))}
-        x = reference.transformer_block(x, **block, n_head=hp.n_head, eps=hp.eps, cache=cache, top_k=k)
+        x = reference.transformer_block(x, **block, n_head=hp.n_head, eps=hp.eps, cache=cache, policy=Policy(top_k=k))
     return float(min(gaps))
 
 
@@ -156,14 +158,8 @@ def one_read(session, ids):
 def test_bad_k_is_one_line_before_any_search(make_store, tiny_model):
     with pytest.raises(VecgptError, match="1 or more"):
         load_config(None, backend="faiss", attention_top_k=0)
-    with pytest.raises(VecgptError, match="--metric ip"):
-        load_config(None, backend="faiss", metric="l2", attention_top_k=4)
     with pytest.raises(VecgptError, match="at most 63 earlier keys"):
         engine_on(make_store, "memory", tiny_model, "five", top_k=64)
-    store = make_store("memory")
-    push(store, tiny_model, "l2", progress=False, layout="five")
-    with pytest.raises(VecgptError, match="not by l2 distance: load the model with --metric ip"):
-        Engine(store, model=store_fingerprint(tiny_model, "l2", "five"), attention_top_k=4)
 
 
 def test_an_hnsw_index_of_keys_finds_most_of_the_k_best(make_store, tiny_model):

@@ -18,6 +18,10 @@ from vecgpt.config import Config, open_store
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import push, store_fingerprint
+from vecgpt.policy import SETTINGS as POLICY_SETTINGS
+from vecgpt.policy import Policy
+from vecgpt.policy import check as check_policy
+from vecgpt.policy import settings as policy_settings
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates, choose, draw
 from vecgpt.stepper import run_one
@@ -129,7 +133,7 @@ def text_json(text: Text) -> dict:
         "prompt": tokenizer.decode(text.tokens[: text.prompt_len]),
         "text": tokenizer.decode(text.tokens[text.prompt_len :]),
         "tokens": [{"position": p, "id": t, "text": tokenizer.decode([t])} for p, t in enumerate(text.tokens)],
-        "settings": {k: text.settings.get(k) for k in ("temperature", "top_k", "seed", "attention_top_k")},
+        "settings": {k: text.settings.get(k) for k in ("temperature", "top_k", "seed", *POLICY_SETTINGS)},
         "candidates": [{"position": p, "rows": candidate_rows(text, p)} for p in generated],
         "spent": text.record.get("spent") or {},
         "created": text.record["created"],
@@ -158,6 +162,9 @@ def config_engine(store, config: Config, key: str) -> Engine:
         model=key,
         prefill_chunk=config.prefill_chunk,
         attention_top_k=config.attention_top_k,
+        attention_threshold=config.attention_threshold,
+        attention_sinks=config.attention_sinks,
+        attention_window=config.attention_window,
         attention_index=config.attention_index,
     )
 
@@ -240,7 +247,7 @@ def about(engine: Engine, text: Text, config: Config) -> dict:
         "layout": engine.manifest.get("layout") or "four",
         "model_fingerprint": engine.manifest["model_fingerprint"],
         **settings(text.settings["temperature"], text.settings["top_k"], text.settings["seed"]),
-        "attention_top_k": text.settings.get("attention_top_k"),
+        **{k: text.settings.get(k) for k in POLICY_SETTINGS},
         "store": location(engine.store, config.backend),
         "text_id": text.id,
         "kept": text.kept,
@@ -301,13 +308,13 @@ def generate_reference(
     dtype=np.float64,
     on_text: Callable[[str], None] | None = None,
     attention_top_k: int | None = None,
+    policy: Policy | None = None,
 ) -> dict:
     m = weights.load(model, dtype=dtype)
     ids = tokenizer.encode(prompt)
     check_request(m.hparams, ids, n, top_k, temperature, seed)
-    if attention_top_k is not None and not 1 <= attention_top_k < m.hparams.n_ctx:
-        raise VecgptError(f"attention_top_k must be 1 to {m.hparams.n_ctx - 1} keys, not {attention_top_k}")
-    gen = generate(Reference(m, dtype, attention_top_k), ids, n, temperature, top_k, seed, stop, on_text)
+    policy = check_policy(policy or Policy(top_k=attention_top_k), m.hparams.n_ctx)
+    gen = generate(Reference(m, dtype, policy=policy), ids, n, temperature, top_k, seed, stop, on_text)
     return {
         "prompt_tokens": gen.prompt_tokens,
         "tokens": gen.tokens,
@@ -316,7 +323,7 @@ def generate_reference(
         "backend": f"numpy-{np.dtype(dtype).name}",
         "model_fingerprint": m.fingerprint,
         **settings(temperature, top_k, seed),
-        "attention_top_k": attention_top_k,
+        **policy_settings(policy),
         "store": None,
         "text_id": None,
     }

@@ -71,9 +71,7 @@ def alone(s, searched, own, start, layer, hd):  # -> [H, m, w]
     n_head, m = own.shape
     n, rows = start + m, np.arange(m)
     if m == 1 and s.capture is None:
-        kept = np.isfinite(searched[:, 0])  # [H, n - 1]: K of each head's (fewer where an index found fewer)
-        if (kept.sum(axis=1) == kept[0].sum()).all():
-            return kept_values(s, searched, kept, own, layer, hd)
+        return kept_values(s, searched, np.isfinite(searched[:, 0]), own, layer, hd)
     scores = np.empty((n_head, m, n))
     scores[..., : n - 1] = searched
     scores[:, rows, start + rows] = own
@@ -87,13 +85,17 @@ def alone(s, searched, own, start, layer, hd):  # -> [H, m, w]
     return weights @ s.projected[layer, :, :n]
 
 
-def kept_values(s, searched, kept, own, layer, hd):  # a query's K best earlier keys' q.k [H, 1, n - 1]
-    """One query under top-k attention ([H, 1, w]): the softmax over its kept keys (as many for every head) and its
-    own, and only their values read (the kept positions differ by head)."""
+def kept_values(s, searched, kept, own, layer, hd):  # a query's kept earlier keys' q.k [H, 1, n - 1]
+    """One query under an attention policy ([H, 1, w]): the softmax over its kept keys and its own, only their
+    values read. Heads keep different positions, and under a threshold different numbers: a head's row is padded
+    to the most any head kept with -inf, whose weight is 0, and its own key last."""
     n_head, n = searched.shape[0], searched.shape[-1] + 1
-    pos = np.nonzero(kept)[1].reshape(n_head, -1)  # [H, K], ascending
-    pos = np.hstack([pos, np.full((n_head, 1), n - 1)])  # and the query's own
-    scores = np.hstack([np.take_along_axis(searched[:, 0], pos[:, :-1], -1), own]) / math.sqrt(hd)  # [H, K + 1]
+    counts = kept.sum(axis=1)
+    order = np.argsort(~kept, axis=1, kind="stable")[:, : counts.max()]  # each head's kept positions first, ascending
+    real = np.arange(order.shape[1]) < counts[:, None]
+    pos = np.hstack([np.where(real, order, n - 1), np.full((n_head, 1), n - 1)])  # [H, K + 1], the own key last
+    scores = np.where(real, np.take_along_axis(searched[:, 0], order, -1), -np.inf)
+    scores = np.hstack([scores, own]) / math.sqrt(hd)  # [H, K + 1]
     weights = softmax_in_place(scores)
     values = s.projected[layer][np.arange(n_head)[:, None], pos]  # [H, K + 1, w]
     return weights[:, None] @ values

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from vecgpt.errors import VecgptError
+from vecgpt.policy import Policy
+from vecgpt.policy import check as check_policy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,6 +39,11 @@ class Config:
     attention_index: str | None = (
         None  # with attention_top_k: the store's approximate index of keys ("hnsw"); unset: exact
     )
+    # or every key whose scaled score is within beta of the best (vecgpt.policy); both choose between the first
+    # attention_sinks and the last attention_window earlier positions, always kept
+    attention_threshold: float | None = None
+    attention_sinks: int | None = None
+    attention_window: int | None = None
     store: dict = field(default_factory=dict)  # keyword arguments of the backend's connect()
 
     def __post_init__(self):
@@ -51,18 +58,16 @@ class Config:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
         if self.prefill_chunk < 1:
             raise VecgptError(f"prefill_chunk must be 1 or more tokens, not {self.prefill_chunk}")
-        if self.attention_top_k is not None and self.attention_top_k < 1:
-            raise VecgptError(f"attention_top_k must be 1 or more keys (unset: every key), not {self.attention_top_k}")
+        check_policy(self.policy(), n_ctx=1 << 30)  # the model's context is checked when it is known
         if self.attention_index is not None and self.attention_top_k is None:
             raise VecgptError(
                 f"attention_index = {self.attention_index!r} searches an index for each query's K best keys: "
                 f"set attention_top_k too (--attention-top-k K)"
             )
-        if self.attention_top_k is not None and self.metric != "ip":
-            raise VecgptError(
-                "attention_top_k ranks each head's earlier keys by q.k, not by l2 distance: use --metric ip "
-                '(metric = "ip"), on a store that ranks by inner product'
-            )
+
+    def policy(self) -> Policy:
+        """The earlier keys each query keeps (vecgpt.policy)."""
+        return Policy(self.attention_top_k, self.attention_threshold, self.attention_sinks, self.attention_window)
 
 
 def preferred_metric(backend: str) -> str:
@@ -100,6 +105,9 @@ TYPES = {
     "prefill_chunk": int,
     "attention_top_k": int,
     "attention_index": str,
+    "attention_threshold": (float, int),
+    "attention_sinks": int,
+    "attention_window": int,
     "store": dict,
 }
 

@@ -37,10 +37,12 @@ from vecgpt.errors import VecgptError
 from vecgpt.inspection import LENS_K, Inspection  # noqa: F401
 from vecgpt.loading import check_layout, collection
 from vecgpt.meter import later
+from vecgpt.policy import Policy
+from vecgpt.policy import check as check_policy
 from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import ordered
 from vecgpt.session import Ahead, Read, Session, chunks, squared_norms, write_points  # noqa: F401
-from vecgpt.text_keys import key_scores, key_search, queue_rows, searched_end  # noqa: F401
+from vecgpt.text_keys import follow_up, keep_norms, key_scores, key_search, queue_rows, searched_end  # noqa: F401
 from vecgpt.weights import HParams
 
 PREFILL_CHUNK = 64  # a prompt's tokens read in one step (a chunk: its boundaries at multiples of this, from 0)
@@ -59,11 +61,16 @@ class Engine:
         prefill_chunk: int = PREFILL_CHUNK,
         attention_top_k: int | None = None,
         attention_index: str | None = None,
+        attention_threshold: float | None = None,
+        attention_sinks: int | None = None,
+        attention_window: int | None = None,
     ):
         """`model`: the store fingerprint of the model to run (see `vecgpt ls`); None: the only one the store holds.
-        A prompt is read `prefill_chunk` tokens at a time (prompt_block=False: one at a time). `attention_top_k`: a
-        new session's K (Session.attention_top_k), None: every earlier key; `attention_index`: the store's approximate
-        index those key searches use (one of its `indexes`, e.g. FAISS's "hnsw"), None: exact."""
+        A prompt is read `prefill_chunk` tokens at a time (prompt_block=False: one at a time). A new session's policy
+        (vecgpt.policy): its queries' K best keys (`attention_top_k`) or keys within beta of the best
+        (`attention_threshold`) between the first `attention_sinks` and the last `attention_window` positions, all
+        None: every earlier key; `attention_index`: the store's approximate index top-k's key searches use (one of
+        its `indexes`, e.g. FAISS's "hnsw"), None: exact."""
         self.store, self.top_k, self.prompt_block = store, top_k, prompt_block
         self.chunk_size = prefill_chunk if prompt_block else 1
         self.key = model or only_model(store)
@@ -76,8 +83,13 @@ class Engine:
         self.metric = manifest["metric"]
         self.hparams = HParams(**manifest["hparams"])
         self.m2 = manifest["m2"]
-        self.attention_top_k = self.check_top_k(attention_top_k)
+        # under l2, each layer's bound on a key row's length (vecgpt.key_bounds): the rows are padded to it, and a
+        # key search ranks by q.k; a model loaded before bounds were made: None, and its keys are not padded
+        self.key_bound = manifest.get("key_bound") if self.metric == "l2" else None
         self.attention_index = self.check_index(attention_index)
+        policy = Policy(attention_top_k, attention_threshold, attention_sinks, attention_window)
+        self.policy = self.check_policy(policy)
+        self.attention_top_k = self.policy.top_k
         self._ln: tuple | None = None  # layer_norms()
 
     def check_index(self, kind: str | None) -> str | None:
@@ -88,27 +100,24 @@ class Engine:
             raise VecgptError(f"attention_index {kind!r}: this store has no such index of keys ({has}); unset it")
         return kind
 
-    def check_top_k(self, k: int | None) -> int | None:
-        """K for top-k attention, refused in one line before any search where it cannot run: the key search must
-        rank by q.k (a model loaded with metric ip), and K no more than the earlier keys a context holds."""
-        if k is None:
-            return None
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise VecgptError(f"attention_top_k must be 1 or more keys (unset: every key), not {k!r}")
-        if k >= self.hparams.n_ctx:
+    def check_policy(self, policy: Policy) -> Policy:
+        """Which keys a query keeps, refused in one line before any search where it cannot run: K and beta rank a
+        head's keys by q.k, so the key search must (a model loaded with metric ip); an index serves top-k only."""
+        policy = check_policy(policy, self.hparams.n_ctx)
+        ranks = policy.top_k is not None or policy.threshold is not None
+        if ranks and self.metric != "ip" and self.key_bound is None:
+            what = "attention_top_k" if policy.top_k is not None else "attention_threshold"
             raise VecgptError(
-                f"attention_top_k = {k} is more keys than a query can have: the context holds {self.hparams.n_ctx} "
-                f"positions, so at most {self.hparams.n_ctx - 1} earlier keys; give fewer, or unset it for every key"
+                f"{what} ranks each head's earlier keys by q.k: this model was loaded before its keys could be "
+                f"padded for that under l2; load it again (vecgpt load --config ...) or use --metric ip"
             )
-        if self.metric != "ip":
-            offers = getattr(self.store, "metrics", ("l2",))
-            hint = (
-                "load the model with --metric ip"
-                if "ip" in offers
-                else f"this store ranks by {'/'.join(offers)} only, so run top-k attention on one that ranks by ip"
-            )
-            raise VecgptError(f"attention_top_k ranks each head's earlier keys by q.k, not by l2 distance: {hint}")
-        return k
+        if self.attention_index is not None and policy.threshold is not None:
+            raise VecgptError("attention_index serves attention_top_k only; unset it for attention_threshold")
+        return policy
+
+    def check_top_k(self, k: int | None) -> int | None:
+        """K for top-k attention alone (Engine.check_policy)."""
+        return self.check_policy(Policy(top_k=k)).top_k
 
     def name(self, matrix: str) -> str:
         """The collection holding one of this model's matrices or tables."""
@@ -286,7 +295,7 @@ class Step:
         q, k, v = self.linear(x, f"h.{layer}.attn.c_attn").reshape(m, 3, self.hp.n_head, -1).transpose(1, 0, 2, 3)
         k32 = k.astype(np.float32)  # keys as the store holds them
         for _, s, start, rows in self.texts():
-            s.key_norms[layer, :, start : start + rows.stop - rows.start] = squared_norms(k32[rows]).T
+            keep_norms(s, layer, start, k32[rows])
         searched = self.scores_and_projections(q, v, k32, layer)
         return self.attention(q, searched, own_scores(q, k32), layer)
 
@@ -325,13 +334,14 @@ class Step:
         _, own = self.send([], calls(asked)) if calls(asked) else ([], {})
         return self.key_scores(asked, own, layer)
 
-    def key_searches(self, q, layer, only=None) -> dict:  # {text: (sent, its key search) or None: no earlier key}
+    def key_searches(self, q, layer, only=None) -> dict:  # {text: its key searches (Asked) or None: no earlier key}
         asked = {}
         for i, s, start, rows in self.texts(only=only):
             asked[i] = self.guard(i, partial(key_search, s, q[rows], layer, start))
         return {i: a for i, a in asked.items() if i not in self.errors}
 
-    def key_scores(self, asked, own, layer):  # each text's key search's hits -> its q.k
+    def key_scores(self, asked, own, layer):  # each text's key searches' hits -> its q.k
+        asked, own = self.follow_ups(asked, own, layer)
         out = {}
         for i, s, start, rows in self.texts():
             if i in asked:
@@ -339,6 +349,21 @@ class Step:
                 m = rows.stop - rows.start
                 out[i] = self.guard(i, partial(key_scores, s, asked[i], found, layer, start, m))
         return out
+
+    def follow_ups(self, asked, own, layer) -> tuple[dict, dict]:
+        """A threshold's range searches, once the first round found each head's best key: a round of their own."""
+        more = {}
+        for i, s, start, _ in self.texts():
+            if asked.get(i) is not None and i in own:
+                extra = self.guard(i, partial(follow_up, s, asked[i], own[i][0], layer, start))
+                if extra is not None:
+                    more[i] = extra
+        if more:
+            _, found = self.send([], {i: a.searches[len(asked[i].searches) :] for i, a in more.items()})
+            for i, a in more.items():
+                if i in found:
+                    asked[i], own[i] = a, [[*own[i][0], *found[i][0]]]
+        return asked, own
 
     def transformer_block(self, x, layer):  # [m, d] -> [m, d]
         ln, eps = self.ln[layer], self.hp.eps
@@ -434,8 +459,8 @@ def several(m: int) -> bool:  # a text reading a block (a prompt's chunk)
     return m > 1
 
 
-def calls(asked: dict) -> dict:  # {text: (sent, Search) or None} -> {text: [Search]} of the texts that search
-    return {i: [a[1]] for i, a in asked.items() if a is not None}
+def calls(asked: dict) -> dict:  # {text: Asked or None} -> {text: [Search]} of the texts that search
+    return {i: a.searches for i, a in asked.items() if a is not None}
 
 
 Session.step = Step

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt import encoding
+from vecgpt import encoding, key_bounds
 from vecgpt.backends.base import Store
 from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
@@ -50,12 +50,14 @@ def attention_output(layer: int, n_head: int, layout: str) -> list[str]:
     return [f"h.{layer}.attn.{part}.{h}" for part in parts for h in range(n_head)]
 
 
-def text_row(hp: HParams, layout: str = "four") -> tuple[int, int]:
+def text_row(hp: HParams, layout: str = "four", padded: bool = False) -> tuple[int, int]:
     """A text row's vector and payload widths in a layout: four, a key (hd) and its projected value (d);
     three, the document (W_q k, b_q . k) (d + 1) and the key with its projected value (hd + d); five, a key
-    and its raw value (hd, hd)."""
+    and its raw value (hd, hd). padded: the vector has one more column, the pad that gives every row one length
+    (an l2 model's keys, vecgpt.key_bounds)."""
     hd = hp.n_embd // hp.n_head
-    return {"three": (hp.n_embd + 1, hd + hp.n_embd), "five": (hd, hd)}.get(layout, (hd, hp.n_embd))
+    dim, payload = {"three": (hp.n_embd + 1, hd + hp.n_embd), "five": (hd, hd)}.get(layout, (hd, hp.n_embd))
+    return dim + int(padded), payload
 
 
 def store_fingerprint(model: Model, metric: str, layout: str = "four") -> str:
@@ -205,6 +207,7 @@ def _push(store: Store, model: Model, metric: str, progress: bool | None, layout
         "hparams": model.hparams.__dict__,
         "layout": layout,
         "m2": m2,
+        "key_bound": load.key_bound,
         "documents": sum(n for _, n, _ in rows),
         "loaded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -292,8 +295,11 @@ class Load:
     def run(self, model: Model, metric: str, layout: str) -> dict[str, float]:
         """Every collection of the plan, matrix by matrix as read from the checkpoint; M^2 of each matrix."""
         m2, reader = {}, Reader(model)
+        self.key_bound = []  # per layer: every key row a text writes is no longer (vecgpt.key_bounds)
         for name in matrices(model.hparams, layout):
             p = reader.get(name)
+            if name.endswith(".attn.c_attn"):
+                self.key_bound.append(self.bound(model, name, p, layout))
             weight, bias = p["weight"].T if name == "wte" else p["weight"], p.get("bias")  # [in, out]
             m2[name] = m = encoding.largest_norm2(weight, bias)
             rows = partial(encoding.encode_block, weight, bias, metric, m)  # a batch of documents at a time
@@ -306,6 +312,11 @@ class Load:
             self.write(collection(self.key, name), table.__getitem__, len(table), table.shape[1], "l2")
         self.bar.close()
         return m2
+
+    @staticmethod
+    def bound(model: Model, name: str, c_attn: dict, layout: str) -> float:
+        ln = {part: model.tensor(name.replace("attn.c_attn", f"ln_1.{part}")) for part in ("weight", "bias")}
+        return key_bounds.layer_bound(c_attn, ln, model.hparams.n_head, layout)
 
     def write(self, name: str, rows, n: int, dim: int, metric: str) -> None:
         """n documents of width dim, rows(slice) giving a batch of them: written BATCH at a time, then flushed."""

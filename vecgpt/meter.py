@@ -14,6 +14,8 @@ from collections import Counter
 from functools import partial
 from typing import NamedTuple
 
+import numpy as np
+
 from vecgpt.backends.base import TEXT_PREFIX, apart, parallel, tally
 
 KINDS = ("open", "lookup", "matrix", "key_write", "key_search", "token_search", "record", "restore", "clone", "wait")
@@ -75,6 +77,16 @@ class Meter:
         """q.k products attention took: `store` from a key search's distances, `memory` computed in numpy; the keys
         the search `returned` and the `values` attention read (top-k attention: each query's K best and its own)."""
         self.current["scores"].update(store=store, memory=memory, returned=returned, values=values)
+
+    def kept(self, kept, bound: float | None) -> None:
+        """Under an attention policy: the earlier keys each head's queries kept ([H, m]), and (a threshold) the most
+        weight the keys it dropped could have held."""
+        with self.lock:
+            by_head = self.current.setdefault("kept", [0] * len(kept))
+            self.current["kept"] = [a + int(b) for a, b in zip(by_head, kept.sum(axis=1))]
+            self.current["queries"] = self.current.get("queries", 0) + int(kept.shape[1])
+            if bound is not None:
+                self.current["bound"] = max(self.current.get("bound", 0.0), bound)
 
     def waited(self, seconds: float) -> None:
         """A search waited for a write to land (kind "wait"): on the critical path, but no request of its own."""
@@ -157,6 +169,7 @@ def summarize(tokens: list[dict]) -> dict:
         requests.update(t["requests"]), subqueries.update(t["subqueries"])
         rounds.update(t["rounds"]), seconds.update(t["seconds"]), scores.update(t.get("scores", {}))
     return {
+        **policy_summary(tokens),
         "total": exact(sum(n for k, n in requests.items() if k != "wait")),  # requests sent; a wait is none
         "by_kind": {k: exact(requests[k]) for k in KINDS if requests[k]},
         "subqueries": exact(sum(subqueries.values())),
@@ -166,6 +179,20 @@ def summarize(tokens: list[dict]) -> dict:
         "seconds": round(sum(seconds.values()), 6),
         "seconds_by_kind": {k: round(seconds[k], 6) for k in KINDS if seconds[k]},
         "scores": {k: scores[k] for k in ("store", "memory", "returned", "values")},
+    }
+
+
+def policy_summary(tokens: list[dict]) -> dict:
+    """Under an attention policy: the earlier keys kept per head and query, on average, and the most weight a
+    threshold's dropped keys could have held in any query (vecgpt.policy.dropped_bound)."""
+    kept = [t["kept"] for t in tokens if "kept" in t]
+    if not kept:
+        return {}
+    per_head = np.sum(kept, axis=0) / max(1, sum(t.get("queries", 0) for t in tokens))
+    bounds = [t["bound"] for t in tokens if "bound" in t]
+    return {
+        "kept_per_head": [round(float(k), 3) for k in per_head],
+        **({"dropped_bound": max(bounds)} if bounds else {}),
     }
 
 

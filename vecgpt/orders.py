@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from vecgpt import reference
+from vecgpt.policy import as_policy
 from vecgpt.reference import causal_mask, gelu, layer_norm, softmax
 
 
@@ -34,9 +35,11 @@ def attention(q, k, v, mask, perturb):  # [m, hd], [n, hd], [n, hd], [m, n] -> [
     return softmax(kept(perturb.scores(q, k, q @ k.T) / math.sqrt(q.shape[-1]) + mask, perturb)) @ v
 
 
-def kept(scores, perturb):  # [m, n] -> [m, n]: under top-k attention (perturb.top_k), reference.keep_top_k's
-    top_k = getattr(perturb, "top_k", None)
-    return scores if top_k is None else reference.keep_top_k(scores, top_k)
+def kept(
+    scores, perturb
+):  # [m, n] -> [m, n]: under an attention policy (perturb.top_k: K or a Policy), reference.keep's
+    policy = as_policy(getattr(perturb, "top_k", None))
+    return reference.keep(scores, policy) if policy.active else scores
 
 
 def mha(x, c_attn, c_proj, n_head, cache, perturb):  # [m, d] -> [m, d]; cache: "k", "v" [n, d], "pv", "doc"

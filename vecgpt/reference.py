@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from vecgpt.policy import Policy, as_policy
 from vecgpt.sampling import Candidates, top_k
 from vecgpt.weights import Model
 
@@ -33,64 +34,66 @@ def feed_forward(x, c_fc, c_proj):  # [m, d] -> [m, d]; GPT-2's "mlp"
     return linear(gelu(linear(x, **c_fc)), **c_proj)
 
 
-def attention(q, k, v, mask, top_k=None):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
+def attention(q, k, v, mask, policy=None):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
     scores = q @ k.T / math.sqrt(q.shape[-1]) + mask
-    return softmax(scores if top_k is None else keep_top_k(scores, top_k)) @ v
+    return softmax(scores if policy is None or not policy.active else keep(scores, policy)) @ v
+
+
+def keep(scores, policy):  # [m, n] -> [m, n]: each query's own key and the earlier ones its policy keeps; else -inf
+    m, n = scores.shape
+    kept = np.zeros((m, n), bool)
+    for row in range(m):
+        i = n - m + row  # the query's position: its earlier keys are 0..i-1
+        kept[row, :i], kept[row, i] = policy.kept(scores[row, :i]), True
+    return np.where(kept, scores, -np.inf)
 
 
 def keep_top_k(scores, k):  # [m, n] -> [m, n]: each query's own key and its k best earlier ones; the rest -inf
-    m, n = scores.shape
-    rows, own = np.arange(m), n - m + np.arange(m)
-    earlier = scores.copy()
-    earlier[rows, own] = -np.inf
-    best = np.argsort(-earlier, axis=-1, kind="stable")[:, :k]  # masked (-inf) keys sort last
-    kept = np.zeros((m, n), bool)
-    kept[rows[:, None], best] = np.isfinite(earlier[rows[:, None], best])
-    kept[rows, own] = True
-    return np.where(kept, scores, -np.inf)
+    return keep(scores, Policy(top_k=k))
 
 
 def causal_mask(m, n, dtype):  # query i of the last m sits at position n - m + i
     return np.triu(np.full((m, n), -np.inf, dtype), k=n - m + 1)
 
 
-def mha(x, c_attn, c_proj, n_head, cache, top_k=None):  # [m, d] -> [m, d]; cache holds "k", "v" [n, d]
+def mha(x, c_attn, c_proj, n_head, cache, policy=None):  # [m, d] -> [m, d]; cache holds "k", "v" [n, d]
     q, k, v = np.split(linear(x, **c_attn), 3, axis=-1)  # [m, d] each
     cache["k"], cache["v"] = np.concatenate([cache["k"], k]), np.concatenate([cache["v"], v])  # [n, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
     heads = [
-        attention(qh, kh, vh, mask, top_k)
+        attention(qh, kh, vh, mask, policy)
         for qh, kh, vh in zip(*(np.split(a, n_head, axis=-1) for a in (q, cache["k"], cache["v"])))
     ]  # n_head x [m, hd]
     return linear(np.hstack(heads), **c_proj)  # [m, d]
 
 
-def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache, top_k=None):  # [m, d] -> [m, d]
-    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, cache=cache, top_k=top_k)
+def transformer_block(x, ln_1, attn, ln_2, mlp, n_head, eps, cache, policy=None):  # [m, d] -> [m, d]
+    x = x + mha(layer_norm(x, **ln_1, eps=eps), **attn, n_head=n_head, cache=cache, policy=policy)
     return x + feed_forward(layer_norm(x, **ln_2, eps=eps), **mlp)
 
 
-def hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, top_k=None):  # [m] -> [m, d], ln_f(x)
+def hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, policy=None):  # [m] -> [m, d], ln_f(x)
     x = wte["weight"][ids] + wpe["weight"][start : start + len(ids)]  # [m, d]
     xs = [x]
     for block, cache in zip(h, caches):
-        x = transformer_block(x, **block, n_head=n_head, eps=eps, cache=cache, top_k=top_k)
+        x = transformer_block(x, **block, n_head=n_head, eps=eps, cache=cache, policy=policy)
         xs.append(x)
     if trace is not None:  # the residual stream: the embedding, then after each layer
         trace.append(xs)
     return layer_norm(x, **ln_f, eps=eps)
 
 
-def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, top_k=None):  # [m] -> [m, n_vocab]
-    return linear(hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace, top_k), wte["weight"].T, 0)
+def gpt2(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace=None, policy=None):  # [m] -> [m, n_vocab]
+    return linear(hidden(ids, start, wte, wpe, h, ln_f, n_head, eps, caches, trace, policy), wte["weight"].T, 0)
 
 
 class Reference:
-    """numpy GPT-2 holding one text's KV cache; float32 or float64 throughout. `attention_top_k`: each query attends
-    to its own key and its K best earlier ones by q.k (None: every earlier key)."""
+    """numpy GPT-2 holding one text's KV cache; float32 or float64 throughout. `policy` (vecgpt.policy): the earlier
+    keys each query attends to beside its own (None: every one); `attention_top_k` K: Policy(top_k=K)."""
 
-    def __init__(self, model: Model, dtype=np.float32, attention_top_k: int | None = None):
-        self.hparams, self.dtype, self.attention_top_k = model.hparams, np.dtype(dtype), attention_top_k
+    def __init__(self, model: Model, dtype=np.float32, attention_top_k: int | None = None, policy=None):
+        self.hparams, self.dtype = model.hparams, np.dtype(dtype)
+        self.policy = policy or as_policy(attention_top_k)
         self.params = _cast(model.params, self.dtype)
         self.trace: list | None = None  # set to []: each read appends [embedding, residual after layer 1..L]
         self.reset()
@@ -119,7 +122,7 @@ class Reference:
             eps=self.hparams.eps,
             caches=self.caches,
             trace=self.trace,
-            top_k=self.attention_top_k,
+            policy=self.policy,
         )
 
     def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions

@@ -94,15 +94,22 @@ class Session:
         # attention multiplies by its weights as they are (zeros allocate lazily: a page is taken when written)
         self.projected = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx, self.value_width()))
         self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
-        # each query's softmax over its own key and its K best earlier ones by q.k (None: every earlier key)
-        self.attention_top_k: int | None = engine.attention_top_k
+        self.policy = engine.policy  # the earlier keys each query keeps (vecgpt.policy; inactive: every one)
         if create:
             dim, payload = self.row_widths()
             self.store.create(self.name, dim, self.metric, ("layer", "head", "position"), payload=payload)
 
+    @property
+    def attention_top_k(self) -> int | None:
+        return self.policy.top_k
+
+    @attention_top_k.setter
+    def attention_top_k(self, k: int | None) -> None:
+        self.policy = self.policy._replace(top_k=k)
+
     def row_widths(self) -> tuple[int, int]:
         """A text row's vector and payload widths (vecgpt.loading.text_row)."""
-        return text_row(self.hp, self.layout)
+        return text_row(self.hp, self.layout, padded=self.engine.key_bound is not None)
 
     def value_width(self) -> int:
         """The width of a position's kept value, a head's row of `projected`: projected by c_proj, d."""

@@ -35,6 +35,7 @@ from vecgpt.engine import Engine, Inspection, Read, Session, chunks
 from vecgpt.errors import VecgptError
 from vecgpt.loading import no_space
 from vecgpt.meter import SESSION_PREFIX, summarize
+from vecgpt.policy import from_settings
 from vecgpt.sampling import Candidates, choose, draw
 from vecgpt.stepper import run_one
 from vecgpt.text_record import (
@@ -63,7 +64,7 @@ class Text:
         self.kept = False
         self.resumed = False  # set by resume: `unread` then counts positions read again
         self._take(record)
-        session.attention_top_k = self.settings.get("attention_top_k")  # a record from before it: every key
+        session.policy = from_settings(self.settings)  # a record from before a field: that field unset
 
     # ------------------------------------------------------------ opening
 

@@ -8,12 +8,29 @@ a write landed, so a text resumed in another process computes what the first one
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 
-from vecgpt import encoding
+from vecgpt import encoding, key_bounds
 from vecgpt.backends.base import Search, Where
 from vecgpt.errors import VecgptError
 from vecgpt.meter import later
+from vecgpt.policy import Policy
+from vecgpt.policy import dropped_bound as bound
+from vecgpt.session import squared_norms
+
+
+class Asked(NamedTuple):
+    """A text's key searches of a layer: the queries as sent (sent, scale), its searches and what each one is: "all"
+    (every earlier key), "sinks", "window", "top" (the K best between them), "best" (the best between them, for a
+    threshold's radius) or "range" (every key between them within the radius)."""
+
+    sent: tuple
+    searches: list
+    kinds: list
+    spans: list  # each search's positions (lo, hi): the keys an exact search scores
 
 
 def searched_end(start: int, m: int = 1) -> int:
@@ -22,82 +39,132 @@ def searched_end(start: int, m: int = 1) -> int:
     return start + m - 1
 
 
+def drops(policy: Policy, i: int) -> bool:
+    """Whether a policy may leave out an earlier key of a query at position i."""
+    if not policy.active:
+        return False
+    a, b = policy.middle(i)
+    if policy.top_k is not None:
+        return policy.top_k < b - a
+    return b - a > (1 if policy.threshold is not None else 0)
+
+
 def pruned(s, start: int, m: int) -> bool:
-    """Whether top-k attention leaves out an earlier key of some query of a read of m positions from `start`."""
-    return s.attention_top_k is not None and s.attention_top_k < searched_end(start, m)
+    """Whether the session's policy may leave out an earlier key of some query of a read of m positions."""
+    return any(drops(s.policy, i) for i in range(start, start + m))
 
 
-def keys_asked(s, start: int, m: int) -> int | None:
-    """The keys of each head a key search asks for: None, every one below the last query (no query has more
-    than K earlier keys, or K + m - 1 reaches them all); else K + m - 1: a block's later positions are at most
-    m - 1 of them, so every query's K best below its own position are among them."""
-    if not pruned(s, start, m):
-        return None
-    k = s.attention_top_k + m - 1
-    return k if k < searched_end(start, m) else None
-
-
-def keep_best(scores, k: int) -> np.ndarray:
-    """scores [H, m, n] with -inf for keys a query may not see -> each query's k best kept, the rest -inf."""
-    if (np.isfinite(scores).sum(axis=-1) <= k).all():
-        return scores
-    worse = np.argsort(-scores, axis=-1, kind="stable")[..., k:]
-    np.put_along_axis(scores, worse, -np.inf, axis=-1)
-    return scores
-
-
-def key_search(s, q, layer, start):  # q [m, H, hd] -> (sent, its Search), or None: no earlier key
-    """The search of this layer's keys below the last query's position, once their rows have landed."""
+def key_search(s, q, layer, start) -> Asked | None:  # q [m, H, hd] -> its searches, or None: no earlier key
+    """The searches of this layer's keys below the last query's position, once their rows have landed: every one,
+    or (a decode step under a policy that drops keys) the sinks, the window and the policy's choice between."""
     end = searched_end(start, len(q))
     if not end:
         return None
     s.await_layer(layer)
     sent = encoding.key_queries(q.transpose(1, 0, 2), s.key_norms[layer, :, :end], s.metric)
-    where = Where(eq={"layer": layer}, lt={"position": end})
-    k = keys_asked(s, start, len(q))
-    index = None if k is None else s.engine.attention_index
-    return sent, Search(s.name, sent[0], k=k, where=where, by="head", index=index)  # each head's keys
+    if s.engine.key_bound is not None:  # the queries' pad column: 0
+        sent = (np.concatenate([sent[0], np.zeros((*sent[0].shape[:-1], 1), np.float32)], -1), sent[1])
+    if len(q) > 1 or not drops(s.policy, start):  # a block's queries: every earlier key, the policy kept below
+        return Asked(sent, [keys(s, sent[0], layer, 0, end)], ["all"], [(0, end)])
+    a, b = s.policy.middle(start)
+    parts = [("sinks", 0, a, {}), ("window", b, start, {})]
+    if s.policy.top_k is not None:
+        parts.append(("top", a, b, {"k": min(s.policy.top_k, b - a), "index": s.engine.attention_index}))
+    elif s.policy.threshold is not None:
+        parts.append(("best", a, b, {"k": 1}))
+    parts = [p for p in parts if p[2] > p[1]]
+    searches = [keys(s, sent[0], layer, lo, hi, **kw) for _, lo, hi, kw in parts]
+    return Asked(sent, searches, [p[0] for p in parts], [(lo, hi) for _, lo, hi, _ in parts])
 
 
-def key_scores(s, asked, found, layer, start, m):  # the key search's hits -> q.k [H, m, start + m - 1]
-    """Every earlier key's q.k; under top-k attention -inf for each query's keys not among its K best."""
+def keys(s, queries, layer, lo, hi, **options) -> Search:  # a search of each head's keys at positions lo..hi-1
+    where = Where(eq={"layer": layer}, ge={"position": lo} if lo else {}, lt={"position": hi})
+    return Search(s.name, queries, where=where, by="head", **options)
+
+
+def follow_up(s, asked: Asked, found, layer, start) -> Asked | None:
+    """A threshold's second search, once the first found the best key between the sinks and the window: every key
+    there whose distance is within the radius that beta makes of the best's (the store's range search)."""
+    if "best" not in asked.kinds:
+        return None
+    best = found[asked.kinds.index("best")]  # [H, 1, 1]
+    gap = s.policy.threshold * math.sqrt(s.hp.n_embd // s.hp.n_head)  # in q.k; a distance moves by it times:
+    per_qk = 1.0 if s.metric == "ip" else 2.0 * np.asarray(asked.sent[1], np.float64)  # l2: 2 s (sent s q)
+    radius = best.dists[..., 0].astype(np.float64) + gap * per_qk  # [H, 1]
+    a, b = s.policy.middle(start)
+    search = keys(s, asked.sent[0], layer, a, b, radius=radius)
+    return Asked(asked.sent, [*asked.searches, search], [*asked.kinds, "range"], [*asked.spans, (a, b)])
+
+
+def key_scores(s, asked, found, layer, start, m):  # the key searches' hits -> q.k [H, m, start + m - 1]
+    """Every earlier key's q.k, -inf for keys the policy leaves out."""
     n_head, end = s.hp.n_head, searched_end(start, m)
     if asked is None:
         s.meter.scored(store=0, memory=n_head * m, returned=0, values=n_head * m)
         return np.zeros((n_head, m, 0))
-    k, returned = keys_asked(s, start, m), int((found[0].ids >= 0).sum())
-    scores = (
-        key_columns(s, asked[0], found, layer, end) if k is None else top_columns(s, asked[0], found, layer, end, k)
-    )
-    used = np.arange(end) < np.arange(start, start + m)[:, None]  # each query's earlier keys
-    if pruned(s, start, m):
-        scores = keep_best(np.where(used, scores, -np.inf), s.attention_top_k)
-        read = int(np.isfinite(scores).sum())
+    if asked.kinds == ["all"]:
+        scores = key_columns(s, asked.sent, found[0], layer, end)
+        returned, store = (
+            int(found[0].ids.size),
+            n_head * int((np.arange(end) < np.arange(start, start + m)[:, None]).sum()),
+        )
     else:
-        read = n_head * int(used.sum())
-    store = n_head * int(used.sum()) if found[0].scored is None else found[0].scored  # an index: what it scored
-    s.meter.scored(store=store, memory=n_head * m, returned=returned, values=read + n_head * m)
+        scores = chosen_columns(s, asked, found, layer, end)
+        returned = sum(int((h.ids >= 0).sum()) for h, k in zip(found, asked.kinds) if k != "best")
+        store = sum(n_head * (hi - lo) if h.scored is None else h.scored for h, (lo, hi) in zip(found, asked.spans))
+    if pruned(s, start, m):
+        scores = kept_by_policy(s, scores, start)
+    kept = (np.isfinite(scores) & (np.arange(end) < np.arange(start, start + m)[:, None])).sum(axis=-1)  # [H, m]
+    s.meter.scored(store=store, memory=n_head * m, returned=returned, values=int(kept.sum()) + n_head * m)
+    if s.policy.active:
+        s.meter.kept(kept, dropped_bound(s.policy, kept, start))
     return scores
 
 
-def top_columns(s, sent, found, layer, end, k):  # the k best keys' hits -> q.k [H, m, end], -inf where not found
-    ids, dists = found[0].ids, found[0].dists  # [H, m, K]; an index may find fewer (id -1)
-    n_head, n_ctx, missing = s.hp.n_head, s.hp.n_ctx, found[0].ids < 0
+def kept_by_policy(s, scores, start):  # [H, m, n] q.k -> -inf where each query's policy leaves a key out
+    """A block's queries (searched for every earlier key) keep what reference.keep keeps; a decode step's were
+    searched for those alone, and keep them."""
+    m, hd = scores.shape[1], s.hp.n_embd // s.hp.n_head
+    if m == 1:
+        return scores
+    out = np.full_like(scores, -np.inf)
+    for row in range(m):
+        i = start + row
+        for h in range(scores.shape[0]):
+            keep = s.policy.kept(scores[h, row, :i] / math.sqrt(hd))
+            out[h, row, :i] = np.where(keep, scores[h, row, :i], -np.inf)
+    return out
+
+
+def dropped_bound(policy: Policy, kept, start: int):  # the most weight a threshold's dropped keys could hold
+    if policy.threshold is None:
+        return None
+    earlier = np.arange(start, start + kept.shape[1])  # each query's earlier keys
+    return float(bound(policy.threshold, earlier - kept).max())
+
+
+def chosen_columns(s, asked, found, layer, end):  # a policy's searches' hits -> q.k [H, 1, end], -inf elsewhere
+    n_head, n_ctx = s.hp.n_head, s.hp.n_ctx
+    scores = np.full((n_head, 1, end + 1), -np.inf)  # a missing key (id -1) goes to column `end`, cut off
     heads = (layer * n_head + np.arange(n_head))[:, None, None]
-    wrong = ((ids // n_ctx != heads) | (ids % n_ctx >= end)) & ~missing
-    if ids.shape[-1] != k or wrong.any():
-        raise VecgptError(
-            f"the store's top-k key search in layer {layer} returned other keys than this session wrote; "
-            f"start the text again"
-        )
-    scores = np.full((*ids.shape[:2], end + 1), -np.inf)  # a missing key's score goes to column `end`, cut off
-    at = np.where(missing, end, ids % n_ctx)
-    np.put_along_axis(scores, at, encoding.decode_key_dists(dists, *sent[:1], 0.0, s.metric, sent[1]), -1)
+    for hits, kind in zip(found, asked.kinds):
+        if kind == "best":
+            continue
+        ids, missing = hits.ids, hits.ids < 0
+        if ((ids // n_ctx != heads) | (ids % n_ctx >= end)).any(where=~missing):
+            raise VecgptError(
+                f"the store's key search in layer {layer} returned other keys than this session wrote; "
+                f"start the text again"
+            )
+        at = np.where(missing, end, ids % n_ctx)
+        norms = s.key_norms[layer][np.arange(n_head)[:, None, None], np.minimum(at, end - 1)]
+        qk = encoding.decode_key_dists(hits.dists, asked.sent[0], norms, s.metric, asked.sent[1])
+        np.put_along_axis(scores, at, qk, -1)
     return scores[..., :end]
 
 
-def key_columns(s, sent, found, layer, end):  # the key search's hits -> q.k [H, m, end], in position order
-    ids, dists = found[0].ids, found[0].dists  # [H, m, n]
+def key_columns(s, sent, found, layer, end):  # every earlier key's hits -> q.k [H, m, end], in position order
+    ids, dists = found.ids, found.dists  # [H, m, n]
     if ids.shape[-1] != end:  # rows removed under the text (closed, lost by a store)
         raise VecgptError(
             f"the store lost keys of this session ({ids.shape[-1]} of {end} positions found in layer {layer}); "
@@ -112,12 +179,24 @@ def key_columns(s, sent, found, layer, end):  # the key search's hits -> q.k [H,
     return encoding.decode_key_dists(dists, *sent[:1], norms, s.metric, sent[1])
 
 
+def stored_rows(s, layer, vectors) -> np.ndarray:
+    """Key rows [m, H, w] as the store holds them: float32, and under l2 with the pad to the layer's bound R
+    (vecgpt.key_bounds), so that the store's distance ranks them by q.k."""
+    bound = s.engine.key_bound
+    return np.asarray(vectors, np.float32) if bound is None else key_bounds.padded(vectors, bound[layer])
+
+
+def keep_norms(s, layer, start, vectors) -> None:
+    """|row|^2 of the positions start.. of a layer, rows [m, H, w] as stored: what decoding their distances needs."""
+    s.key_norms[layer, :, start : start + len(vectors)] = squared_norms(stored_rows(s, layer, vectors)).T
+
+
 def queue_rows(s, layer, start, vectors, payload) -> None:
     """A layer's rows of the positions being read: a block's are written at once (its key search waits for
     them); a decode step's go out at the layers of `writes_at`, with the layers read since the last write."""
     if s.capture is not None:  # an inspection writes nothing
         return
-    s.pending.append((layer, start, vectors, np.asarray(payload, np.float32)))
+    s.pending.append((layer, start, stored_rows(s, layer, vectors), np.asarray(payload, np.float32)))
     if len(vectors) > 1 or layer in s.writes_at:
         ticket = s.write(later.upsert(*key_rows(s, s.pending)))
         s.layer_ticket.update((entry[0], ticket) for entry in s.pending)

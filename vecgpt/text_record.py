@@ -16,6 +16,8 @@ from vecgpt.candidates import CANDIDATES, CandidateRows
 from vecgpt.engine import Engine, Session
 from vecgpt.errors import VecgptError
 from vecgpt.meter import SESSION_PREFIX, later, summarize
+from vecgpt.policy import Policy
+from vecgpt.policy import settings as policy_settings
 
 
 def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, seed: int, attention_top_k) -> dict:
@@ -29,7 +31,7 @@ def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, see
             "seed": seed,
             "temperature": temperature,
             "top_k": top_k or engine.top_k,
-            "attention_top_k": engine.check_top_k(attention_top_k) or engine.attention_top_k,
+            **policy_settings(text_policy(engine, attention_top_k)),
             "kernel": getattr(engine.store, "kernel", None),  # an in-process store's: how its products are summed
         },
         "written": 0,
@@ -37,6 +39,13 @@ def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, see
         "created": now,
         "updated": now,
     }
+
+
+def text_policy(engine: Engine, attention_top_k: int | None = None) -> Policy:
+    """A new text's attention policy: the engine's, or top-k with K = attention_top_k (the playground's top-k box)."""
+    if attention_top_k is None:
+        return engine.policy
+    return engine.check_policy(engine.policy._replace(top_k=attention_top_k, threshold=None))
 
 
 def check_kernel(engine: Engine, text_id: str, record: dict) -> None:

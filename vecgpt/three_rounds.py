@@ -23,7 +23,7 @@ import numpy as np
 from vecgpt.engine import Session, Step, calls, layout, one, own_scores, several, squared_norms
 from vecgpt.meter import later
 from vecgpt.reference import gelu, layer_norm
-from vecgpt.text_keys import queue_rows
+from vecgpt.text_keys import keep_norms, queue_rows
 
 
 class ThreeRoundsStep(Step):
@@ -74,7 +74,7 @@ class ThreeRoundsStep(Step):
             while picked[at] < rows.start:  # a text that failed since its rows were picked
                 at += 1
             doc = doc32[at : at + m]
-            s.key_norms[layer, :, start : start + m] = squared_norms(doc).T
+            keep_norms(s, layer, start, doc)
             payload = np.concatenate([self.fresh[rows], s.values(layer, start, m)], axis=2)
             queue_rows(s, layer, start, doc, payload)
             at += m

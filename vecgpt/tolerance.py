@@ -35,6 +35,7 @@ from vecgpt.encoding import U32, U64
 from vecgpt.engine import searched_end
 from vecgpt.errors import VecgptError
 from vecgpt.orders import InOrder, query_rows, value_output
+from vecgpt.policy import as_policy
 from vecgpt.reference import Reference
 from vecgpt.sampling import Candidates
 from vecgpt.weights import Model, flatten
@@ -67,10 +68,12 @@ class Perturbation:
         per_output: bool,
         stored: float = U32,
         layout: str = "four",
-        top_k: int | None = None,
+        top_k=None,
+        padded_r2: float | None = None,
     ):
         self.metric, self.u, self.per_output, self.stored, self.layout = metric, u, per_output, stored, layout
-        self.top_k = top_k  # top-k attention's K (the softmax over each query's own key and K best), None: every key
+        self.top_k = top_k  # the attention policy (vecgpt.policy), or top-k's K alone; None: every key
+        self.padded_r2 = padded_r2  # l2 keys padded to one length (vecgpt.key_bounds): its square, else None
         self.rng, self.m2, self._products = np.random.default_rng(seed), {}, {}
         # a store runs attention in its layout's order (vecgpt.orders); plain maths (stored = 0) in layout "four" as numpy
         self.order = "three" if layout == "three" else "projected" if stored > 0 and layout != "five" else "plain"
@@ -116,12 +119,15 @@ class Perturbation:
         return searched_end(n - m, m)
 
     def searched_scores(self, q, docs, scores):  # q [m, dim] against docs [n, dim], every one searched
-        norms2 = np.einsum("ij,ij->i", docs, docs)
+        norms2 = self.stored_norms2(np.einsum("ij,ij->i", docs, docs))
         bound = encoding.key_bound(q, norms2, self.metric, self.u, norms2, self.stored)
         return scores + bound * self.signs(scores.shape)
 
+    def stored_norms2(self, norms2):  # |row|^2 of key rows as stored: padded ones all have the bound's
+        return norms2 if self.padded_r2 is None else np.full_like(norms2, self.padded_r2)
+
     def scores(self, q, k, scores):  # the last query's own key is scored in memory: not searched
-        norms2 = np.einsum("ij,ij->i", k, k)
+        norms2 = self.stored_norms2(np.einsum("ij,ij->i", k, k))
         end = searched_end(len(k) - len(q), len(q))
         searched = norms2[:end] if end else norms2
         return scores + encoding.key_bound(q, norms2, self.metric, self.u, searched, self.stored) * self.signs(
@@ -159,27 +165,27 @@ def logit_tolerance(
     exact: np.ndarray | None = None,
     stored: float = U32,
     layout: str = "four",
-    top_k: int | None = None,
+    top_k=None,
+    padded_r2: float | None = None,
 ) -> np.ndarray:
     """Per step, the derived bound on |store logit - float64 numpy logit| for any token. [steps]
     (stored = 0: plain maths in precision u, as numpy float32, no vectors rounded to float32 on the way;
-    layout: the model's, vecgpt.config.LAYOUTS; top_k: top-k attention's K; exact: forced_logits of the same
-    arguments, if the caller has it)."""
-    key = ("tolerance", ints(prompt), ints(tokens), metric, float(u), float(stored), layout, top_k)
+    layout: the model's, vecgpt.config.LAYOUTS; top_k: the attention policy, or top-k's K; padded_r2: l2 key rows
+    padded to that squared length; exact: forced_logits of the same arguments, if the caller has it)."""
+    key = ("tolerance", ints(prompt), ints(tokens), metric, float(u), float(stored), layout, top_k, padded_r2)
     return remembered(
-        model64, key, lambda: _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout, top_k)
+        model64,
+        key,
+        lambda: _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout, top_k, padded_r2),
     )
 
 
-def _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout, top_k) -> np.ndarray:
+def _logit_tolerance(model64, prompt, tokens, metric, u, exact, stored, layout, top_k, padded_r2) -> np.ndarray:
     exact = forced_logits(model64, prompt, tokens, top_k=top_k) if exact is None else exact
-    moved = [
-        np.abs(
-            forced_logits(model64, prompt, tokens, Perturbation(metric, u, seed, seed % 2 == 0, stored, layout, top_k))
-            - exact
-        ).max(1)
-        for seed in range(PATTERNS)
-    ]
+    moved = []
+    for seed in range(PATTERNS):
+        perturb = Perturbation(metric, u, seed, seed % 2 == 0, stored, layout, top_k, padded_r2)
+        moved.append(np.abs(forced_logits(model64, prompt, tokens, perturb) - exact).max(1))
     return SAFETY * np.max(moved, axis=0)
 
 
@@ -189,10 +195,13 @@ def forced_comparison(
     """A store's reader and float64 numpy fed the same tokens: the rule at every step, the derived
     tolerance (in the reader's layout) and the largest error seen."""
     cands = teacher_forced(reader, prompt, tokens, k)
-    top_k = getattr(reader, "attention_top_k", None)
+    top_k = getattr(reader, "policy", None) or getattr(reader, "attention_top_k", None)
+    top_k = top_k if top_k is None or as_policy(top_k).active else None
     exact = forced_logits(model64, prompt, tokens, top_k=top_k)
     layout = getattr(reader, "layout", "four")
-    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact, layout=layout, top_k=top_k)
+    bound = getattr(getattr(reader, "engine", None), "key_bound", None)
+    padded_r2 = None if bound is None else float(max(bound)) ** 2
+    tol = logit_tolerance(model64, prompt, tokens, metric, u, exact, layout=layout, top_k=top_k, padded_r2=padded_r2)
     broken = [
         f"step {i}: {d}" for i, (c, row, t) in enumerate(zip(cands, exact, tol)) for d in disagreements(c, row, k, t)
     ]

@@ -38,6 +38,9 @@ def config_of(args):
         layout=getattr(args, "layout", None),
         attention_top_k=getattr(args, "attention_top_k", None),
         attention_index=getattr(args, "attention_index", None),
+        attention_threshold=getattr(args, "attention_threshold", None),
+        attention_sinks=getattr(args, "attention_sinks", None),
+        attention_window=getattr(args, "attention_window", None),
     )
     if args.store is not None:
         config.store[location_key(config.backend)] = args.store
@@ -238,7 +241,7 @@ def cmd_generate(args) -> int:
         return generate_batch(args, config, common)
     check_generate(args)
     if args.reference:
-        out = api.generate_reference(args.prompt, attention_top_k=config.attention_top_k, **common)
+        out = api.generate_reference(args.prompt, policy=config.policy(), **common)
     else:
         out = api.generate_text(
             args.prompt,
@@ -423,6 +426,31 @@ def load_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr even when it is not a terminal")
 
 
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    """Which earlier keys each query attends to (vecgpt.policy; docs/topk-attention.md); default: every one."""
+    p.add_argument(
+        "--attention-top-k", type=int, metavar="K", help="each query's K best earlier keys by q.k (a key search of K)"
+    )
+    p.add_argument(
+        "--attention-threshold",
+        type=float,
+        metavar="BETA",
+        help="or every earlier key whose q.k / sqrt(hd) is within BETA of the best (a range search)",
+    )
+    p.add_argument("--attention-sinks", type=int, metavar="S", help="always keep the first S positions")
+    p.add_argument(
+        "--attention-window",
+        type=int,
+        metavar="W",
+        help="always keep the last W earlier positions; top-k or the threshold choose between (neither: none)",
+    )
+    p.add_argument(
+        "--attention-index",
+        metavar="KIND",
+        help="with --attention-top-k: search the keys approximately, by the store's index of that kind (faiss: hnsw)",
+    )
+
+
 def generate_arguments(p: argparse.ArgumentParser) -> None:
     add_store_args(p), add_model_arg(p), add_layout_arg(p)
     p.add_argument("prompt", nargs="?")
@@ -438,18 +466,7 @@ def generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None, help="candidates to sample from (default 40)")
     p.add_argument("--seed", type=int, default=None, help="the draws' seed (default: a new one, said on stderr)")
     p.add_argument("--no-stop", action="store_true", help="do not stop at <|endoftext|>")
-    p.add_argument(
-        "--attention-top-k",
-        type=int,
-        metavar="K",
-        help="each query attends to its own key and its K best earlier keys by q.k (a key search of K); "
-        "a model loaded with --metric ip (default: every key)",
-    )
-    p.add_argument(
-        "--attention-index",
-        metavar="KIND",
-        help="with --attention-top-k: search the keys approximately, by the store's index of that kind (faiss: hnsw)",
-    )
+    add_policy_args(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", action="store_true", help="run the numpy reference instead of a store")
     p.add_argument(

@@ -428,6 +428,9 @@ class Library:
         return [s for shelf in self.shelves for s in shelf.secrets()] + token
 
 
+POLICY_SUMMARY = ("kept_per_head", "dropped_bound")  # meter.policy_summary's
+
+
 def difference(before: dict, after: dict) -> dict:
     """after - before, for two meter summaries: each total and each by-kind tally (zeros left out)."""
 
@@ -436,7 +439,9 @@ def difference(before: dict, after: dict) -> dict:
 
     out = {}
     for key, value in after.items():
-        if isinstance(value, dict):
+        if key in POLICY_SUMMARY:  # not a tally: the text's kept keys per head and largest dropped bound so far
+            out[key] = value
+        elif isinstance(value, dict):
             kinds = {k: minus(v, before[key].get(k, 0)) for k, v in value.items()}
             out[key] = {k: v for k, v in kinds.items() if v}
         else:
