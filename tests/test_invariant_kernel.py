@@ -18,7 +18,7 @@ ROWS, DIM = 1100, 200  # past a whole ALIGN and under TAIL: both of the product'
 COUNTS = (2, 3, 5, 16, 17, 33, 70)  # query counts: ladder sizes, padded ones, more than one call
 MODULES = {"faiss": faiss_store, "memory": memory_store}
 FALLBACK = {"faiss": "scan", "memory": "gemv"}
-DEFAULT = {"faiss": "fixed", "memory": "gemv"}  # memory: llvmlite comes with the faiss extra only
+DEFAULT = {"faiss": "fixed", "memory": "fixed"}
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +211,7 @@ def test_faiss_without_invariance_takes_its_own_blas_search(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["faiss", "memory"])
-def test_the_default_kernel_fixed_on_faiss_a_query_at_a_time_on_memory(tmp_path, backend):
+def test_the_default_kernel_is_the_fixed_order_one(tmp_path, backend):
     store = filled(backend, "ip", tmp_path, kernel=None)
     store.search("m", np.ones((3, DIM), np.float32))
     assert store.stats()["m"]["kernel"] == store.kernel == DEFAULT[backend] and not _product.VERDICTS

@@ -18,7 +18,7 @@ from vecgpt.errors import VecgptError
 # matrix product (_product) for any number of queries where the check passed for the matrix's shape (else "gemv").
 # A filtered search is "gemv" whatever the kernel.
 KERNELS = ("gemv", "fixed", "blas")
-DEFAULT_KERNEL = "gemv"
+DEFAULT_KERNEL = "fixed"
 
 
 class NumpyTable(Table):
