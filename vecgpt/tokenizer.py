@@ -124,3 +124,81 @@ class TextStream:
 
     def end(self) -> str:
         return self.decoder.decode(b"", final=True)
+
+
+class Gpt2Tokenizer:
+    """GPT-2's encoding (this module's functions) behind the interface of a checkpoint's tokenizer."""
+
+    eos = ENDOFTEXT
+
+    def encode(self, text: str) -> list[int]:
+        return encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return decode(ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return token_bytes(token)
+
+
+class FileTokenizer:
+    """A checkpoint's tokenizer.json through the `tokenizers` library. Byte-level BPE (SmolLM2, Qwen2, Llama 3) maps
+    each byte to a printable character; SentencePiece (TinyLlama) writes a space as "▁" and a raw byte as <0xNN>."""
+
+    def __init__(self, path: Path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise VecgptError(
+                "a checkpoint's tokenizer.json is read by the package tokenizers: pip install tokenizers"
+            ) from None
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises its own Exception for a damaged file
+            raise VecgptError(f"{path}: not a readable tokenizer.json ({str(e).splitlines()[0][:120]})") from None
+        self.byte_level = "ByteLevel" in self.tokenizer.to_str()[:100_000]
+        self.eos = self.tokenizer.token_to_id("</s>") or self.tokenizer.token_to_id("<|endoftext|>")
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self.tokenizer.id_to_token(int(token)) or ""
+        if self.byte_level:
+            return bytes(BYTE_OF_CHAR.get(c, 0) for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        return piece.replace("\u2581", " ").encode()
+
+
+def _byte_chars() -> dict[str, int]:
+    """GPT-2's byte-to-character map (bytes_to_unicode), inverted: printable bytes stand for themselves, the
+    others for the characters from U+0100 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+BYTE_OF_CHAR = _byte_chars()
+
+
+def of_folder(folder: Path, n_vocab: int):
+    """A checkpoint folder's tokenizer: its tokenizer.json, else GPT-2's for a model of GPT-2's 50,257 tokens."""
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        return FileTokenizer(path)
+    if n_vocab == N_VOCAB:
+        return Gpt2Tokenizer()
+    raise VecgptError(
+        f"{folder}: no tokenizer.json, and its {n_vocab:,} tokens are not GPT-2's; copy the checkpoint's tokenizer.json "
+        f"into the folder (huggingface-cli download NAME tokenizer.json --local-dir {folder})"
+    )

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from vecgpt import families
 from vecgpt.errors import VecgptError
 from vecgpt.paths import expand, read_cache
 
 SHIPPED = Path(__file__).parent / "models"
 DEFAULT_MODEL = "shakespeare"
 IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+LLAMA_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,50 @@ class Model:
         return self._fingerprint
 
 
+class LlamaModel(Model):
+    """A Llama, Mistral or Qwen2 checkpoint (families.LlamaHParams) under Hugging Face's names, weights [out, in].
+    `params` nests them as named: params["model"]["layers"][3]["self_attn"]["q_proj"]["weight"]; a separate output
+    matrix is params["lm_head"]."""
+
+    @property
+    def family(self) -> families.Family:
+        return families.FAMILIES[self.hparams.family]
+
+    @property
+    def params(self) -> dict:
+        if self._params is None:
+            flat = {name: self.tensor(name) for name in expected_shapes(self.hparams)}
+            params = unflatten(flat, blocks=False)
+            params["model"]["layers"] = [params["model"]["layers"][i] for i in range(self.hparams.n_layer)]
+            self._params = params
+        return self._params
+
+    def block(self, layer: int) -> dict:
+        """Layer `layer`'s parameters, nested as in params["model"]["layers"][layer]."""
+        if self._params is not None or self.checkpoint is None:
+            return self.params["model"]["layers"][layer]
+        names = families.block_shapes(self.hparams)
+        return unflatten({n: self.tensor(f"model.layers.{layer}.{n}") for n in names}, blocks=False)
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's tokenizer.json, else GPT-2's for a model of its 50,257 tokens (shakespeare-llama)."""
+        from vecgpt import tokenizer
+
+        return tokenizer.of_folder(Path(self.source), self.hparams.n_vocab)
+
+
 def parameter_count(hp: HParams) -> int:
     """Numbers in a checkpoint (without building its shapes, which can be huge for a typo'd size)."""
+    if isinstance(hp, families.LlamaHParams):
+        return families.parameter_count(hp)
     d = hp.n_embd
     return (hp.n_vocab + hp.n_ctx) * d + hp.n_layer * (12 * d * d + 13 * d) + 2 * d
 
 
 def expected_shapes(hp: HParams) -> dict[str, tuple[int, ...]]:
+    if isinstance(hp, families.LlamaHParams):
+        return families.expected_shapes(hp)
     shapes = {"wte.weight": (hp.n_vocab, hp.n_embd), "wpe.weight": (hp.n_ctx, hp.n_embd)}
     for i in range(hp.n_layer):
         shapes.update({f"h.{i}.{name}": shape for name, shape in expected_shapes_of_block(hp).items()})
@@ -150,6 +189,8 @@ def read_hparams(config: dict, where: str) -> HParams:
 def resolve(model: str | None, files: tuple = ("config.json", "model.safetensors")) -> Path:
     """A local folder, a model shipped with vecgpt, or a Hugging Face hub name."""
     model = model or DEFAULT_MODEL
+    if (full := families.known(model)) and not expand(model).is_dir():
+        return download(full, LLAMA_FILES)
     if (folder := expand(model)).is_dir():
         return folder
     if (SHIPPED / model / "config.json").is_file():
@@ -204,12 +245,14 @@ def load(model: str | None = None, dtype=np.float32) -> Model:
     folder = resolve(model)
     tensors_path = folder / "model.safetensors"
     hp = read_config(folder)
+    if not tensors_path.is_file() and (folder / "model.safetensors.index.json").is_file():
+        raise VecgptError(f"{folder}: a checkpoint in several safetensors files; vecgpt reads one model.safetensors")
     if not tensors_path.is_file():
         raise VecgptError(
             f"{folder}: missing {tensors_path.name} (a GPT-2 folder holds config.json and model.safetensors)"
         )
     checkpoint = Checkpoint(tensors_path, hp)
-    model = Model(hp, None, str(folder), checkpoint, dtype)
+    model = (LlamaModel if isinstance(hp, families.LlamaHParams) else Model)(hp, None, str(folder), checkpoint, dtype)
     model.fingerprint  # noqa: B018 (a damaged file fails here, before anything uses it)
     return model
 
@@ -224,6 +267,8 @@ def read_config(folder: Path) -> HParams:
         raise VecgptError(f"{config_path}: not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise VecgptError(f"{config_path}: not a GPT-2 config.json (a JSON object of hyper-parameters)")
+    if families.family_of(config) is not None:  # Llama, Mistral, Qwen2
+        return families.read_llama_hparams(config, str(folder))
     return read_hparams(config, str(folder))
 
 
@@ -233,6 +278,8 @@ def shape(model: str | None = None) -> tuple[HParams, str]:
     name = model or DEFAULT_MODEL
     if name in SIZES and not expand(name).is_dir():
         return SIZES[name], name
+    if (full := families.known(name)) and not expand(name).is_dir():
+        return families.SIZES[full], full
     folder = resolve(name, files=("config.json",))
     return read_config(folder), str(folder)
 
@@ -352,6 +399,8 @@ def file_fingerprint(key: list, value: str) -> None:
 
 def check_tensors(shapes: dict[str, tuple], hp: HParams, where: str) -> None:
     """Names and shapes as GPT-2 with these hyper-parameters has them (lm_head, tied to wte, may be there)."""
+    if isinstance(hp, families.LlamaHParams):
+        return families.check_tensors(shapes, hp, where)
     flat = {k: v for k, v in shapes.items() if k != "lm_head.weight"}
     expected = expected_shapes(hp)
     missing = sorted(set(expected) - set(flat))
@@ -502,3 +551,18 @@ def random_gpt2_small(seed: int = 0) -> Path:
 
 def describe(hp: HParams) -> str:
     return ", ".join(f"{k}={v}" for k, v in asdict(hp).items())
+
+
+def make_llama_params(hp: families.LlamaHParams, seed: int = 0, std: float = 0.02) -> dict:
+    """Random weights for a Llama-family shape, nested as LlamaModel.params: matrices and biases normal(std),
+    norm weights near 1."""
+    rng = np.random.default_rng(seed)
+    flat = {}
+    for name, shape in families.expected_shapes(hp).items():
+        noise = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        flat[name] = 1 + noise if "norm" in name else noise
+    return unflatten(flat, blocks=False)
+
+
+def make_llama_model(out: str | Path, hp: families.LlamaHParams, seed: int = 0, std: float = 0.02) -> Path:
+    return save(out, hp, make_llama_params(hp, seed, std), extra_config={"vecgpt": {"random_seed": seed}})
