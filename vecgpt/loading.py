@@ -116,6 +116,8 @@ def matrix_shape(hp: HParams, name: str) -> tuple[int, int]:
 def plan(model: Model | HParams, metric: str, layout: str = "four") -> list[tuple[str, int, int]]:
     """(collection, documents, dimension) of everything a load writes, from the model's shape alone."""
     hp = model.hparams if isinstance(model, Model) else model
+    if not isinstance(hp, HParams):  # a Llama-family shape (families.LlamaHParams)
+        return plan_llama(hp, metric, layout)
     rows = [(name, matrix_shape(hp, name)) for name in matrices(hp, layout)]
     out = [
         (n, s[0] if n == "wte" else s[1], encoding.doc_dim(hp.n_embd if n == "wte" else s[0], metric)) for n, s in rows
@@ -438,3 +440,31 @@ def ln_table(model: Model) -> np.ndarray:  # [4 * n_layer + 2, d]
     hp = model.hparams
     rows = [model.tensor(f"h.{i}.{part}") for i in range(hp.n_layer) for part in LN_PARTS]
     return np.stack(rows + [model.tensor("ln_f.weight"), model.tensor("ln_f.bias")])
+
+
+def llama_matrices(hp, layout: str = "four") -> dict[str, tuple[int, int]]:
+    """A Llama-family model's matrices as a load would write them, by collection, with their [documents, input]
+    shapes ([out, in], as nn.Linear holds them), named as GPT-2's so that what reads a plan reads this one: the
+    projections that share an input stacked into one collection (q, k and v: h.<i>.attn.c_attn; gate and up:
+    h.<i>.mlp.c_fc), o_proj as c_proj (per head in layout four, whole in five; layout three's per-head products),
+    down_proj as mlp.c_proj, and the output matrix: wte when tied to the token table, else lm_head."""
+    d, hd, inner = hp.n_embd, hp.head_dim, hp.n_inner
+    shapes = {}
+    for i in range(hp.n_layer):
+        shapes[f"h.{i}.attn.c_attn"] = ((hp.n_head + 2 * hp.n_kv_head) * hd, d)
+        per_head = {"c_proj": (d, hd), "vo": (d, d), "qk": (d + 1, hd)}
+        for name in attention_output(i, hp.n_head, layout):
+            shapes[name] = (d, hp.n_head * hd) if layout == "five" else per_head[name.split(".")[3]]
+        shapes[f"h.{i}.mlp.c_fc"] = (2 * inner, d)
+        shapes[f"h.{i}.mlp.c_proj"] = (d, inner)
+    shapes["wte" if hp.tied else "lm_head"] = (hp.n_vocab, d)
+    return shapes
+
+
+def plan_llama(hp, metric: str, layout: str = "four") -> list[tuple[str, int, int]]:
+    """(collection, documents, dimension) of a Llama-family load: one document per output row of every matrix,
+    the token table (held apart when the output matrix is its own) and the RMSNorm weights (2 a layer, 1 final).
+    No position table: rotary positions are computed, not stored."""
+    rows = [(name, n, encoding.doc_dim(n_in, metric)) for name, (n, n_in) in llama_matrices(hp, layout).items()]
+    table = [] if hp.tied else [("embed_tokens", hp.n_vocab, hp.n_embd)]
+    return rows + table + [("ln", 2 * hp.n_layer + 1, hp.n_embd)]

@@ -157,7 +157,8 @@ class FileTokenizer:
         except Exception as e:  # tokenizers raises its own Exception for a damaged file
             raise VecgptError(f"{path}: not a readable tokenizer.json ({str(e).splitlines()[0][:120]})") from None
         self.byte_level = "ByteLevel" in self.tokenizer.to_str()[:100_000]
-        self.eos = self.tokenizer.token_to_id("</s>") or self.tokenizer.token_to_id("<|endoftext|>")
+        ends = (self.tokenizer.token_to_id(t) for t in ("</s>", "<|endoftext|>", "<|end_of_text|>"))
+        self.eos = next((i for i in ends if i is not None), None)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -83,6 +83,8 @@ def dry_run(config, model: str) -> list[str]:
         f"bytes: {size / 1e6:,.1f} MB of float32 vectors",
         load_time(config.backend, size),
     ]
+    if hasattr(hp, "n_kv_head"):  # a Llama-family shape
+        lines.insert(1, family_line(hp))
     if config.backend in ("memory", "faiss"):
         from vecgpt.cli.attention import available_bytes
 
@@ -91,6 +93,15 @@ def dry_run(config, model: str) -> list[str]:
         )
     estimate = cost_estimate(config, hp)
     return lines + ([estimate] if estimate else [])
+
+
+def family_line(hp) -> str:
+    output = "tied to the token table" if hp.tied else "its own"
+    scaling = f" ({hp.scaling['rope_type']} scaling)" if hp.scaling else ""
+    return (
+        f"family: {hp.family}; {hp.n_head} query heads sharing {hp.n_kv_head} key/value heads, SwiGLU {hp.n_inner} "
+        f"wide, rotary theta {hp.rope_theta:g}{scaling}, output matrix {output}"
+    )
 
 
 def load_time(backend: str, size: int) -> str:
