@@ -111,7 +111,7 @@ def test_smaller_k_moves_the_logits_and_full_numpy_is_far(make_store, tiny_model
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_counts_follow_k(make_store, tiny_model, layout):
     """A generated token at position p: the store scores p earlier keys a head and layer, returns K of them, and
-    attention reads K + 1 values (its own); a prompt block asks each head for K + m - 1 keys of its queries."""
+    attention reads K + 1 values (its own); each query of a prompt block searches for its own K best."""
     hp, k, ids = tiny_model.hparams, 4, tokenizer.encode(PROMPT)[:10]
     per = hp.n_layer * hp.n_head
     engine = engine_on(make_store, "memory", tiny_model, layout, top_k=k)
@@ -125,7 +125,7 @@ def test_counts_follow_k(make_store, tiny_model, layout):
     assert token == {"store": per * p, "memory": per, "returned": per * k, "values": per * (k + 1)}
     earlier = np.arange(m)  # query i has i earlier keys; it keeps min(i, K)
     assert prompt["store"] == per * earlier.sum() and prompt["memory"] == per * m
-    assert prompt["returned"] == per * m * (k + m - 1 if k + m - 1 < m - 1 else m - 1)
+    assert prompt["returned"] == per * np.minimum(earlier, k).sum()  # each query of the block its own K best
     assert prompt["values"] == per * (np.minimum(earlier, k).sum() + m)
 
 

@@ -23,14 +23,16 @@ from vecgpt.session import squared_norms
 
 
 class Asked(NamedTuple):
-    """A text's key searches of a layer: the queries as sent (sent, scale), its searches and what each one is: "all"
-    (every earlier key), "sinks", "window", "top" (the K best between them), "best" (the best between them, for a
-    threshold's radius) or "range" (every key between them within the radius)."""
+    """A text's key searches of a layer: the queries as sent (sent, scale), its searches, and for each what it is:
+    "all" (every earlier key), "sinks", "window", "top" (the K best between them), "best" (the best between them,
+    for a threshold's radius) or "range" (every key between them within the radius); the positions (lo, hi) it
+    searches (the keys an exact search scores), and the query of the read it serves (None: every one)."""
 
     sent: tuple
     searches: list
     kinds: list
-    spans: list  # each search's positions (lo, hi): the keys an exact search scores
+    spans: list
+    rows: list
 
 
 def searched_end(start: int, m: int = 1) -> int:
@@ -55,8 +57,9 @@ def pruned(s, start: int, m: int) -> bool:
 
 
 def key_search(s, q, layer, start) -> Asked | None:  # q [m, H, hd] -> its searches, or None: no earlier key
-    """The searches of this layer's keys below the last query's position, once their rows have landed: every one,
-    or (a decode step under a policy that drops keys) the sinks, the window and the policy's choice between."""
+    """The searches of this layer's keys below the last query's position, once their rows have landed: every one
+    in one search, or (a policy that drops keys) each query's own: its sinks, its window and the policy's choice
+    between them, each a filter on positions (and a top-k or a range search) of the store's."""
     end = searched_end(start, len(q))
     if not end:
         return None
@@ -64,17 +67,24 @@ def key_search(s, q, layer, start) -> Asked | None:  # q [m, H, hd] -> its searc
     sent = encoding.key_queries(q.transpose(1, 0, 2), s.key_norms[layer, :, :end], s.metric)
     if s.engine.key_bound is not None:  # the queries' pad column: 0
         sent = (np.concatenate([sent[0], np.zeros((*sent[0].shape[:-1], 1), np.float32)], -1), sent[1])
-    if len(q) > 1 or not drops(s.policy, start):  # a block's queries: every earlier key, the policy kept below
-        return Asked(sent, [keys(s, sent[0], layer, 0, end)], ["all"], [(0, end)])
-    a, b = s.policy.middle(start)
-    parts = [("sinks", 0, a, {}), ("window", b, start, {})]
-    if s.policy.top_k is not None:
-        parts.append(("top", a, b, {"k": min(s.policy.top_k, b - a), "index": s.engine.attention_index}))
-    elif s.policy.threshold is not None:
+    if not pruned(s, start, len(q)):
+        return Asked(sent, [keys(s, sent[0], layer, 0, end)], ["all"], [(0, end)], [None])
+    parts = [(r, *part) for r in range(len(q)) for part in query_parts(s.policy, start + r, s.engine.attention_index)]
+    searches = [keys(s, sent[0][:, r : r + 1], layer, lo, hi, **kw) for r, _, lo, hi, kw in parts]
+    return Asked(sent, searches, [p[1] for p in parts], [(p[2], p[3]) for p in parts], [p[0] for p in parts])
+
+
+def query_parts(policy: Policy, i: int, index) -> list[tuple]:
+    """A query at position i: its searches as (kind, lo, hi, options), the empty ones left out."""
+    if not drops(policy, i):
+        return [("all", 0, i, {})] if i else []
+    a, b = policy.middle(i)
+    parts = [("sinks", 0, a, {}), ("window", b, i, {})]
+    if policy.top_k is not None:
+        parts.append(("top", a, b, {"k": min(policy.top_k, b - a), "index": index}))
+    elif policy.threshold is not None:
         parts.append(("best", a, b, {"k": 1}))
-    parts = [p for p in parts if p[2] > p[1]]
-    searches = [keys(s, sent[0], layer, lo, hi, **kw) for _, lo, hi, kw in parts]
-    return Asked(sent, searches, [p[0] for p in parts], [(lo, hi) for _, lo, hi, _ in parts])
+    return [p for p in parts if p[2] > p[1]]
 
 
 def keys(s, queries, layer, lo, hi, **options) -> Search:  # a search of each head's keys at positions lo..hi-1
@@ -83,17 +93,20 @@ def keys(s, queries, layer, lo, hi, **options) -> Search:  # a search of each he
 
 
 def follow_up(s, asked: Asked, found, layer, start) -> Asked | None:
-    """A threshold's second search, once the first found the best key between the sinks and the window: every key
-    there whose distance is within the radius that beta makes of the best's (the store's range search)."""
-    if "best" not in asked.kinds:
+    """A threshold's second searches, once the first found each query's best key between its sinks and window:
+    every key there whose distance is within the radius that beta makes of the best's (the store's range search)."""
+    best = [j for j, kind in enumerate(asked.kinds) if kind == "best"]
+    if not best:
         return None
-    best = found[asked.kinds.index("best")]  # [H, 1, 1]
     gap = s.policy.threshold * math.sqrt(s.hp.n_embd // s.hp.n_head)  # in q.k; a distance moves by it times:
-    per_qk = 1.0 if s.metric == "ip" else 2.0 * np.asarray(asked.sent[1], np.float64)  # l2: 2 s (sent s q)
-    radius = best.dists[..., 0].astype(np.float64) + gap * per_qk  # [H, 1]
-    a, b = s.policy.middle(start)
-    search = keys(s, asked.sent[0], layer, a, b, radius=radius)
-    return Asked(asked.sent, [*asked.searches, search], [*asked.kinds, "range"], [*asked.spans, (a, b)])
+    searches, kinds, spans, rows = list(asked.searches), list(asked.kinds), list(asked.spans), list(asked.rows)
+    for j in best:
+        r, (a, b) = asked.rows[j], asked.spans[j]
+        per_qk = 1.0 if s.metric == "ip" else 2.0 * np.asarray(asked.sent[1], np.float64)[:, r : r + 1]  # l2: 2 s
+        radius = found[j].dists[..., 0].astype(np.float64) + gap * per_qk  # [H, 1]
+        searches.append(keys(s, asked.sent[0][:, r : r + 1], layer, a, b, radius=radius))
+        kinds.append("range"), spans.append((a, b)), rows.append(r)
+    return Asked(asked.sent, searches, kinds, spans, rows)
 
 
 def key_scores(s, asked, found, layer, start, m):  # the key searches' hits -> q.k [H, m, start + m - 1]
@@ -102,38 +115,19 @@ def key_scores(s, asked, found, layer, start, m):  # the key searches' hits -> q
     if asked is None:
         s.meter.scored(store=0, memory=n_head * m, returned=0, values=n_head * m)
         return np.zeros((n_head, m, 0))
+    earlier = np.arange(end) < np.arange(start, start + m)[:, None]  # each query's earlier keys
     if asked.kinds == ["all"]:
         scores = key_columns(s, asked.sent, found[0], layer, end)
-        returned, store = (
-            int(found[0].ids.size),
-            n_head * int((np.arange(end) < np.arange(start, start + m)[:, None]).sum()),
-        )
+        returned, store = int(found[0].ids.size), n_head * int(earlier.sum())
     else:
-        scores = chosen_columns(s, asked, found, layer, end)
+        scores = chosen_columns(s, asked, found, layer, end, m)
         returned = sum(int((h.ids >= 0).sum()) for h, k in zip(found, asked.kinds) if k != "best")
         store = sum(n_head * (hi - lo) if h.scored is None else h.scored for h, (lo, hi) in zip(found, asked.spans))
-    if pruned(s, start, m):
-        scores = kept_by_policy(s, scores, start)
-    kept = (np.isfinite(scores) & (np.arange(end) < np.arange(start, start + m)[:, None])).sum(axis=-1)  # [H, m]
+    kept = (np.isfinite(scores) & earlier).sum(axis=-1)  # [H, m]
     s.meter.scored(store=store, memory=n_head * m, returned=returned, values=int(kept.sum()) + n_head * m)
     if s.policy.active:
         s.meter.kept(kept, dropped_bound(s.policy, kept, start))
     return scores
-
-
-def kept_by_policy(s, scores, start):  # [H, m, n] q.k -> -inf where each query's policy leaves a key out
-    """A block's queries (searched for every earlier key) keep what reference.keep keeps; a decode step's were
-    searched for those alone, and keep them."""
-    m, hd = scores.shape[1], s.hp.n_embd // s.hp.n_head
-    if m == 1:
-        return scores
-    out = np.full_like(scores, -np.inf)
-    for row in range(m):
-        i = start + row
-        for h in range(scores.shape[0]):
-            keep = s.policy.kept(scores[h, row, :i] / math.sqrt(hd))
-            out[h, row, :i] = np.where(keep, scores[h, row, :i], -np.inf)
-    return out
 
 
 def dropped_bound(policy: Policy, kept, start: int):  # the most weight a threshold's dropped keys could hold
@@ -143,14 +137,14 @@ def dropped_bound(policy: Policy, kept, start: int):  # the most weight a thresh
     return float(bound(policy.threshold, earlier - kept).max())
 
 
-def chosen_columns(s, asked, found, layer, end):  # a policy's searches' hits -> q.k [H, 1, end], -inf elsewhere
+def chosen_columns(s, asked, found, layer, end, m):  # the queries' own searches' hits -> q.k [H, m, end], else -inf
     n_head, n_ctx = s.hp.n_head, s.hp.n_ctx
-    scores = np.full((n_head, 1, end + 1), -np.inf)  # a missing key (id -1) goes to column `end`, cut off
+    scores = np.full((n_head, m, end + 1), -np.inf)  # a missing key (id -1) goes to column `end`, cut off
     heads = (layer * n_head + np.arange(n_head))[:, None, None]
-    for hits, kind in zip(found, asked.kinds):
+    for hits, kind, r in zip(found, asked.kinds, asked.rows):
         if kind == "best":
             continue
-        ids, missing = hits.ids, hits.ids < 0
+        ids, missing = hits.ids, hits.ids < 0  # [H, 1, n]
         if ((ids // n_ctx != heads) | (ids % n_ctx >= end)).any(where=~missing):
             raise VecgptError(
                 f"the store's key search in layer {layer} returned other keys than this session wrote; "
@@ -158,8 +152,9 @@ def chosen_columns(s, asked, found, layer, end):  # a policy's searches' hits ->
             )
         at = np.where(missing, end, ids % n_ctx)
         norms = s.key_norms[layer][np.arange(n_head)[:, None, None], np.minimum(at, end - 1)]
-        qk = encoding.decode_key_dists(hits.dists, asked.sent[0], norms, s.metric, asked.sent[1])
-        np.put_along_axis(scores, at, qk, -1)
+        sent = asked.sent[0][:, r : r + 1], np.asarray(asked.sent[1])[:, r : r + 1]
+        qk = encoding.decode_key_dists(hits.dists, sent[0], norms, s.metric, sent[1])
+        np.put_along_axis(scores[:, r : r + 1], at, qk, -1)
     return scores[..., :end]
 
 
