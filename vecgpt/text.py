@@ -35,7 +35,7 @@ from vecgpt.engine import Engine, Inspection, Read, Session, chunks
 from vecgpt.errors import VecgptError
 from vecgpt.loading import no_space
 from vecgpt.meter import SESSION_PREFIX, summarize
-from vecgpt.policy import from_settings
+from vecgpt.policy import Policy, from_settings
 from vecgpt.sampling import Candidates, choose, draw
 from vecgpt.stepper import run_one
 from vecgpt.text_record import (
@@ -77,13 +77,15 @@ class Text:
         top_k: int | None = None,
         seed: int = 0,
         attention_top_k: int | None = None,
+        policy: Policy | None = None,
     ):
         """A new text holding the prompt; nothing is read until the first `generate`. `attention_top_k`: its
-        queries' K (None: the engine's), kept in its record for as long as it lives."""
+        queries' K (None: the engine's); `policy`: its whole attention policy (vecgpt.policy.Policy, in place of
+        the engine's); either kept in its record for as long as it lives."""
         if not prompt:
             raise VecgptError("the prompt is empty; give at least one token")
         check_tokens(engine, prompt)
-        record = new_record(engine, prompt, temperature, top_k, seed, attention_top_k)
+        record = new_record(engine, prompt, temperature, top_k, seed, attention_top_k, policy)
         text_id = uuid.uuid4().hex[:12]
         version = engine.store.write_text(text_id, record, None)  # first, so `texts gc` finds all that follows
         session = new_session(engine, SESSION_PREFIX + text_id, record["settings"]["top_k"])

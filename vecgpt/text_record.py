@@ -20,7 +20,9 @@ from vecgpt.policy import Policy
 from vecgpt.policy import settings as policy_settings
 
 
-def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, seed: int, attention_top_k) -> dict:
+def new_record(
+    engine: Engine, prompt: list[int], temperature: float, top_k, seed: int, attention_top_k, policy=None
+) -> dict:
     """A new text's record: the prompt, nothing read."""
     now = time.time()
     return {
@@ -31,7 +33,7 @@ def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, see
             "seed": seed,
             "temperature": temperature,
             "top_k": top_k or engine.top_k,
-            **policy_settings(text_policy(engine, attention_top_k)),
+            **policy_settings(text_policy(engine, attention_top_k, policy)),
             "kernel": getattr(engine.store, "kernel", None),  # an in-process store's: how its products are summed
         },
         "written": 0,
@@ -41,8 +43,11 @@ def new_record(engine: Engine, prompt: list[int], temperature: float, top_k, see
     }
 
 
-def text_policy(engine: Engine, attention_top_k: int | None = None) -> Policy:
-    """A new text's attention policy: the engine's, or top-k with K = attention_top_k (the playground's top-k box)."""
+def text_policy(engine: Engine, attention_top_k: int | None = None, policy: Policy | None = None) -> Policy:
+    """A new text's attention policy: `policy` as given (the playground's policy box), else the engine's, or top-k
+    with K = attention_top_k (the playground's top-k box); refused in one line where the engine cannot run it."""
+    if policy is not None:
+        return engine.check_policy(policy)
     if attention_top_k is None:
         return engine.policy
     return engine.check_policy(engine.policy._replace(top_k=attention_top_k, threshold=None))

@@ -166,10 +166,28 @@ def start(library, request, body):
 
 
 def top_k(library, request, body):
-    """POST /api/texts/{id}/top-k {attention_top_k: K}: a new text as the text began (its prompt, temperature,
-    top_k and seed) with top-k attention over K earlier keys, nothing read yet: the page generates it as any text."""
+    """POST /api/texts/{id}/top-k {attention_top_k: K}: `policy` with K alone (the engine's sinks and window kept)."""
     entry = library.entry(request.path_params["text_id"])
-    new = library.top_k(entry, field(body, "attention_top_k", int))
+    new = library.again(entry, attention_top_k=field(body, "attention_top_k", int))
+    return views.text_view(new, library.shelf(new.store))
+
+
+def policy(library, request, body):
+    """POST /api/texts/{id}/policy {attention_top_k?, attention_threshold?, attention_sinks?, attention_window?}: a
+    new text as the text began (its prompt, temperature, top_k and seed) under this attention policy (a field absent
+    or null: unset; all unset: every key), nothing read yet: the page generates it as any text."""
+    from vecgpt.policy import Policy
+
+    entry = library.entry(request.path_params["text_id"])
+    new = library.again(
+        entry,
+        policy=Policy(
+            field(body, "attention_top_k", int, None, null=True),
+            field(body, "attention_threshold", float, None, null=True),
+            field(body, "attention_sinks", int, None, null=True),
+            field(body, "attention_window", int, None, null=True),
+        ),
+    )
     return views.text_view(new, library.shelf(new.store))
 
 
@@ -461,6 +479,7 @@ ROUTES = [
     Route("/api/texts/{text_id}/retry", guarded(retry), methods=["POST"]),
     Route("/api/texts/{text_id}/check", guarded(check)),
     Route("/api/texts/{text_id}/top-k", guarded(top_k), methods=["POST"]),
+    Route("/api/texts/{text_id}/policy", guarded(policy), methods=["POST"]),
     Route("/api/texts/{text_id}/compare", guarded(compare)),
     Route("/api/texts/{text_id}/attention/{position}", guarded(inspected(lens_only=False))),
     Route("/api/texts/{text_id}/lens/{position}", guarded(inspected(lens_only=True))),

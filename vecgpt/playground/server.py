@@ -354,16 +354,18 @@ class Library:
                     429,
                 )
 
-    def top_k(self, entry: Entry, k: int) -> Entry:
-        """A new text with the prompt, temperature, top_k and seed of the entry's text and top-k attention over
-        K earlier keys (nothing read yet); K refused in one line before any search where it cannot run."""
+    def again(self, entry: Entry, attention_top_k: int | None = None, policy=None) -> Entry:
+        """A new text with the prompt, temperature, top_k and seed of the entry's text and another attention policy
+        (nothing read yet): a whole vecgpt.policy.Policy, or top-k over K = attention_top_k earlier keys (the
+        engine's sinks and window kept); refused in one line before any search where the engine cannot run it."""
+        from vecgpt.policy import Policy
         from vecgpt.text import Text
 
         self.room()
         shelf = self.shelf(entry.store)
         engine = shelf.engine(entry.model)
         try:
-            engine.check_top_k(k)
+            engine.check_policy(policy if policy is not None else Policy(top_k=attention_top_k))
         except VecgptError as e:
             raise Refused(str(e)) from None
         with entry.lock:
@@ -371,7 +373,9 @@ class Library:
             t, s = entry.text, entry.text.settings
             prompt = t.tokens[: t.prompt_len]
         with shelf.lock.shared():
-            text = Text.start(engine, prompt, s["temperature"], s["top_k"], s["seed"], attention_top_k=k)
+            text = Text.start(
+                engine, prompt, s["temperature"], s["top_k"], s["seed"], attention_top_k=attention_top_k, policy=policy
+            )
         return self.remember(text, entry.store, entry.model)
 
     def remember(self, text, store: int, model: str) -> Entry:

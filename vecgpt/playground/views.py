@@ -8,6 +8,7 @@ import math
 
 from vecgpt import api, tokenizer
 from vecgpt.playground.server import Entry, Refused, Shelf
+from vecgpt.policy import from_settings, settings
 
 
 def token_rows(tokens: list[int], start: int = 0) -> list[dict]:
@@ -155,6 +156,7 @@ def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
         "n_head": n_head,
         "scale": 1 / math.sqrt(t.engine.hparams.n_embd // n_head),  # weight = softmax(q.k * scale)
         "attention_top_k": t.settings.get("attention_top_k"),
+        "policy": settings(from_settings(t.settings)),  # the text's: its keys were kept by it (None: unset)
         "keys": token_rows(t.tokens[:n]),
         "attention": [
             {"layer": i, "head": h, "scores": finite(found.scores[i, h]), "weights": found.weights[i, h].tolist()}
@@ -174,5 +176,5 @@ def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
 
 
 def finite(scores) -> list:
-    """q.k as JSON: None for a key a top-k search did not return (-inf: weight 0)."""
+    """q.k as JSON: None for a key the text's attention policy did not keep (-inf: weight 0)."""
     return [x if math.isfinite(x) else None for x in scores.tolist()]

@@ -5,15 +5,16 @@
 "use strict";
 const INSPECT_ALL_CELLS = 40000;  // above this many cells the heatmap draws one layer at a time (a select)
 let inspected = null;  // the last answer shown, and the text it belongs to
-let keptK = 8;  // the K whose top-K keys the heatmap marks
+let keptPolicy = { attention_top_k: 8 };  // the policy whose kept keys the heatmap marks (a text's own: its own)
 
 function inspectTextId() { return new URLSearchParams(location.search).get("text"); }
 
-async function inspectAt(position) {
-  const box = $("#inspect"), id = inspectTextId();
+// `where`: the box holding the token (#text, or #topk-text for the policy box's text, whose id is `id`).
+async function inspectAt(position, id = inspectTextId(), where = "#text") {
+  const box = $("#inspect");
   if (!box || !id) return;
-  document.querySelectorAll("#text .inspected").forEach((el) => el.classList.remove("inspected"));
-  const el = document.querySelector(`#text [data-position="${position}"]`);
+  document.querySelectorAll(".inspected").forEach((el) => el.classList.remove("inspected"));
+  const el = document.querySelector(`${where} [data-position="${position}"]`);
   if (el) el.classList.add("inspected");
   box.innerHTML = `<h3>Position ${position}: attention and logit lens</h3><p class="muted">reading it again&hellip;</p>`;
   delete document.body.dataset.inspected;
@@ -26,8 +27,8 @@ async function inspectAt(position) {
     document.body.dataset.inspected = `error:${position}`;
     return;
   }
-  inspected = { id, a };
-  if (a.attention_top_k) keptK = a.attention_top_k;  // a top-k text: what its own searches kept
+  inspected = { id, a, where };
+  if (policyActive(a.policy)) keptPolicy = { ...a.policy };  // a policy's text: what its own searches kept
   renderInspection(box, a);
   document.body.dataset.inspected = `${id}:${position}`;
 }
@@ -35,7 +36,8 @@ async function inspectAt(position) {
 function renderInspection(box, a) {
   box.innerHTML = "";
   const h = document.createElement("h3");
-  h.textContent = `Position ${a.position} ${JSON.stringify(a.token.text)}: attention and logit lens`;
+  const whose = inspected.where === "#text" ? "" : ` of the ${policyText(a.policy)} text`;
+  h.textContent = `Position ${a.position} ${JSON.stringify(a.token.text)}${whose}: attention and logit lens`;
   const cost = document.createElement("p");
   cost.className = "muted"; cost.id = "inspect-cost";
   const c = a.cost || {}, kinds = c.by_kind || {};
@@ -52,54 +54,121 @@ function renderInspection(box, a) {
   showKept(a);
 }
 
-// Top-k attention: the positions a top-K key search keeps for each head (its K best earlier positions by the q.k
-// shown, and the position itself) and the share of the head's weight they hold.
+// Attention policies (vecgpt/policy.py): a policy as the API spells it, {attention_top_k, attention_threshold,
+// attention_sinks, attention_window}, null where unset. The heatmap marks the keys a policy keeps for each head:
+// the text's own policy, the keys its searches returned (their q.k shown, the rest weight 0), or any other policy,
+// what it would keep of this read; and per head the share of the weight they hold.
+const POLICY_FIELDS = ["attention_top_k", "attention_threshold", "attention_sinks", "attention_window"];
+const POLICY_NAMES = { attention_top_k: "K", attention_threshold: "\u03b2", attention_sinks: "S", attention_window: "W" };
+const POLICY_IDS = { attention_top_k: "inspect-k", attention_threshold: "inspect-beta",
+  attention_sinks: "inspect-sinks", attention_window: "inspect-window" };
+
+function policyOf(settings) { return Object.fromEntries(POLICY_FIELDS.map((f) => [f, (settings || {})[f] ?? null])); }
+function policyActive(p) { return Boolean(p) && POLICY_FIELDS.some((f) => p[f] !== null && p[f] !== undefined); }
+function policyLabel(p) {  // K alone: "K"; else "K,beta,S,W" with unset fields empty, trailing ones dropped
+  const v = POLICY_FIELDS.map((f) => String(p[f] ?? ""));
+  while (v.length && v[v.length - 1] === "") v.pop();
+  return v.join(",");
+}
+function policyText(p) {
+  const set = POLICY_FIELDS.filter((f) => p && p[f] !== null && p[f] !== undefined);
+  return set.length ? `policy ${set.map((f) => `${POLICY_NAMES[f]} = ${p[f]}`).join(", ")}` : "full attention";
+}
+
+// [a, b): the positions a query at position i chooses between (Policy.middle); before a: sinks, from b: window.
+function policyMiddle(p, i) {
+  const a = Math.min(p.attention_sinks ?? 0, i);
+  return [a, Math.max(a, i - (p.attention_window ?? 0))];
+}
+
+function why(j, i, a, b) { return j === i ? "own" : j < a ? "sink" : j >= b ? "window" : "between"; }
+
+// What policy p keeps of a query at position i (Policy.kept): position -> why, from the q.k shown (x scale).
+function policyKept(p, scores, i, scale) {
+  const [a, b] = policyMiddle(p, i), kept = new Map();
+  for (let j = 0; j <= i; j++) if (j < a || j >= b) kept.set(j, why(j, i, a, b));
+  const between = [];
+  for (let j = a; j < b; j++) between.push([(scores[j] ?? -Infinity) * scale, j]);
+  let chosen = [];
+  if (between.length && p.attention_top_k !== null && p.attention_top_k !== undefined) {
+    chosen = between.sort((x, y) => (y[0] === x[0] ? x[1] - y[1] : y[0] - x[0])).slice(0, p.attention_top_k);
+  } else if (between.length && p.attention_threshold !== null && p.attention_threshold !== undefined) {
+    const best = Math.max(...between.map(([x]) => x));
+    chosen = between.filter(([x]) => x >= best - p.attention_threshold);
+  }
+  chosen.forEach(([, j]) => kept.set(j, "between"));
+  return kept;
+}
+
+// What the text's own policy kept: the keys its searches returned (a q.k), each with why.
+function textKept(a, r) {
+  const [s, b] = policyMiddle(a.policy, a.position), kept = new Map();
+  r.scores.forEach((x, j) => { if (x !== null) kept.set(j, why(j, a.position, s, b)); });
+  return kept;
+}
+
+const ownMarks = (a) => policyActive(a.policy) && policyLabel(keptPolicy) === policyLabel(a.policy);
+
 function keptControls() {
   const wrap = document.createElement("div");
   wrap.className = "scroll";
   const p = document.createElement("p");
-  const input = document.createElement("input");
-  input.id = "inspect-k"; input.type = "number"; input.min = "1"; input.value = String(keptK);
-  input.addEventListener("input", () => {
-    const k = Number(input.value);
-    if (!Number.isInteger(k) || k < 1 || !inspected) return;
-    keptK = k;
-    showKept(inspected.a);
-  });
-  const label = document.createElement("label");
-  label.append("Top-K keys: K ", input);
-  p.append(label, "marked in the heatmap: each head's K best earlier positions by q.k and the position itself; "
-    + "below, the share of the head's weight they hold, and the mean over a layer's heads.");
+  p.append("Kept keys: ");
+  for (const f of POLICY_FIELDS) {
+    const input = document.createElement("input");
+    input.id = POLICY_IDS[f]; input.type = "number"; input.min = f === "attention_top_k" ? "1" : "0";
+    if (f === "attention_threshold") input.step = "0.5";
+    input.value = keptPolicy[f] ?? "";
+    input.addEventListener("input", readKeptPolicy);
+    const label = document.createElement("label");
+    label.append(`${POLICY_NAMES[f]} `, input);
+    p.append(label);
+  }
+  const bad = document.createElement("span");
+  bad.className = "error"; bad.id = "inspect-policy-error";
+  p.append(bad);
+  const legend = document.createElement("p");
+  legend.className = "muted";
+  legend.innerHTML = "Outlined in the heatmap: <span class='swatch kept-sink'></span> the first S positions, "
+    + "<span class='swatch kept-window'></span> the last W and the position itself, <span class='swatch kept'></span> "
+    + "between them the K best by q.k or every key within &beta; of the best (K or &beta;, not both; empty: unset). "
+    + "Below: the share of each head's weight they hold, and under &beta; the most the dropped keys could hold.";
+  const note = document.createElement("p");
+  note.className = "muted"; note.id = "kept-note";
   const t = document.createElement("table");
   t.id = "topk-mass";
-  wrap.append(p, t);
+  wrap.append(p, legend, note, t);
   return wrap;
 }
 
-function keptPositions(r, k, position) {
-  const earlier = r.scores.slice(0, position).map((x, j) => [x ?? -Infinity, j])
-    .sort((x, y) => (y[0] === x[0] ? x[1] - y[1] : y[0] - x[0]));
-  return new Set(earlier.slice(0, k).map(([, j]) => j).concat([position]));
+function readKeptPolicy() {
+  const next = {}, whole = (x) => Number.isInteger(x) && x >= 0;
+  for (const f of POLICY_FIELDS) {
+    const raw = $(`#${POLICY_IDS[f]}`).value.trim(), x = Number(raw);
+    if (raw === "") { next[f] = null; continue; }
+    const ok = f === "attention_threshold" ? Number.isFinite(x) && x >= 0 : whole(x) && (f !== "attention_top_k" || x >= 1);
+    if (!ok) return;  // being typed
+    next[f] = x;
+  }
+  const both = next.attention_top_k !== null && next.attention_threshold !== null;
+  $("#inspect-policy-error").textContent = both ? " K or \u03b2, not both" : "";
+  if (both || !inspected) return;
+  keptPolicy = next;
+  showKept(inspected.a);
 }
 
 function showKept(a) {
-  const t = $("#topk-mass"), rows = {};
+  const t = $("#topk-mass"), rows = {}, sums = {}, own = ownMarks(a), beta = keptPolicy.attention_threshold;
   const heads = Array.from({ length: a.n_head }, (_, i) => `<th>head ${i}</th>`).join("");
   t.innerHTML = `<tr><th>layer</th>${heads}<th>mean</th></tr>`;
-  const sums = {};
   for (const r of a.attention) {
-    const kept = keptPositions(r, keptK, a.position);
+    const kept = own ? textKept(a, r) : policyKept(keptPolicy, r.scores, a.position, a.scale);
     const mass = r.weights.reduce((m, w, j) => (kept.has(j) ? m + w : m), 0);
     if (!rows[r.layer]) { rows[r.layer] = t.insertRow(); rows[r.layer].insertCell().textContent = r.layer; sums[r.layer] = []; }
     sums[r.layer].push(mass);
-    const td = rows[r.layer].insertCell();
-    td.dataset.massLayer = r.layer; td.dataset.massHead = r.head; td.dataset.mass = mass;
-    td.textContent = mass.toFixed(4);
-    td.title = `layer ${r.layer} head ${r.head}: ${kept.size} positions kept of ${r.weights.length}`;
+    massCell(rows[r.layer].insertCell(), a, r, kept, mass, beta);
     document.querySelectorAll(`#heatmap .hm-cell[data-layer="${r.layer}"][data-head="${r.head}"]`).forEach((cell) => {
-      const on = kept.has(Number(cell.dataset.keyPosition));
-      cell.classList.toggle("kept", on);
-      if (on) cell.dataset.kept = "1"; else delete cell.dataset.kept;
+      markCell(cell, kept.get(Number(cell.dataset.keyPosition)));
     });
   }
   for (const [layer, masses] of Object.entries(sums)) {
@@ -107,7 +176,45 @@ function showKept(a) {
     td.dataset.massMean = mean; td.dataset.massLayer = layer;
     td.textContent = mean.toFixed(4);
   }
-  document.body.dataset.kept = `${a.position}:${keptK}`;
+  keptNote(a, own);
+  document.body.dataset.kept = `${a.position}:${policyLabel(keptPolicy)}`;
+}
+
+function markCell(cell, kind) {
+  cell.classList.remove("kept", "kept-sink", "kept-window", "kept-between");
+  delete cell.dataset.kept; delete cell.dataset.keptAs;
+  if (!kind) return;
+  cell.classList.add("kept", `kept-${kind === "own" ? "window" : kind}`);
+  cell.dataset.kept = "1"; cell.dataset.keptAs = kind;
+}
+
+// A head's share of the weight held by its kept keys; under beta, the most its dropped keys could hold at this
+// query: n e^-beta / (1 + n e^-beta) of n dropped (vecgpt.policy.dropped_bound).
+function massCell(td, a, r, kept, mass, beta) {
+  const count = (k) => [...kept.values()].filter((x) => x === k).length;
+  const [s, b] = policyMiddle(keptPolicy, a.position), dropped = b - s - count("between");
+  td.dataset.massLayer = r.layer; td.dataset.massHead = r.head; td.dataset.mass = mass;
+  td.textContent = mass.toFixed(4);
+  td.title = `layer ${r.layer} head ${r.head}: ${kept.size} of ${r.weights.length} positions kept: `
+    + `${count("sink")} sinks, ${count("window")} window and its own, ${count("between")} between; `
+    + `${dropped} dropped`;
+  if (beta === null || beta === undefined) return;
+  const worst = dropped * Math.exp(-beta), bound = worst / (1 + worst);
+  td.dataset.bound = bound;
+  td.append(document.createElement("br"), `dropped \u2264 ${weightText(bound)}`);
+}
+
+function keptNote(a, own) {
+  const c = a.cost || {}, per = c.kept_per_head;
+  const kept = per ? per.reduce((x, y) => x + y, 0) / per.length : null;
+  $("#kept-note").textContent = (own
+    ? `Marked: the keys this text's ${policyText(a.policy)} kept, as its searches returned them (a key left out has `
+      + "no q.k and weight 0, so they hold all of a head's weight)."
+    : `Marked: what ${policyText(keptPolicy)} would keep of this read; the weight they hold is their share of it.`)
+    + (kept === null ? "" : ` The text's searches so far kept ${kept.toFixed(2)} earlier keys per head and query`)
+    + (c.dropped_bound === undefined ? (kept === null ? "" : ".")
+      : `; its dropped keys held at most ${weightText(c.dropped_bound)} of any query's weight (dropped_bound).`);
+  if (c.dropped_bound !== undefined) $("#kept-note").dataset.droppedBound = c.dropped_bound;
 }
 
 function lensTable(a) {
@@ -218,7 +325,7 @@ function hmLabel(text, href) {
 }
 
 function walkHref(a, r) {  // the head's softmax inputs, q.k x scale, on the streaming-attention page
-  const kept = r.scores.filter((x) => x !== null);  // a top-k text's head: the keys its search returned
+  const kept = r.scores.filter((x) => x !== null);  // a policy's text: the keys its policy kept
   return `/attention?${new URLSearchParams({ scores: kept.map((x) => String(x * a.scale)).join(",") })}#walk-it`;
 }
 
@@ -240,7 +347,7 @@ function heatmapRow(a, r) {
 
 function cellText(a, r, j) {
   return `layer ${r.layer} head ${r.head}, position ${j} ${JSON.stringify(a.keys[j].text)}: `
-    + `q.k ${r.scores[j] === null ? "not returned (top-k attention)" : r.scores[j].toPrecision(6)}, `
+    + `q.k ${r.scores[j] === null ? "none: the text's attention policy left it out" : r.scores[j].toPrecision(6)}, `
     + `weight ${r.weights[j].toPrecision(6)}`;
 }
 
@@ -254,9 +361,12 @@ document.addEventListener("mouseover", (e) => {
   const r = inspected.a.attention.find((x) => x.layer === Number(cell.dataset.layer) && x.head === Number(cell.dataset.head));
   $("#inspect-hover").textContent = cellText(inspected.a, r, Number(cell.dataset.keyPosition));
 });
-// A new text, or a step back past the inspected position: what is shown no longer belongs to the page.
-new MutationObserver(() => {
-  if (!inspected) return;
-  const gone = !document.querySelector(`#text [data-position="${inspected.a.position}"]`);
-  if (inspected.id !== inspectTextId() || gone) { $("#inspect").textContent = ""; inspected = null; }
-}).observe($("#text"), { childList: true });
+// A new text, a step back past the inspected position, the policy box's text gone: what is shown no longer belongs.
+function inspectedGone() {
+  const mine = inspected.where === "#text" ? inspectTextId() : topk && topk.view && topk.view.id;
+  return inspected.id !== mine || !document.querySelector(`${inspected.where} [data-position="${inspected.a.position}"]`);
+}
+const inspectWatch = new MutationObserver(() => {
+  if (inspected && inspectedGone()) { $("#inspect").textContent = ""; inspected = null; }
+});
+for (const sel of ["#text", "#topk-text"]) if ($(sel)) inspectWatch.observe($(sel), { childList: true });
