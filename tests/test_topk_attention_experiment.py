@@ -1,15 +1,19 @@
-"""experiments/08_topk_attention: the quick run's figures, and its forward pass against vecgpt.reference's top-K."""
+"""experiments/08_topk_attention: the quick run's figures, and its forward pass against vecgpt.reference's policies."""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from vecgpt.policy import Policy
+
 HERE = Path(__file__).resolve().parents[1] / "experiments" / "08_topk_attention"
+REPO = HERE.parents[1]
 pytest.importorskip("hnswlib")
 
 
@@ -24,73 +28,114 @@ def experiment():
 
 @pytest.fixture(scope="module")
 def quick(experiment, tmp_path_factory):
-    out = tmp_path_factory.mktemp("topk")
-    assert experiment.main(["--quick", "--quiet", "--out", str(out)]) == 0
+    out, stores = tmp_path_factory.mktemp("topk"), tmp_path_factory.mktemp("stores")
+    argv = ["--quick", "--quiet", "--out", str(out), "--configs", str(REPO / "configs" / "memory.toml")]
+    argv += ["--store-contexts", "16", "--store-tokens", "3", "--store-root", str(stores)]
+    assert experiment.main(argv) == 0
     return json.loads((out / "topk_attention.json").read_text()), out
 
 
-def rows(result, search="exact"):
-    return [r for r in result["rows"] if r["search"] == search]
+def rows(result, family=None, search="exact"):
+    return [r for r in result["rows"] if r["search"] == search and family in (None, r["family"])]
 
 
-def test_all_keys_is_full_attention(quick):
+def test_every_key_is_full_attention(quick):
     result, _ = quick
-    every = [r for r in rows(result) if r["k"] == "all"]
-    assert len(every) == 1
-    assert every[0]["agreement"] == 1.0
-    assert abs(every[0]["kl_mean"]) <= 1e-12  # the same scores, so the same logits: KL 0 up to log rounding
-    assert every[0]["mass_mean"] == pytest.approx(1.0, abs=1e-12)
+    every = [r for r in rows(result, "top-k") if r["value"] == 23]  # K = the longest context's earlier keys
+    assert [r["context"] for r in every] == [16, 24]
+    for r in every:
+        assert r["agreement"] == 1.0 and r["disagreements"] == 0
+        assert abs(r["kl_mean"]) <= 1e-12  # the same scores, so the same logits: KL 0 up to log rounding
+        assert r["mass_mean"] == pytest.approx(1.0, abs=1e-12)
+        assert r["per_token"]["keys_returned"] == r["per_token"]["keys_scored"]  # every earlier key
 
 
-def test_mass_grows_with_k(quick):
+def test_a_tiny_k_disagrees(quick):
     result, _ = quick
-    for context in result["settings"]["contexts"]:
-        mass = np.asarray(result["mass"][str(context)])  # [K, L, H], K ascending
-        assert mass.shape == (len(result["ks_run"][str(context)]), 4, 4)
-        assert np.all(np.diff(mass, axis=0) >= -1e-12)
-        assert np.all((mass > 0) & (mass <= 1 + 1e-12))
+    one = [r for r in rows(result, "top-k") if r["value"] == 1]
+    assert min(r["agreement"] for r in one) < 1.0
+    assert all(r["per_token"]["keys_returned"] == 16 and r["per_token"]["values_read"] == 32 for r in one)
+    assert all(0 < r["mass_mean"] < 1 for r in one)
+
+
+def test_threshold_bound(quick):
+    """The worst-case dropped weight is n e^-beta / (1 + n e^-beta) for the most keys a query dropped, and no
+    query's dropped keys held more weight than their count bounds (under full attention)."""
+    result, _ = quick
+    thresholds = rows(result, "threshold")
+    assert {r["value"] for r in thresholds} >= {0.5, 4.0}
+    for r in thresholds:
+        n, beta = r["dropped_max"], r["value"]
+        assert 0 < n < r["context"]
+        assert r["dropped_bound"] == pytest.approx(n * math.exp(-beta) / (1 + n * math.exp(-beta)), rel=1e-12)
+        assert r["dropped_weight_over_bound"] <= 1e-12
+    lo, hi = (next(r for r in thresholds if r["value"] == b and r["context"] == 24) for b in (0.5, 4.0))
+    assert lo["per_token"]["keys_returned"] < hi["per_token"]["keys_returned"] and lo["mass_mean"] < hi["mass_mean"]
 
 
 def test_json_fields(quick):
     result, out = quick
-    assert result["settings"]["ks"] == [1, "all"] and result["settings"]["teacher_forced"]
-    for key in ("provenance", "model", "rows", "mass", "full_accuracy", "smallest_k", "smallest_k_hnsw"):
-        assert key in result
-    assert result["smallest_k"]["24"] in (1, "all")
+    s = result["settings"]
+    assert s["contexts"] == [16, 24] and s["span"] == 4 and s["teacher_forced"]
+    assert {r["family"] for r in rows(result)} == {"top-k", "threshold", "sinks+window", "sinks+window+top-k"}
     for r in rows(result):
-        for key in ("context", "k", "steps", "agreement", "disagreements", "kl_mean", "mass_mean", "per_token"):
-            assert key in r
-        assert r["steps"] == 8
-        assert set(r["per_token"]) == {"keys_scored", "keys_returned", "values_read", "bytes_returned", "value_bytes"}
-    one = next(r for r in rows(result) if r["k"] == 1)  # 4 layers x 4 heads, 23 earlier keys each
-    assert one["per_token"] == {
-        "keys_scored": 16 * 23,
-        "keys_returned": 16,
-        "values_read": 32,
-        "bytes_returned": 16 * 12,
-        "value_bytes": 32 * 32 * 4,
-    }
-    ref = result["refined"]["24"]  # bisected between K 1 (below 99%) and all: hi reaches it, lo does not
-    assert ref["sweep"] == [1, 23] and 1 <= ref["lo"] < ref["hi"] <= 23
-    probe = {p["k"]: p["agreement"] for p in ref["probes"]}
-    assert probe.get(ref["hi"], 1.0) >= 0.99 and probe.get(ref["lo"], 0.0) < 0.99
-    (approx,) = rows(result, "hnsw")
+        assert r["steps"] == 3 * 4 and r["kl_steps"] == 3
+        assert set(r["per_token"]) == {"keys_returned", "values_read", "keys_scored"}
+        assert len(r["kept_per_head"]) == 16
+    window = next(r for r in rows(result, "sinks+window") if r["value"] == 2 and r["context"] == 16)
+    assert window["per_token"]["keys_returned"] == 16 * (4 + 2)  # S 4 and W 2 of 11-15 earlier keys
+    for c in ("16", "24"):
+        for best in result["fewest"][c].values():
+            assert best["agreement"] >= 0.99
+        if result["answer"][c]:
+            assert result["answer"][c]["keys_returned"] <= result["answer"][c]["every_key"]
+    probes = [r for r in rows(result) if r["probe"]]
+    assert probes and all(r["steps"] == 12 for r in probes)
+    (approx, _) = rows(result, search="hnsw")[:2]
     assert 0 <= approx["recall"] <= 1 and 0 <= approx["agreement"] <= 1
     assert (out / "topk_attention.md").read_text().startswith("model: ")
 
 
-def test_forward_is_the_references_top_k(experiment):
-    """The experiment's batched forward keeps vecgpt.reference's set: the same logits (float64, to 1e-9)."""
+def test_stores(quick):
+    """The memory store under each policy: the engine's tokens are numpy's, its counts the policy's."""
+    result, _ = quick
+    got = {r["policy_label"]: r for r in result["stores"]}
+    assert "full" in got and not result["stores_skipped"]
+    assert all(r["same_tokens_as_numpy"] for r in got.values())
+    assert got["full"]["meter"]["returned"] == 16 * 14.5  # the reads of positions 14 and 15: 14.5 earlier keys
+    for r in got.values():
+        k = r["policy"]["top_k"]
+        if k is not None and r["policy"]["sinks"] is None:
+            assert r["meter"]["returned"] == 16 * k and r["meter"]["values"] == 16 * (k + 1)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        Policy(top_k=1),
+        Policy(top_k=3),
+        Policy(threshold=0.5),
+        Policy(threshold=2.0),
+        Policy(sinks=2, window=3),
+        Policy(top_k=2, sinks=1, window=4),
+    ],
+)
+def test_forward_is_the_references_policy(experiment, policy):
+    """The experiment's batched forward keeps reference.keep's sets: the same logits at every position read."""
     import sparse_forward
 
     from vecgpt import tokenizer, weights
     from vecgpt.reference import Reference
 
     model = weights.load(None, dtype=np.float64)
-    ids = np.asarray(tokenizer.encode("ROMEO:\nBut soft, what light through yonder window breaks?"))[:12]
-    windows = np.stack([ids[:10], ids[2:12]])
-    for k in (1, 3):
-        got = sparse_forward.forward(model.params, model.hparams, windows, sparse_forward.exact_top_k(k))
-        for window, logits in zip(windows, got):
-            want = Reference(model, np.float64, attention_top_k=k).logits(window)[-1]
-            np.testing.assert_allclose(logits, want, rtol=0, atol=1e-9)
+    text = "ROMEO:\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
+    ids = np.asarray(tokenizer.encode(text))[:24]
+    windows, positions = np.stack([ids[:20], ids[4:24]]), [9, 14, 19]
+    keep = sparse_forward.policy_keep(policy)
+    got = (
+        sparse_forward.hidden_at(model.params, model.hparams, windows, positions, keep)
+        @ model.params["wte"]["weight"].T
+    )
+    for window, logits in zip(windows, got):
+        want = Reference(model, np.float64, policy=policy).logits(window)[positions]
+        np.testing.assert_allclose(logits, want, rtol=0, atol=1e-9)

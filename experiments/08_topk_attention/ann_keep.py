@@ -30,18 +30,18 @@ class HnswTopK:
             "ef": self.ef,
         }
 
-    def __call__(self, scores, q, key, layer):
+    def __call__(self, scores, q, key, layer, qpos):
         b, h, m, n = scores.shape
         kept = np.zeros(scores.shape, bool)
         for i in range(b):
             for j in range(h):
-                kept[i, j] = self.head(q[i, j], key[i, j])
-        exact = top_k_keep(earlier_only(scores), self.k)
+                kept[i, j] = self.head(q[i, j], key[i, j], qpos)
+        exact = top_k_keep(earlier_only(scores, qpos), self.k)
         self.found += int((kept & exact).sum())
         self.wanted += int(exact.sum())
-        return kept | own_keys(m, n)
+        return kept | own_keys(qpos, n)
 
-    def head(self, q, key):  # [m, hd], [n, hd] -> keep [m, n]: the keys the index returns for each query
+    def head(self, q, key, qpos):  # [m, hd], [n, hd] -> keep [m, n]: the keys the index returns for each query
         import hnswlib
 
         (m, hd), n = q.shape, len(key)
@@ -51,7 +51,7 @@ class HnswTopK:
         index.add_items(key.astype(np.float32), np.arange(n))
         kept = np.zeros((m, n), bool)
         q32 = q.astype(np.float32)
-        for row, i in enumerate(range(n - m, n)):
+        for row, i in enumerate(qpos):
             if i:  # position 0 has no earlier key
                 kept[row, self.search(index, q32[row], min(self.k, i), i)] = True
         return kept

@@ -1,22 +1,26 @@
-"""Top-K attention against full attention in numpy float64: greedy agreement, KL, attention mass, recall.
+"""Attention policies against full attention in numpy float64: greedy agreement, KL, mass held, keys read.
 
-For each context length and passage, full attention reads the passage's windows once (its logits, and every head's
-weights at the step's query); each K then reads them again keeping each query's own key and its K best earlier
-ones (exact: by q.k; hnsw: the keys an HNSW index returns). A step agrees when both pick the same greedy token.
-KL is KL(full || top-K) of the next-token distributions (softmax of the logits, temperature 1), in nats.
+Each window of a passage goes through GPT-2 once with full attention and once a policy (vecgpt.policy: top-k, a
+threshold, sinks and a window alone or with top-k), every query of every layer keeping what reference.keep keeps.
+A step is one query: the queries at positions C - span .. C - 1 of every window are context C's steps (attention is
+causal: each reads what a text of its position + 1 tokens reads). A step agrees when both pick the same greedy
+token. KL(full || policy) of the next-token distributions (temperature 1, nats) is taken at position C - 1 alone.
+Mass held: under full attention, the share of each head's weight on the keys the policy keeps of full attention's
+scores. Keys returned, values read and keys scored a token are counted from the policy's kept sets (the engine's
+decode step: its searches return exactly those keys).
 """
 
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
-from ann_keep import HnswTopK
-from passages import windows
-from sparse_forward import exact_top_k, forward, mass_held
+from sparse_forward import hidden_at, kept_mask, policy_keep, spans
+
+from vecgpt.policy import Policy, dropped_bound
 
 ALL = "all"
+ROWS = 512  # logits computed this many rows at a time (float64: 200 MB)
 
 
 def log_softmax(logits):  # [B, V] -> [B, V]
@@ -40,129 +44,136 @@ def k_arg(text: str):
     return int(text)
 
 
-def k_value(k, context: int) -> int:  # K as a number of earlier keys: all = every earlier key of the step's query
-    return context - 1 if k == ALL else min(int(k), context - 1)
+class Steps:
+    """The windows [N, longest] and the query positions read: context C's steps are positions C - span .. C - 1."""
+
+    def __init__(self, windows, contexts, span):
+        self.windows, self.contexts, self.span = np.asarray(windows), sorted(contexts), span
+        self.positions = np.unique(np.concatenate([np.arange(c - span, c) for c in self.contexts]))
+
+    def at(self, context):  # indices into positions of context C's steps
+        return np.searchsorted(self.positions, np.arange(context - self.span, context))
 
 
-class Tally:
-    """Steps, agreements and KL of one (context, K, search) cell, summed over passages."""
-
-    def __init__(self):
-        self.steps = self.agree = 0
-        self.kls: list[np.ndarray] = []
-        self.recall_found = self.recall_wanted = self.retries = 0
-        self.seconds = 0.0
-
-    def add(self, full_logits, logits) -> None:
-        self.steps += len(logits)
-        self.agree += int((logits.argmax(-1) == full_logits.argmax(-1)).sum())
-        self.kls.append(kl(full_logits, logits))
-
-    def row(self) -> dict:
-        kls = np.concatenate(self.kls) if self.kls else np.zeros(0)
-        out = {
-            "steps": self.steps,
-            "agreement": self.agree / self.steps if self.steps else None,
-            "disagreements": self.steps - self.agree,
-            "kl_mean": float(kls.mean()) if len(kls) else None,
-            "kl_median": float(np.median(kls)) if len(kls) else None,
-            "kl_max": float(kls.max()) if len(kls) else None,
-            "seconds": self.seconds,
-        }
-        if self.recall_wanted:
-            out.update(
-                recall=self.recall_found / self.recall_wanted,
-                searches_retried=self.retries,
-            )
-        return out
+def greedy_and_kl(h, h_full, wte, kl_rows):
+    """Final vectors [R, d] -> greedy tokens [R], and KL from full attention's (h_full) at kl_rows (else nan)."""
+    tokens, kls = np.empty(len(h), np.int64), np.full(len(h), np.nan)
+    for lo in range(0, len(h), ROWS):
+        logits = h[lo : lo + ROWS] @ wte.T
+        tokens[lo : lo + ROWS] = logits.argmax(-1)
+        rows = np.flatnonzero(kl_rows[lo : lo + ROWS])
+        if len(rows) and h_full is not None:
+            kls[lo + rows] = kl(h_full[lo + rows] @ wte.T, logits[rows])
+    return tokens, kls
 
 
-def run_context(model, passages, context, ks, steps, approx, hnsw, quiet=False) -> dict:
-    """Every K on one context length (approx: the passages and the largest K the hnsw search runs on):
-    {"exact": {K: Tally}, "hnsw": {K: Tally}, "exact_on_hnsw_passages": ...,
-    "mass": [nK, L, H] mean over steps, "full_accuracy": share of steps where full attention's greedy token is the
-    passage's next token}."""
-    params, hp = model.params, model.hparams
-    approx_passages, approx_max_k = approx
-    exact, approx, exact_sub = ({k: Tally() for k in ks} for _ in range(3))
-    mass_sum, hits, n = 0.0, 0, 0
-    for p, passage in enumerate(passages):
-        ids, targets = windows(passage, context, steps)
+def full_attention(model, steps, chunk=32) -> dict:
+    """Full attention over every window once: greedy tokens [N, P], final vectors [N, P, d], and per layer the
+    scaled scores and weights at the read positions [N, H, P, longest]."""
+    params, hp, parts = model.params, model.hparams, []
+    for lo in range(0, len(steps.windows), chunk):
         record = {}
-        full = forward(params, hp, ids, None, record)
-        mass_sum = mass_sum + mass_held(record["probs"], [None if k == ALL else k for k in ks]).sum(axis=2)
-        hits, n = hits + int((full.argmax(-1) == targets).sum()), n + len(ids)
-        for k in ks:
-            t = time.perf_counter()
-            logits = forward(params, hp, ids, exact_top_k(k_value(k, context)))
-            exact[k].seconds += time.perf_counter() - t
-            exact[k].add(full, logits)
-            if p < approx_passages and k != ALL and int(k) < context - 1 and int(k) <= approx_max_k:
-                exact_sub[k].add(full, logits)
-                run_hnsw(approx[k], params, hp, ids, full, int(k), hnsw)
-        if not quiet:
-            print(f"  context {context}: passage {p + 1}/{len(passages)}", file=sys.stderr)
+        h = hidden_at(params, hp, steps.windows[lo : lo + chunk], steps.positions, None, record)
+        tokens, _ = greedy_and_kl(h.reshape(-1, h.shape[-1]), None, params["wte"]["weight"], np.zeros(h.size, bool))
+        parts.append((h, tokens.reshape(h.shape[:2]), record["scores"], record["weights"]))
+    layers = range(hp.n_layer)
     return {
-        "exact": exact,
-        "hnsw": {k: t for k, t in approx.items() if t.steps},
-        "exact_on_hnsw_passages": {k: t for k, t in exact_sub.items() if t.steps},
-        "mass": mass_sum / n,
-        "full_accuracy": hits / n,
+        "hidden": np.concatenate([p[0] for p in parts]),
+        "greedy": np.concatenate([p[1] for p in parts]),
+        "scores": [np.concatenate([p[2][i] for p in parts]) for i in layers],
+        "weights": [np.concatenate([p[3][i] for p in parts]) for i in layers],
     }
 
 
-def run_hnsw(tally, params, hp, ids, full, k, hnsw) -> None:
-    sel = HnswTopK(k, **hnsw)
+def evaluate(model, steps, full, policy, contexts=None, windows=None, keep=None, chunk=32) -> dict:
+    """One policy's steps at `contexts` (default every one; windows cut to the longest) on `windows` (indices,
+    default all) -> {context: row}. keep: the selector (default: the policy's exact one, reference.keep's set)."""
+    params, hp, d = model.params, model.hparams, model.hparams.n_embd
+    contexts = sorted(contexts or steps.contexts)
+    widx = np.arange(len(steps.windows)) if windows is None else np.asarray(windows)
+    pidx = np.unique(np.concatenate([steps.at(c) for c in contexts]))
+    positions, n = steps.positions[pidx], max(contexts)
     t = time.perf_counter()
-    logits = forward(params, hp, ids, sel)
-    tally.seconds += time.perf_counter() - t
-    tally.add(full, logits)
-    tally.recall_found += sel.found
-    tally.recall_wanted += sel.wanted
-    tally.retries += sel.retries
+    parts = [
+        run_chunk(params, hp, steps.windows[widx[lo : lo + chunk], :n], positions, keep or policy_keep(policy), policy)
+        for lo in range(0, len(widx), chunk)
+    ]
+    h, earlier, dropped = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    kl_rows = np.tile(np.isin(positions, [c - 1 for c in contexts]), len(widx))
+    h_full = full["hidden"][widx][:, pidx].reshape(-1, d)
+    tokens, kls = greedy_and_kl(h.reshape(-1, d), h_full, params["wte"]["weight"], kl_rows)
+    seconds = time.perf_counter() - t
+    agree = tokens.reshape(len(widx), -1) == full["greedy"][widx][:, pidx]
+    mass, over = held(full, widx, pidx, positions, policy, n)
+    out = {}
+    for c in contexts:
+        at = np.searchsorted(positions, np.arange(c - steps.span, c))
+        got = (agree[:, at], kls.reshape(len(widx), -1)[:, at[-1]], earlier[..., at], dropped[..., at], mass[..., at])
+        out[c] = {**context_row(policy, positions[at], *got, hp), "dropped_weight_over_bound": over}
+        out[c]["seconds"] = seconds
+    return out
 
 
-def per_token(hp, context: int, k) -> dict:
-    """What a step at this context asks of the key search, by formula: per layer and head, every earlier key scored
-    (an exact search), min(K, context - 1) of them returned, their values and the query's own read."""
+def run_chunk(params, hp, windows, positions, keep, policy):
+    """A chunk of windows under a selector -> final vectors [b, P, d], earlier keys kept [b, L, H, P], and keys
+    between the sinks and the window left out [b, L, H, P]."""
+    record = {}
+    h = hidden_at(params, hp, windows, positions, keep, record)
+    kept = np.stack(record["kept"], 1)  # [b, L, H, P, n]
+    _, middle = spans(policy, positions, windows.shape[1])
+    return h, kept.sum(-1) - 1, (middle & ~kept).sum(-1)
+
+
+def held(full, widx, pidx, positions, policy, n):
+    """Under full attention: the weight [N, L, H, P] on the keys the policy keeps of full attention's scores, and
+    (a threshold) the most by which the weight its dropped keys hold exceeds their bound (<= 0: within it)."""
+    mass, over = [], None
+    for scores, weights in zip(full["scores"], full["weights"]):
+        s, w = scores[widx][:, :, pidx, :n], weights[widx][:, :, pidx, :n]
+        keep = kept_mask(s, positions, policy) if policy.active else np.isfinite(s)
+        mass.append((w * keep).sum(-1))
+        if policy.threshold is not None:
+            dropped = (spans(policy, positions, n)[1] & ~keep).sum(-1)
+            excess = float(((1 - mass[-1]) - dropped_bound(policy.threshold, dropped)).max())
+            over = excess if over is None else max(over, excess)
+    return np.stack(mass, 1), over
+
+
+def context_row(policy, positions, agree, kls, earlier, dropped, mass, hp) -> dict:
+    """One context's figures: agree [N, S], kls [N], earlier / dropped / mass [N, L, H, S] at positions [S]."""
     heads = hp.n_layer * hp.n_head
-    kept = k_value(k, context)
-    return {"keys_scored": heads * (context - 1), "keys_returned": heads * kept, "values_read": heads * (kept + 1)}
+    kls = kls[np.isfinite(kls)]
+    per_head = mass.mean(axis=(0, 3))  # [L, H]
+    returned = float(earlier.sum(axis=(1, 2)).mean())
+    row = {
+        "steps": int(agree.size),
+        "agreement": float(agree.mean()),
+        "disagreements": int((~agree).sum()),
+        "kl_steps": int(len(kls)),
+        "kl_mean": float(kls.mean()) if len(kls) else None,
+        "kl_max": float(kls.max()) if len(kls) else None,
+        "mass_mean": float(per_head.mean()),
+        "mass_min_head": float(per_head.min()),
+        "kept_per_head": [round(float(k), 3) for k in earlier.mean(axis=(0, 3)).ravel()],
+        "per_token": {
+            "keys_returned": returned,
+            "values_read": returned + heads,
+            "keys_scored": heads * float(np.mean([scored(policy, int(i)) for i in positions])),
+        },
+    }
+    if policy.threshold is not None:
+        most = int(dropped.max())
+        row.update(dropped_max=most, dropped_bound=float(dropped_bound(policy.threshold, np.asarray(most))))
+    return row
 
 
-def smallest_k(rows, context, target=0.99, search="exact"):
-    """The smallest K of the sweep whose greedy agreement reaches target at this context (ALL where only all does)."""
-    for r in rows:
-        if r["context"] == context and r["search"] == search and r["agreement"] >= target:
-            return r["k"]
-    return None
+def scored(policy: Policy, i: int) -> int:
+    """q.k an exact store computes for one head's decode step at position i (vecgpt.text_keys): every earlier key,
+    or the sinks, the window and what is between (twice under a threshold: its best, then its range)."""
+    from vecgpt.text_keys import drops
 
-
-def bisect_k(model, passages, context, lo, hi, steps, probes, target=0.99):
-    """Between a K below target (lo) and one reaching it (hi), up to `probes` more Ks by bisection on the same
-    steps -> (probe rows, lo, hi): hi reaches target and lo does not, so the smallest such K lies in (lo, hi]
-    where agreement grows with K between them (it need not: the probes are reported as measured)."""
-    params, hp = model.params, model.hparams
-    steps_ids = [windows(p, context, steps)[0] for p in passages]
-    full = [forward(params, hp, ids) for ids in steps_ids]
-    rows = []
-    for _ in range(probes):
-        if hi - lo <= 1:
-            break
-        mid, tally = (lo + hi) // 2, Tally()
-        t = time.perf_counter()
-        for ids, f in zip(steps_ids, full):
-            tally.add(f, forward(params, hp, ids, exact_top_k(mid)))
-        tally.seconds = time.perf_counter() - t
-        rows.append({"context": context, "k": mid, **tally.row()})
-        lo, hi = (lo, mid) if rows[-1]["agreement"] >= target else (mid, hi)
-    return rows, lo, hi
-
-
-def bisect_bounds(rows, context, target=0.99):
-    """(lo, hi) around the sweep's smallest K reaching target (as numbers of earlier keys), or None."""
-    sweep = [r for r in rows if r["context"] == context and r["search"] == "exact"]
-    for prev, r in zip(sweep, sweep[1:]):
-        if r["agreement"] >= target and prev["agreement"] < target:
-            return k_value(prev["k"], context), k_value(r["k"], context)
-    return None
+    if not drops(policy, i):
+        return i
+    a, b = policy.middle(i)
+    between = (b - a) * (1 if policy.top_k is not None else 2 if policy.threshold is not None else 0)
+    return a + (i - b) + between

@@ -1,19 +1,11 @@
-"""The experiment's tables (markdown) and plots: agreement and KL against K, smallest K against context, mass heatmap."""
+"""The experiment's tables (markdown) and its plot: keys read a token against greedy agreement, a curve a policy."""
 
 from __future__ import annotations
 
 import numpy as np
-from measure import k_value
 
 from common.plots import pyplot, save_plot
 from common.record import markdown_table
-
-
-def k_label(k, context=None) -> str:
-    """A K as run; where it reaches every earlier key of the step's query, that said."""
-    if k is None:
-        return "none of those run"
-    return f"{k} (= all)" if context and k != "all" and k_value(k, context) == context - 1 else str(k)
 
 
 def fmt(v, spec=".3f") -> str:
@@ -22,194 +14,149 @@ def fmt(v, spec=".3f") -> str:
 
 def report(result: dict) -> str:
     parts = [f"model: {result['model']['label']}", ""]
-    if result["rows"]:
-        parts += [settings_line(result), ""]
-        parts += ["Smallest K with greedy agreement >= 99% (exact key search):", "", smallest_table(result), ""]
-    for context in result["settings"]["contexts"] if result["rows"] else []:
-        full = result["full_accuracy"][str(context)]
-        parts += [f"context {context} tokens (full attention's greedy token is the passage's next on {full:.1%}):", ""]
-        parts += [context_table(result, context), ""]
+    if result.get("rows"):
+        s = result["settings"]
+        parts += [settings_line(result), "", answer_line(result), ""]
+        parts += ["Fewest keys a token at >= 99% greedy agreement, per policy:", "", fewest_table(result), ""]
+        for context in s["contexts"]:
+            full = result["full_accuracy"][str(context)]
+            parts += [f"context {context} (full attention's greedy token is the text's next on {full:.1%}):", ""]
+            parts += [context_table(result, context), ""]
+        if any(r["search"] == "hnsw" for r in result["rows"]):
+            parts += ["numpy's hnswlib top-K (first windows only) beside exact top-K on the same steps:", ""]
+            parts += [hnsw_table(result), ""]
     if result.get("stores"):
-        parts += ["Through the stores (the engine, `attention_top_k`):", "", store_table(result), ""]
+        parts += ["Through the stores (the engine with the policy; a decode token's figures):", "", store_table(result)]
     for store, reason in dict.fromkeys((s["store"], s["reason"]) for s in result.get("stores_skipped", [])):
         parts.append(f"- {store}: {reason}")
-    if result.get("turbopuffer_dollars"):
-        parts += [
-            "",
-            "turbopuffer, a generated token by the price list (key searches top-K):",
-            "",
-            dollar_table(result),
-        ]
     return "\n".join(parts).rstrip() + "\n"
 
 
 def settings_line(result) -> str:
     s = result["settings"]
-    approx = s["approx_passages"]  # a merged run: per context
-    approx = ", ".join(f"{n} at {c}" for c, n in approx.items()) if isinstance(approx, dict) else approx
+    n = s["passages"] * s["steps"]
     return (
-        f"{s['passages']} held-out passages x {s['steps']} teacher-forced steps per context length "
-        f"({s['passages'] * s['steps']} steps); hnsw on the first {approx} passages "
-        f"(hnswlib M={s['hnsw']['m']}, ef_construction={s['hnsw']['ef_construction']}, ef=max({s['hnsw']['ef']}, K))"
+        f"{s['passages']} held-out passages x {s['steps']} windows = {n} windows; context C's steps: the queries at "
+        f"positions C - {s['span']} .. C - 1 of each ({n * s['span']} steps; KL at C - 1: {n}); float64"
     )
 
 
-def smallest_table(result) -> str:
+def answer_line(result) -> str:
+    parts = []
+    for c, a in result["answer"].items():
+        if a is None:
+            parts.append(f"{c}: no policy reaches 99%")
+        else:
+            share = a["keys_returned"] / a["every_key"]
+            parts.append(f"{c}: {a['family']} ({a['label']}), {a['keys_returned']:.0f} keys a token ({share:.0%})")
+    return "Fewest keys at 99% agreement, by context: " + "; ".join(parts)
+
+
+def fewest_table(result) -> str:
     rows = []
-    for context in result["settings"]["contexts"]:
-        k, ref = result["smallest_k"][str(context)], result.get("refined", {}).get(str(context))
-        share = None if k is None else k_value(k, context) / (context - 1)
-        rows.append(
-            {
-                "context": context,
-                "smallest K (exact)": k_label(k, context),
-                "share of earlier keys": fmt(share, ".1%"),
-                "bisected: not at / at": "-"
-                if not ref
-                else f"{ref['lo']} / {ref['hi']} ({ref['hi'] / (context - 1):.1%})",
-                "smallest K (hnsw)": k_label(result["smallest_k_hnsw"].get(str(context))),
-            }
-        )
+    for c, best in result["fewest"].items():
+        for family, r in sorted(best.items(), key=lambda fr: fr[1]["per_token"]["keys_returned"]):
+            rows.append(
+                {
+                    "context": c,
+                    "policy": f"{family}: {r['label']}",
+                    "agreement": fmt(r["agreement"], ".4f"),
+                    "keys returned / values read / scored a token": per_token(r),
+                    "mass held": fmt(r["mass_mean"]),
+                }
+            )
     return markdown_table(rows)
 
 
+def per_token(r) -> str:
+    t = r["per_token"]
+    return f"{t['keys_returned']:.0f} / {t['values_read']:.0f} / {t['keys_scored']:.0f}"
+
+
 def context_table(result, context) -> str:
-    approx = {r["k"]: r for r in result["rows"] if r["context"] == context and r["search"] == "hnsw"}
     rows = []
-    for r in result["rows"]:
-        if r["context"] != context or r["search"] != "exact":
-            continue
-        a = approx.get(r["k"], {})
+    mine = [r for r in result["rows"] if r["context"] == context and r["search"] == "exact"]
+    for r in sorted(mine, key=lambda r: (r["family"], r["value"])):
         rows.append(
             {
-                "K": k_label(r["k"], context),
+                "policy": f"{r['family']}: {r['label']}" + (" (bisection)" if r["probe"] else ""),
                 "agreement": fmt(r["agreement"], ".4f"),
                 "differ / steps": f"{r['disagreements']} / {r['steps']}",
                 "KL mean (nats)": fmt(r["kl_mean"], ".2e"),
                 "mass held mean / min head": f"{r['mass_mean']:.3f} / {r['mass_min_head']:.3f}",
-                "returned / values a token": f"{r['per_token']['keys_returned']} / {r['per_token']['values_read']}",
-                "bytes returned / of values a token": f"{r['per_token']['bytes_returned']:,} / "
-                f"{r['per_token']['value_bytes']:,}",
-                "hnsw recall": fmt(a.get("recall"), ".3f"),
-                "hnsw agreement (exact, same steps)": "-"
-                if not a
-                else f"{a['agreement']:.4f} ({a['exact_agreement_same_steps']:.4f})",
-                "hnsw KL mean": fmt(a.get("kl_mean"), ".2e"),
+                "returned / values / scored a token": per_token(r),
+                "threshold: most dropped / bound": "-"
+                if "dropped_bound" not in r
+                else f"{r['dropped_max']} / {r['dropped_bound']:.3f}",
             }
         )
     return markdown_table(rows)
 
 
+def hnsw_table(result) -> str:
+    rows = [
+        {
+            "context": r["context"],
+            "K": r["value"],
+            "recall": fmt(r["recall"]),
+            "agreement (exact, same steps)": f"{r['agreement']:.4f} ({r['exact_agreement_same_steps']:.4f}, "
+            f"{r['steps']} steps)",
+            "KL mean": fmt(r["kl_mean"], ".2e"),
+            "keys returned a token": f"{r['per_token']['keys_returned']:.0f}",
+        }
+        for r in result["rows"]
+        if r["search"] == "hnsw"
+    ]
+    return markdown_table(rows)
+
+
 def store_table(result) -> str:
-    rows = [
-        {
-            "store": s["label"],
-            "context": s["context"],
-            "K": k_label(s["k"]),
-            "ms a token": f"{s['ms_per_token']:.1f}",
-            "meter: scored / returned / values a token": s.get("meter_line", "-"),
-            "formula (exact search)": "/".join(
-                f"{s['formula'][key]:g}" for key in ("keys_scored", "keys_returned", "values_read")
-            ),
-            "free-running tokens = numpy top-K": s.get("same_tokens_as_numpy", "-"),
-            "steps: agree with full / with numpy top-K": "-"
-            if "agreement" not in s
-            else f"{s['agreement']['with_full']:.3f} / {s['agreement']['with_numpy_top_k']:.3f} "
-            f"({s['agreement']['steps']} steps)",
-        }
-        for s in result["stores"]
-    ]
+    rows = []
+    for s in result["stores"]:
+        m = s["meter"]
+        rows.append(
+            {
+                "store": s["label"],
+                "context": s["context"],
+                "policy": s["policy_label"],
+                "returned / values a token": f"{m['returned']:.0f} / {m['values']:.0f}",
+                "requests / round trips a token": f"{m['requests']:.1f} / {m['round_trips']:.1f}",
+                "store ms a token": f"{m['store_ms']:.1f}",
+                "ms a token": f"{s['ms_per_token']:.1f}",
+                "$ a token": "-" if s.get("dollars_per_token") is None else f"{s['dollars_per_token']:.3g}",
+                "tokens = numpy's": s["same_tokens_as_numpy"],
+            }
+        )
     return markdown_table(rows)
 
 
-def dollar_table(result) -> str:
-    rows = [
-        {
-            "context": d["context"],
-            "K": k_label(d["k"]),
-            "key bytes returned": f"{d['key_bytes_returned']:,}",
-            "$ a token": f"{d['dollars']:.8f}",
-        }
-        for d in result["turbopuffer_dollars"]
-    ]
-    return markdown_table(rows)
+def curves(result, context):
+    """(name, keys a token [n], agreement [n]) per policy family at one context, in order of keys."""
+    out = []
+    names = sorted({(r["family"], r["search"]) for r in result["rows"]})
+    for family, search in names:
+        rows = [r for r in result["rows"] if r["context"] == context and (r["family"], r["search"]) == (family, search)]
+        rows.sort(key=lambda r: r["per_token"]["keys_returned"])
+        if rows:
+            x = np.array([r["per_token"]["keys_returned"] for r in rows])
+            out.append((family if search == "exact" else f"{family} (hnsw)", x, [r["agreement"] for r in rows]))
+    return out
 
 
 def plot(result: dict, path) -> None:
-    """Agreement and KL against K (one line per context length), and the smallest K against context length."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    contexts, ks = result["settings"]["contexts"], result["settings"]["ks"]
-    xs = np.arange(len(ks))
-    for context in contexts:
-        for search, style in (("exact", "-"), ("hnsw", "--")):
-            rows = {r["k"]: r for r in result["rows"] if r["context"] == context and r["search"] == search}
-            if not rows:
-                continue
-            x = [i for i, k in enumerate(ks) if k in rows]
-            agree = [rows[ks[i]]["agreement"] for i in x]
-            kl = [rows[ks[i]]["kl_mean"] or np.nan for i in x]  # KL 0 (K = all) has no place on a log scale
-            label = f"{context} tokens" + ("" if search == "exact" else " (hnsw, fewer steps)")
-            color = f"C{contexts.index(context)}"
-            axes[0].plot(x, agree, style, marker="o", ms=3, color=color, label=label)
-            axes[1].plot(x, kl, style, marker="o", ms=3, color=color, label=label)
-    axes[0].axhline(0.99, color="grey", lw=0.8, ls=":")
-    for ax, title in ((axes[0], "greedy agreement with full attention"), (axes[1], "mean KL(full || top-K), nats")):
-        ax.set_xticks(xs, [str(k) for k in ks])
-        ax.set_xlabel("K (earlier keys kept a query)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[1].set_yscale("log")
-    if not result["rows"]:
-        return save_plot(fig, path)
-    smallest = [result["smallest_k"][str(c)] for c in contexts]
-    y = [np.nan if k is None else k_value(k, c) for c, k in zip(contexts, smallest)]
-    axes[2].plot(contexts, y, marker="o", label="smallest K of the sweep, 99% agreement")
-    refined = result.get("refined", {})
-    if refined:
-        cs = [c for c in contexts if str(c) in refined]
-        hi = np.array([refined[str(c)]["hi"] for c in cs])
-        lo = np.array([refined[str(c)]["lo"] for c in cs])
-        axes[2].errorbar(
-            cs,
-            hi,
-            yerr=[hi - lo - 1, 0 * hi],
-            marker="s",
-            capsize=3,
-            label="bisected: reaches 99% (bar: above the last K below)",
-        )
-    axes[2].plot(contexts, [c - 1 for c in contexts], ls=":", color="grey", label="every earlier key")
-    axes[2].set_xlabel("context (tokens)")
-    axes[2].set_ylabel("K")
-    axes[2].set_title("smallest K for 99% greedy agreement", fontsize=9)
-    axes[2].grid(alpha=0.3)
-    axes[2].legend(fontsize=7)
-    fig.suptitle(result["model"]["label"], fontsize=9)
-    save_plot(fig, path)
-
-
-def mass_plot(result: dict, path) -> None:
-    """Per context length, the mass each head's own key and K best earlier keys hold under full attention."""
-    if not result["mass"]:
-        return
+    """Keys returned a token against greedy agreement, one panel a context, one curve a policy."""
     plt = pyplot()
     contexts = result["settings"]["contexts"]
-    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts) + 1, 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 4.2), squeeze=False, sharey=True)
     for ax, context in zip(axes[0], contexts):
-        m, ks = np.asarray(result["mass"][str(context)]), result["ks_run"][str(context)]  # [K, L, H]
-        grid = m.reshape(len(ks), -1).T  # rows: layer.head
-        im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        n_layer, n_head = m.shape[1:]
-        names = [f"L{i} H{j}" for i in range(n_layer) for j in range(n_head)]
-        ax.set_yticks(range(n_layer * n_head), names if ax is axes[0][0] else [""] * len(names))
-        ax.set_xticks(range(len(ks)), [str(k) for k in ks])
-        ax.set_xlabel("K")
-        ax.set_title(f"{context} tokens", fontsize=9)
-        if n_layer * n_head <= 32:
-            for (i, j), v in np.ndenumerate(grid):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6, color="w" if v < 0.6 else "k")
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="share of full attention held")
-    fig.suptitle("attention mass on a query's own key and its K best earlier keys (full attention)", fontsize=9)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        for i, (name, x, y) in enumerate(curves(result, context)):
+            ax.plot(x, y, "--" if "hnsw" in name else "-", marker="o", ms=3, color=f"C{i}", label=name)
+        ax.axhline(0.99, color="grey", lw=0.8, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("keys returned a token (all layers and heads)")
+        ax.set_title(f"context {context} tokens", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("greedy agreement with full attention")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(result["model"]["label"], fontsize=9)
+    save_plot(fig, path)

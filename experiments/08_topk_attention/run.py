@@ -1,17 +1,13 @@
-"""Top-k attention (issue 48): how few earlier keys does each query need?
+"""Attention policies (issue 53): which choice of earlier keys reads least at 99% greedy agreement?
 
-Each query's softmax runs over its own key and its K best earlier keys by q.k (vecgpt.reference.keep_top_k), in
-numpy float64 against full attention, on passages of the tenth of Tiny Shakespeare the shipped model did not train
-on, at several context lengths. Per context length and K: the greedy agreement with full attention over
-teacher-forced steps (every step reads exactly `context` tokens of the passage), the mean KL divergence of the
-next-token distribution from full attention's, the attention mass the kept keys hold under full attention per
-layer and head, keys returned and values read a token (by formula, and from the engine's meter on the stores), and
-the smallest K at which 99% of steps agree. Beside the exact search, an HNSW index (hnswlib, in numpy: not a
-store's search) over each head's keys: its recall of the exact top K and the agreement that results. Through the
-stores (configs given with --configs, `attention_top_k` set): ms a token and the meter's counts. Writes
-topk_attention.json, .md, .png and mass.png to ./results/topk-attention/<timestamp>/ (or --out).
-
-The measurements are in measure.py (numpy) and stores.py (the engine), the tables and plots in report.py.
+Policies (vecgpt.policy): top-k (K), a threshold (beta: every key within beta of the best), sinks plus a window
+(S, W), sinks plus a window plus top-k, and top-k by an HNSW index (numpy's hnswlib; FAISS's through the stores).
+In numpy float64 against full attention (measure.py, sparse_forward.py: reference.keep's sets), on windows of the
+tenth of Tiny Shakespeare the shipped model did not train on: per context length and policy, greedy agreement, KL,
+the attention mass the kept keys hold, keys returned, values read and keys scored a token, and a threshold's
+worst-case dropped weight; each family's 99% point by bisection (policies.py). Through the stores (stores.py,
+--configs; turbopuffer on its local server): keys returned, values read, requests, store time, round trips and
+dollars a token. Writes topk_attention.json, .md and .png to ./results/topk-attention/<timestamp>/ (or --out).
 """
 
 from __future__ import annotations
@@ -28,92 +24,88 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this experiment's modules, and experiments/ for common/
 
 import numpy as np  # noqa: E402
-from measure import ALL, k_arg, per_token, run_context, smallest_k  # noqa: E402
+from measure import ALL, k_arg  # noqa: E402
 
 from common import subjects  # noqa: E402
 
 NAME = "topk-attention"
-HELP = "attention over each query's K best earlier keys: agreement, KL and mass against full attention, by K"
-KS = [1, 2, 4, 8, 16, 32, 64, 128, 192, ALL]  # the issue's 1-64 and all, and two between 64 and 254 keys
-CONTEXTS = [64, 128, 255]
-QUICK = {"contexts": [24], "ks": [1, ALL], "passages": 1, "steps": 8, "approx_passages": 1}
+HELP = "attention policies (top-k, threshold, sinks + window, HNSW): agreement, KL, mass and keys read a token"
+KS = [1, 2, 4, 8, 16, 32, 64, 128, 192, ALL]
+THRESHOLDS = [0.5, 1, 2, 3, 4, 6, 8]
+WINDOWS = [4, 8, 16, 32, 64, 128, 192]
+CONTEXTS = [64, 128, 192, 255]
+QUICK = {
+    "contexts": [16, 24],
+    "span": 4,
+    "passages": 1,
+    "steps": 3,
+    "ks": [1, ALL],
+    "thresholds": [0.5, 4.0],
+    "windows": [2, 8],
+    "window_k": 2,
+    "hnsw_ks": [2],
+    "approx_windows": 2,
+    "refine_probes": 2,
+}
 REPO = HERE.parents[1]
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--model", default=None, help="model folder, shipped name, hub name, or random-small (default: shipped)"
-    )
-    p.add_argument(
-        "--corpus", default=None, help="Tiny Shakespeare (default: data/tinyshakespeare.txt, or /work/shared/data)"
-    )
-    p.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS, help="context lengths in tokens (64 128 255)")
-    p.add_argument("--ks", nargs="+", default=[str(k) for k in KS], help="K values, 'all' for every key")
-    p.add_argument("--passages", type=int, default=32, help="held-out passages per context length (32)")
-    p.add_argument("--steps", type=int, default=32, help="teacher-forced steps per passage (32)")
-    p.add_argument("--approx-passages", type=int, default=4, help="passages the hnsw search also reads (4)")
-    p.add_argument("--approx-max-k", type=int, default=64, help="the largest K the hnsw search runs (64)")
+    p.add_argument("--model", default=None, help="model folder, shipped name, hub name, or random-small (shipped)")
+    p.add_argument("--corpus", default=None, help="Tiny Shakespeare (default: data/tinyshakespeare.txt, /work/shared)")
+    p.add_argument("--contexts", type=int, nargs="+", default=CONTEXTS, help="context lengths (64 128 192 255)")
+    p.add_argument("--span", type=int, default=8, help="queries a window gives each context: C - span .. C - 1 (8)")
+    p.add_argument("--passages", type=int, default=32, help="held-out passages (32)")
+    p.add_argument("--steps", type=int, default=4, help="windows a passage, one token apart (4)")
+    p.add_argument("--ks", nargs="+", default=[str(k) for k in KS], help="top-k's K, 'all' for every key")
+    p.add_argument("--thresholds", type=float, nargs="+", default=THRESHOLDS, help="the threshold's beta")
+    p.add_argument("--sinks", type=int, default=4, help="S of the sinks + window policies (4)")
+    p.add_argument("--windows", type=int, nargs="+", default=WINDOWS, help="W of the sinks + window policies")
+    p.add_argument("--window-k", type=int, default=16, help="K of sinks + window + top-k (16)")
+    p.add_argument("--hnsw-ks", type=int, nargs="*", default=[8, 32, 128], help="K of numpy's hnswlib search")
+    p.add_argument("--approx-windows", type=int, default=16, help="windows the hnswlib search reads (16)")
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef-construction", type=int, default=64)
     p.add_argument("--hnsw-ef", type=int, default=16, help="search breadth: max(this, K) (16)")
-    p.add_argument("--configs", nargs="*", default=[], help="stores to time with attention_top_k (TOML configs)")
-    p.add_argument("--store-ks", nargs="+", default=None, help="K values on the stores (default: --ks)")
-    p.add_argument("--store-tokens", type=int, default=16, help="tokens generated a text on a store (16)")
-    p.add_argument("--store-repeats", type=int, default=3, help="texts a store, context and K (3; median ms)")
+    p.add_argument("--refine-probes", type=int, default=3, help="bisection probes a family and context (3)")
+    p.add_argument("--configs", nargs="*", default=[], help="stores to run the policies on (TOML configs)")
+    p.add_argument("--store-contexts", type=int, nargs="+", default=[64, 255], help="contexts on the stores")
+    p.add_argument("--store-tokens", type=int, default=8, help="tokens generated a text on a store (8)")
     p.add_argument("--store-root", default=None, help="put each store under DIR/<config name>")
-    p.add_argument(
-        "--store-agreement-ks",
-        nargs="*",
-        default=["4", "16", "64"],
-        help="Ks whose teacher-forced steps also run through each store, a text a step (4 16 64)",
-    )
-    p.add_argument("--store-passages", type=int, default=1, help="passages those steps come from (1)")
-    p.add_argument("--stores-only", action="store_true", help="only the stores' half (no numpy sweep)")
-    p.add_argument(
-        "--merge",
-        nargs="+",
-        metavar="DIR",
-        help="run nothing: the numpy figures of the first run folder with the stores of the others, into --out",
-    )
-    p.add_argument("--refine-probes", type=int, default=4, help="Ks bisected below the smallest reaching 99%% (4)")
-    p.add_argument(
-        "--refine", metavar="DIR", help="run nothing else: bisect the thresholds of the run in DIR, into --out"
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="one short passage (of --corpus if given), K in 1 and all (the test's run)"
-    )
+    p.add_argument("--latency-ms", type=float, default=25.0, help="the local turbopuffer server's delay (25)")
+    p.add_argument("--stores-from", metavar="DIR", help="no numpy sweep: the policies of the run in DIR, its figures")
+    p.add_argument("--quick", action="store_true", help="one short passage, few policies (the test's run)")
     p.add_argument("--seed", type=int, default=0, help="hnswlib's graph seed")
     p.add_argument("--out", default=None, help="results folder (default: a new ./results/topk-attention/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
 
 def settings(args) -> dict:
-    s = {
-        "contexts": args.contexts,
-        "ks": [k_arg(k) for k in args.ks],
-        "passages": args.passages,
-        "steps": args.steps,
-        "approx_passages": args.approx_passages,
-    }
+    names = ("contexts", "span", "passages", "steps", "thresholds", "sinks", "windows", "window_k", "hnsw_ks")
+    s = {name: getattr(args, name) for name in names}
+    s.update(ks=[k_arg(k) for k in args.ks], approx_windows=args.approx_windows, refine_probes=args.refine_probes)
     if args.quick:
         s.update(QUICK)
-    s["ks"] = sorted(s["ks"], key=lambda k: float("inf") if k == ALL else k)
-    s["approx_max_k"] = args.approx_max_k
+    s["contexts"] = sorted(s["contexts"])
     s["hnsw"] = {"m": args.hnsw_m, "ef_construction": args.hnsw_ef_construction, "ef": args.hnsw_ef, "seed": args.seed}
     s.update(quick=args.quick, dtype="float64", teacher_forced=True)
     return s
 
 
-def load_passages(args, s, hp):
+def load_windows(args, s, hp):
+    """The windows [passages x steps, longest]: window j of a passage starts at its token j."""
     from passages import QUICK_TEXT, cut, find_corpus, held_out_tokens
 
     from vecgpt import tokenizer
     from vecgpt.errors import VecgptError
 
-    longest = max(s["contexts"])
-    if longest > hp.n_ctx or min(s["contexts"]) < 2:
-        raise VecgptError(f"context lengths must be 2 to the model's {hp.n_ctx} tokens, not {s['contexts']}")
-    if args.quick and not args.corpus:  # a --corpus given is read, quick or not
+    longest, span = max(s["contexts"]), s["span"]
+    if longest > hp.n_ctx or min(s["contexts"]) <= span or np.diff(s["contexts"]).min(initial=span) < span:
+        raise VecgptError(
+            f"context lengths must be {span + 1} to the model's {hp.n_ctx} tokens, at least --span {span} apart; "
+            f"not {s['contexts']}"
+        )
+    if args.quick and not args.corpus:
         tokens, source = np.asarray(tokenizer.encode(QUICK_TEXT), np.int64), "passages.QUICK_TEXT"
     else:
         path = find_corpus(args.corpus, REPO)
@@ -122,152 +114,101 @@ def load_passages(args, s, hp):
     if tokens.max() >= hp.n_vocab:  # a random model with a small vocabulary: any ids will do
         tokens = tokens % hp.n_vocab
         s["corpus"] += f"; token ids folded into the model's {hp.n_vocab} (id mod {hp.n_vocab})"
-    return cut(tokens, s["passages"], longest + s["steps"])
+    passages = cut(tokens, s["passages"], longest + s["steps"])
+    return np.concatenate([passages[:, j : j + longest] for j in range(s["steps"])]), passages
 
 
 def run(args) -> int:
-    from common.record import new_run, provenance, write_json
+    from common.record import new_run, provenance
 
-    if args.merge:
-        return merge(args.merge, new_run(NAME, args.out))
-    if args.refine:
-        return refine_run(args, new_run(NAME, args.out))
+    if args.stores_from:
+        return stores_run(args, new_run(NAME, args.out))
     s = settings(args)
     model = subjects.load_model(args.model, dtype=np.float64)
-    passages = load_passages(args, s, model.hparams)
+    windows, passages = load_windows(args, s, model.hparams)
     out = new_run(NAME, args.out)
     result = {
         "provenance": provenance(args.seed, model, settings=s),
         "settings": s,
         "model": {"label": subjects.model_label(model, args.model), "name": args.model or "shakespeare"},
-        "rows": [],
-        "mass": {},  # per context: [K of ks_run, layer, head]
-        "ks_run": {},  # per context: the Ks run (none above the context)
-        "full_accuracy": {},
         "stores": [],
         "stores_skipped": [],
     }
-    hnsw = {"m": s["hnsw"]["m"], "ef_construction": s["hnsw"]["ef_construction"], "ef": s["hnsw"]["ef"]}
-    for context in [] if args.stores_only else s["contexts"]:
-        ks = [k for k in s["ks"] if k == ALL or k <= context]  # a larger K keeps what `all` keeps
-        approx = (s["approx_passages"], args.approx_max_k)
-        got = run_context(model, passages, context, ks, s["steps"], approx, hnsw, args.quiet)
-        add_context(result, model.hparams, context, ks, got)
-        write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
-    result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in s["contexts"]}
-    result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in s["contexts"]}
-    refine(result, model, passages, args.refine_probes, args.quiet)
-    from stores import run_stores, turbopuffer_dollars
-
-    result["turbopuffer_dollars"] = turbopuffer_dollars(model, s["contexts"], s["ks"])
+    numpy_half(result, model, windows, passages, args.quiet, out)
     if args.configs:
-        run_stores(args, s, model, passages, result)
+        from stores import run_stores
+
+        run_stores(args, s, subjects.load_model(args.model), model, passages, result)
     publish(out, result)
     return 0
 
 
-def refine(result, model, passages, probes, quiet) -> None:
-    """Bisect between the sweep's last K below 99% agreement and its first reaching it, per context."""
-    from measure import bisect_bounds, bisect_k
+def numpy_half(result, model, windows, passages, quiet, out) -> None:
+    """Full attention once, every family's grid, numpy's hnsw, the bisection, and each context's fewest keys."""
+    import time
 
-    result["refined"] = {}
-    for context in result["ks_run"]:
-        bounds = bisect_bounds(result["rows"], int(context))
-        if bounds is None or not probes:
-            continue
-        rows, lo, hi = bisect_k(model, passages, int(context), *bounds, result["settings"]["steps"], probes)
-        result["refined"][context] = {"sweep": list(bounds), "lo": lo, "hi": hi, "probes": rows}
-        if not quiet:
-            print(f"  context {context}: 99% agreement reached at K {hi}, not at {lo}", file=sys.stderr)
+    from measure import Steps, full_attention
+    from policies import bisect, fewest, hnsw_rows, sweep
+
+    from common.record import write_json
+
+    s, t = result["settings"], time.perf_counter()
+    steps = Steps(windows, s["contexts"], s["span"])
+    full = full_attention(model, steps)
+    greedy = full["greedy"].reshape(s["steps"], s["passages"], -1)  # windows: step-major
+    targets = np.stack([passages[:, j + 1 : j + 1 + max(s["contexts"])] for j in range(s["steps"])])
+    result["full_accuracy"] = {
+        str(c): float((greedy[..., steps.at(c)] == targets[..., steps.positions[steps.at(c)]]).mean())
+        for c in s["contexts"]
+    }
+    result["rows"] = sweep(model, steps, full, s, quiet)
+    write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
+    result["rows"] += hnsw_rows(model, steps, full, s, quiet)
+    bisect(model, steps, full, s, result["rows"], quiet)
+    result["fewest"] = {str(c): summary(fewest(result["rows"], c)) for c in s["contexts"]}
+    result["fewest_hnsw"] = {str(c): summary(fewest(result["rows"], c, "hnsw")) for c in s["contexts"]}
+    result["answer"] = answer(result)
+    result["numpy_seconds"] = time.perf_counter() - t
 
 
-def refine_run(args, out) -> int:
-    """--refine DIR: bisect an earlier run's thresholds on its own passages, and write it again to --out."""
+def summary(best: dict) -> dict:
+    keys = ("label", "value", "policy", "agreement", "steps", "kl_mean", "mass_mean", "per_token")
+    return {family: {k: r[k] for k in keys} for family, r in best.items()}
+
+
+def answer(result) -> dict:
+    """At 99% agreement: per context, the family reading the fewest keys a token, those keys and every key's."""
+    out = {}
+    for c, best in result["fewest"].items():
+        every = max(r["per_token"]["keys_returned"] for r in result["rows"] if r["context"] == int(c))
+        if best:
+            family = min(best, key=lambda f: best[f]["per_token"]["keys_returned"])
+            keys = best[family]["per_token"]["keys_returned"]
+            out[c] = {"family": family, "label": best[family]["label"], "keys_returned": keys, "every_key": every}
+        else:
+            out[c] = None
+    return out
+
+
+def stores_run(args, out) -> int:
+    """--stores-from DIR: that run's numpy figures, and its policies through the stores of --configs."""
     import json
 
-    result = json.loads((Path(args.refine) / "topk_attention.json").read_text())
+    from stores import run_stores
+
+    result = json.loads((Path(args.stores_from) / "topk_attention.json").read_text())
+    result.update(stores=[], stores_skipped=[], stores_from=str(args.stores_from))
     s = result["settings"]
     args.quick, args.corpus = s["quick"], args.corpus
-    model = subjects.load_model(
-        None if result["model"]["name"] == "shakespeare" else result["model"]["name"], np.float64
-    )
-    passages = load_passages(args, dict(s), model.hparams)
-    contexts = [int(c) for c in result["ks_run"]]  # an interrupted run has no smallest K yet
-    result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in contexts}
-    result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in contexts}
-    result["settings"]["contexts"] = contexts
-    refine(result, model, passages, args.refine_probes, args.quiet)
-    result["refined_from"] = str(args.refine)
+    model64 = subjects.load_model(args.model, dtype=np.float64)
+    _, passages = load_windows(args, dict(s), model64.hparams)
+    run_stores(args, s, subjects.load_model(args.model), model64, passages, result)
     publish(out, result)
     return 0
-
-
-def add_context(result, hp, context, ks, got) -> None:
-    mass = got["mass"]  # [K, L, H]
-    result["mass"][str(context)] = mass
-    result["ks_run"][str(context)] = ks
-    result["full_accuracy"][str(context)] = got["full_accuracy"]
-    for i, k in enumerate(ks):
-        result["rows"].append(
-            {
-                "context": context,
-                "k": k,
-                "search": "exact",
-                **got["exact"][k].row(),
-                "mass_mean": float(mass[i].mean()),
-                "mass_min_head": float(mass[i].min()),
-                "per_token": with_bytes(per_token(hp, context, k), hp),
-            }
-        )
-    for k, tally in got["hnsw"].items():
-        same = got["exact_on_hnsw_passages"][k].row()
-        result["rows"].append(
-            {
-                "context": context,
-                "k": k,
-                "search": "hnsw",
-                **tally.row(),
-                "exact_agreement_same_steps": same["agreement"],
-                "exact_kl_same_steps": same["kl_mean"],
-            }
-        )
-
-
-def merge(folders, out) -> int:
-    """One result from several runs of one model: each context's numpy figures from the run that has it (runs over
-    different context lengths), every run's stores."""
-    import json
-
-    runs = [json.loads((Path(f) / "topk_attention.json").read_text()) for f in folders]
-    result = {**runs[0], "merged_from": [str(f) for f in folders], "provenance": [r["provenance"] for r in runs]}
-    for key in ("mass", "ks_run", "full_accuracy", "refined"):
-        result[key] = {c: v for r in runs for c, v in r.get(key, {}).items() if c in r["ks_run"]}
-    contexts = sorted({int(c) for r in runs for c in r["ks_run"]})
-    result["rows"] = sorted((row for r in runs for row in r["rows"]), key=lambda row: row["context"])
-    result["smallest_k"] = {str(c): smallest_k(result["rows"], c) for c in contexts}
-    result["smallest_k_hnsw"] = {str(c): smallest_k(result["rows"], c, search="hnsw") for c in contexts}
-    result["settings"] = {**runs[0]["settings"], "contexts": contexts}
-    result["settings"]["approx_passages"] = {c: r["settings"]["approx_passages"] for r in runs for c in r["ks_run"]}
-    for key in ("stores", "stores_skipped"):
-        result[key] = [row for r in runs for row in r.get(key, [])]
-    dollars = {(d["context"], str(d["k"])): d for r in runs for d in r.get("turbopuffer_dollars", [])}
-    result["turbopuffer_dollars"] = sorted(dollars.values(), key=lambda d: d["context"])  # K order kept within
-    publish(out, result)
-    return 0
-
-
-def with_bytes(counts: dict, hp) -> dict:
-    """Bytes a token: 12 a returned key (an 8-byte id and a 4-byte score), and a float32 value a value read (layout
-    five, the in-process default: a head's width; four and three keep values projected, n_embd wide)."""
-    return {
-        **counts,
-        "bytes_returned": 12 * counts["keys_returned"],
-        "value_bytes": 4 * (hp.n_embd // hp.n_head) * counts["values_read"],
-    }
 
 
 def publish(out, result) -> None:
-    from report import mass_plot, plot, report
+    from report import plot, report
 
     from common import plots
     from common.record import say_written, write_json
@@ -275,11 +216,7 @@ def publish(out, result) -> None:
     write_json(out / "topk_attention.json", result)
     md = report(result)
     (out / "topk_attention.md").write_text(md)
-    figures = {  # a stores-only run has no numpy figures to draw
-        "topk_attention.png": lambda: plot(result, out / "topk_attention.png"),
-        "mass.png": lambda: mass_plot(result, out / "mass.png"),
-    }
-    drawn = plots.draw(figures if result["rows"] else {})
+    drawn = plots.draw({"topk_attention.png": lambda: plot(result, out / "topk_attention.png")})
     print(md)
     say_written(out, ["topk_attention.json", "topk_attention.md", *drawn])
 
