@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from vecgpt import weights
@@ -193,7 +194,24 @@ def test_the_policy_box_and_the_kept_keys_inspected(playground, page):
     assert [e for e in page.console_errors if "400 (Bad Request)" not in e] == []
     page.console_errors.clear()
 
-    p = view["prompt_len"] + 4
+    p = view["prompt_len"] + 4  # the full-attention text: what beta = 1 would keep, its weight within the bound
+    page.click(f"#text [data-token][data-position='{p}']")
+    page.wait_for_selector(f"body[data-kept='{p}:8']")
+    page.fill("#inspect-k", "")
+    page.fill("#inspect-beta", "1")
+    page.wait_for_selector(f"body[data-kept='{p}:,1']")
+    a, marks = page.evaluate("inspected.a"), marked(page)
+    cells = page.eval_on_selector_all(
+        "#topk-mass td[data-bound]", "els => els.map(e => [+e.dataset.massLayer, +e.dataset.massHead, +e.dataset.mass,"
+        " +e.dataset.bound])"
+    )  # fmt: skip
+    for layer, head, mass, bound in cells:
+        r = next(r for r in a["attention"] if (r["layer"], r["head"]) == (layer, head))
+        keep = Policy(threshold=1.0).kept(np.array(r["scores"][:p]) * a["scale"])
+        assert set(marks[layer, head]) == {j for j in range(p) if keep[j]} | {p}
+        assert 1 - mass <= bound + 1e-9  # the weight dropped is within the reported worst case
+    assert len(cells) == len(a["attention"])
+
     for fields in ({"beta": 1}, {"S": 2, "W": 3}):
         body = {"attention_threshold": fields.get("beta"), "attention_sinks": fields.get("S")}
         policy = as_policy({**body, "attention_window": fields.get("W")})
@@ -207,8 +225,7 @@ def test_the_policy_box_and_the_kept_keys_inspected(playground, page):
         assert ("dropped keys held at most" in page.inner_text("#topk-info")) == (policy.threshold is not None)
         page.click(f"#topk-text [data-position='{p}']")
         label = ",".join("" if v is None else str(v) for v in policy).rstrip(",")
-        page.wait_for_selector(f"body[data-kept='{p}:{label}']")
-        assert page.evaluate("inspected.id") == policy_id
+        page.wait_for_selector(f"body[data-inspected='{policy_id}:{p}'][data-kept='{p}:{label}']")
         seen = call(f"{url}/api/texts/{policy_id}/attention/{p}")[1]  # the text's own inspection, through the API
         marks = marked(page)
         assert len(marks) == len(seen["attention"])
