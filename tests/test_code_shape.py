@@ -1,4 +1,4 @@
-"""The shape of the code in vecgpt/: no function over 40 lines, no cycle among its modules.
+"""The shape of the code in vecgpt/: no function over 40 lines, no class over 250, no cycle among its modules.
 
 A function's length runs from its `def` line to its last line: decorators are not counted, a
 nested function's lines count in the function around it too. Every import of a vecgpt module
@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "vecgpt"
 LONGEST = 40
+LONGEST_CLASS = 250
 
 
 def module_name(path: Path) -> str:
@@ -94,6 +95,23 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return groups
+
+
+def long_classes(path: Path, tree: ast.Module) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > LONGEST_CLASS:
+            found.append(
+                f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            )
+    return found
+
+
+def test_no_class_is_over_250_lines():
+    offenders = [line for path, tree in sources().values() for line in long_classes(path, tree)]
+    assert not offenders, "classes over 250 lines:\n" + "\n".join(offenders)
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONGEST_CLASS))
+    assert long_classes(ROOT / "c.py", ast.parse(f"class C:\n{body}\n")) == ["c.py:1 C (251 lines)"]
 
 
 def test_no_function_is_over_40_lines():
