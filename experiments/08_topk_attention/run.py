@@ -32,7 +32,7 @@ NAME = "topk-attention"
 HELP = "attention policies (top-k, threshold, sinks + window, HNSW): agreement, KL, mass and keys read a token"
 KS = [1, 2, 4, 8, 16, 32, 64, 128, 192, ALL]
 THRESHOLDS = [0.5, 1, 2, 3, 4, 6, 8]
-WINDOWS = [4, 8, 16, 32, 64, 128, 192]
+WINDOWS = [4, 8, 16, 32, 64, 128, 192, 224]
 CONTEXTS = [64, 128, 192, 255]
 QUICK = {
     "contexts": [16, 24],
@@ -62,7 +62,7 @@ def add_arguments(p) -> None:
     p.add_argument("--sinks", type=int, default=4, help="S of the sinks + window policies (4)")
     p.add_argument("--windows", type=int, nargs="+", default=WINDOWS, help="W of the sinks + window policies")
     p.add_argument("--window-k", type=int, default=16, help="K of sinks + window + top-k (16)")
-    p.add_argument("--hnsw-ks", type=int, nargs="*", default=[8, 32, 128], help="K of numpy's hnswlib search")
+    p.add_argument("--hnsw-ks", type=int, nargs="*", default=[8, 32, 128, 192], help="K of numpy's hnswlib search")
     p.add_argument("--approx-windows", type=int, default=16, help="windows the hnswlib search reads (16)")
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef-construction", type=int, default=64)

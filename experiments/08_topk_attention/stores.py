@@ -122,6 +122,9 @@ def per_token(got: dict, n: int) -> dict:
         "requests": got["total"] / n,
         "round_trips": got["round_trips"] / n,
         "store_ms": 1000 * got["seconds"] / n,
+        "key_search_requests": got["by_kind"].get("key_search", 0) / n,
+        "key_search_round_trips": got["round_trips_by_kind"].get("key_search", 0) / n,
+        "key_search_ms": 1000 * got["seconds_by_kind"].get("key_search", 0) / n,
         "kept_per_head": got.get("kept_per_head"),
         "dropped_bound": got.get("dropped_bound"),
     }
