@@ -35,7 +35,7 @@ from vecgpt.attend import attend, softmax_in_place  # noqa: F401  (softmax_in_pl
 from vecgpt.backends.base import Search, Store, row_order
 from vecgpt.errors import VecgptError
 from vecgpt.inspection import LENS_K, Inspection  # noqa: F401
-from vecgpt.loading import check_layout, collection
+from vecgpt.loading import check_layout, collection, hparams_of, session_key
 from vecgpt.meter import later
 from vecgpt.policy import Policy
 from vecgpt.policy import check as check_policy
@@ -43,7 +43,6 @@ from vecgpt.reference import gelu, layer_norm
 from vecgpt.sampling import ordered
 from vecgpt.session import Ahead, Read, Session, chunks, squared_norms, write_points  # noqa: F401
 from vecgpt.text_keys import follow_up, keep_norms, key_scores, key_search, queue_rows, searched_end  # noqa: F401
-from vecgpt.weights import HParams
 
 PREFILL_CHUNK = 64  # a prompt's tokens read in one step (a chunk: its boundaries at multiples of this, from 0)
 AHEAD_MOST = 64  # candidates whose rows the token search brings along (Step.gpt2); more: the next read fetches
@@ -81,7 +80,7 @@ class Engine:
             )
         self.manifest = manifest
         self.metric = manifest["metric"]
-        self.hparams = HParams(**manifest["hparams"])
+        self.hparams = hparams_of(manifest)  # GPT-2's HParams, or a Llama family's (manifest["family"])
         self.m2 = manifest["m2"]
         # under l2, each layer's bound on a key row's length (vecgpt.key_bounds): the rows are padded to it, and a
         # key search ranks by q.k; a model loaded before bounds were made: None, and its keys are not padded
@@ -143,8 +142,9 @@ class Engine:
         return inspection.inspect(session, position, token)
 
     def session(self, name: str | None = None, create: bool = True) -> Session:
-        """A Session of the model's layout (its manifest's "layout"; a model loaded before layouts existed: four)."""
-        return session_class(self.manifest.get("layout") or "four")(self, name, create)
+        """A Session of the model's layout (its manifest's "layout"; a model loaded before layouts existed: four), or
+        of the Llama family's in it (vecgpt.llama_rounds)."""
+        return session_class(session_key(self.manifest))(self, name, create)
 
 
 LAYOUTS: dict[str, type[Session]] = {}  # a layout's name -> its Session class; each registers itself (`layout`)
@@ -164,9 +164,10 @@ def layout(name: str):
 
 
 def session_class(name: str) -> type[Session]:
-    """The Session class of a layout, its module (vecgpt.<name>_rounds) imported by name when first asked for."""
+    """The Session class of a layout, its module (vecgpt.<name>_rounds; "llama_five": vecgpt.llama_rounds) imported
+    by name when first asked for."""
     if name not in LAYOUTS:
-        importlib.import_module(f"vecgpt.{name}_rounds")
+        importlib.import_module(f"vecgpt.{name.split('_')[0]}_rounds")
     return LAYOUTS[name]
 
 

@@ -19,6 +19,7 @@ from vecgpt import encoding, key_bounds
 from vecgpt.backends.base import Store
 from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
+from vecgpt.families import LlamaHParams
 from vecgpt.orders import query_rows, value_output
 from vecgpt.paths import read_cache
 from vecgpt.weights import HParams, Model, default_models_dir
@@ -186,6 +187,9 @@ def push(
 def _push(store: Store, model: Model, metric: str, progress: bool | None, layout: str) -> dict:
     if layout not in LAYOUTS:
         raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
+    llama = isinstance(model.hparams, LlamaHParams)
+    if llama and layout != "five":
+        raise VecgptError(f"layout {layout} of the Llama family is not built yet; load it with --layout five")
     key = store_fingerprint(model, metric, layout)
     held = store.read_manifest(key)
     if held:
@@ -198,9 +202,10 @@ def _push(store: Store, model: Model, metric: str, progress: bool | None, layout
         )
     rows = plan(model, metric, layout)
     check_memory(store, rows)
-    load = Load(store, key, rows, progress)
+    load = (LlamaLoad if llama else Load)(store, key, rows, progress)
     m2 = load.run(model, metric, layout)
     manifest = {
+        **({"family": model.hparams.family} if llama else {}),
         "fingerprint": key,
         "model_fingerprint": model.fingerprint,
         "source": model.source,
@@ -468,3 +473,93 @@ def plan_llama(hp, metric: str, layout: str = "four") -> list[tuple[str, int, in
     rows = [(name, n, encoding.doc_dim(n_in, metric)) for name, (n, n_in) in llama_matrices(hp, layout).items()]
     table = [] if hp.tied else [("embed_tokens", hp.n_vocab, hp.n_embd)]
     return rows + table + [("ln", 2 * hp.n_layer + 1, hp.n_embd)]
+
+
+class LlamaLoad(Load):
+    """A Llama-family model's collections in plan_llama's order: per layer q, k and v stacked (attn.c_attn), o_proj
+    whole (attn.c_proj, layout five), gate and up stacked (mlp.c_fc), down_proj (mlp.c_proj); the output matrix (wte
+    when tied to the token table, else lm_head); the token table when untied; the RMSNorm weights."""
+
+    def run(self, model: Model, metric: str, layout: str) -> dict[str, float]:
+        hp, m2 = model.hparams, {}
+        self.key_bound = []
+        for i in range(hp.n_layer):
+            block = model.block(i)
+            for name, (weight, bias) in llama_layer(block, i).items():
+                m2[name] = self.matrix(name, weight, bias, metric)
+            self.key_bound.append(llama_key_bound(block, hp))
+            del block
+        table = model.tensor("model.embed_tokens.weight")
+        output = "wte" if hp.tied else "lm_head"
+        m2[output] = self.matrix(output, (table if hp.tied else model.tensor("lm_head.weight")).T, None, metric)
+        tables = ([] if hp.tied else [("embed_tokens", table)]) + [("ln", llama_norms(model))]
+        for name, rows in tables:
+            self.write(collection(self.key, name), rows.__getitem__, len(rows), rows.shape[1], "l2")
+        self.bar.close()
+        return m2
+
+    def matrix(self, name: str, weight: np.ndarray, bias, metric: str) -> float:
+        """One matrix [in, out] (its documents, a batch at a time); its M^2."""
+        m = encoding.largest_norm2(weight, bias)
+        rows = partial(encoding.encode_block, weight, bias, metric, m)
+        self.write(collection(self.key, name), rows, weight.shape[1], encoding.doc_dim(weight.shape[0], metric), metric)
+        return m
+
+
+def llama_layer(block: dict, i: int) -> dict[str, tuple]:
+    """A layer's searches as GPT-2's names: {collection: (weight [in, out], bias or None)}, projections that share an
+    input stacked (their outputs side by side), a bias of zeros where one of them has none and another has."""
+
+    def stacked(parts: dict, names: tuple) -> tuple:
+        weight = np.vstack([parts[n]["weight"] for n in names])  # [out, in], nn.Linear's
+        biases = [parts[n].get("bias") for n in names]
+        if all(b is None for b in biases):
+            return weight.T, None
+        return weight.T, np.concatenate(
+            [np.zeros(len(parts[n]["weight"])) if b is None else b for n, b in zip(names, biases)]
+        )
+
+    attn, mlp = block["self_attn"], block["mlp"]
+    return {
+        f"h.{i}.attn.c_attn": stacked(attn, ("q_proj", "k_proj", "v_proj")),
+        f"h.{i}.attn.c_proj": stacked(attn, ("o_proj",)),
+        f"h.{i}.mlp.c_fc": stacked(mlp, ("gate_proj", "up_proj")),
+        f"h.{i}.mlp.c_proj": stacked(mlp, ("down_proj",)),
+    }
+
+
+def llama_key_bound(block: dict, hp: LlamaHParams) -> float:
+    """R for one layer (vecgpt.key_bounds, derived for RMSNorm): a key is k_h = R_p (W_h (g * xhat) + b_h), with
+    xhat = x / sqrt(mean(x^2) + eps), so |xhat|^2 = |x|^2 / (|x|^2 / d + eps) < d, and R_p, the rotation at position
+    p, keeps lengths: |k_h| <= ||W_h diag(g)||_2 sqrt(d) + |b_h|, the largest over the key heads."""
+    k_proj = block["self_attn"]["k_proj"]
+    w, g = np.asarray(k_proj["weight"], np.float64), np.asarray(block["input_layernorm"]["weight"], np.float64)
+    b = k_proj.get("bias")
+    out = []
+    for h in range(hp.n_kv_head):
+        rows = slice(h * hp.head_dim, (h + 1) * hp.head_dim)
+        bias = 0.0 if b is None else float(np.linalg.norm(np.asarray(b[rows], np.float64)))
+        out.append(np.linalg.norm(w[rows] * g[None, :], 2) * np.sqrt(hp.n_embd) + bias)
+    return float(max(out) * key_bounds.MARGIN)
+
+
+def llama_norms(model: Model) -> np.ndarray:  # [2 n_layer + 1, d]: each layer's two RMSNorm weights, the final one
+    n = model.hparams.n_layer
+    parts = ("input_layernorm", "post_attention_layernorm")
+    rows = [model.tensor(f"model.layers.{i}.{part}.weight") for i in range(n) for part in parts]
+    return np.stack(rows + [model.tensor("model.norm.weight")])
+
+
+def hparams_of(manifest: dict) -> HParams | LlamaHParams:
+    """A loaded model's shape from its manifest: GPT-2's, or (a manifest naming a family) a Llama family's."""
+    h = manifest["hparams"]
+    if manifest.get("family") is None:
+        return HParams(**h)
+    scaling = tuple(tuple(pair) for pair in h.get("rope_scaling") or ())
+    return LlamaHParams(**{**h, "rope_scaling": scaling, "biases": tuple(h.get("biases") or ())})
+
+
+def session_key(manifest: dict) -> str:
+    """The Session class a loaded model runs (engine.session_class): its layout's, or the Llama family's in it."""
+    layout = manifest.get("layout") or "four"
+    return layout if manifest.get("family") is None else f"llama_{layout}"

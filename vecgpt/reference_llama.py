@@ -9,6 +9,8 @@ import math
 import numpy as np
 
 from vecgpt.families import LlamaHParams, key_head
+from vecgpt.policy import as_policy
+from vecgpt.reference import keep
 from vecgpt.sampling import Candidates, top_k
 
 
@@ -63,11 +65,14 @@ def causal_mask(m, n, dtype):  # query i of the last m sits at position n - m + 
     return np.triu(np.full((m, n), -np.inf, dtype), k=n - m + 1)
 
 
-def attention(q, k, v, mask):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
-    return softmax(q @ k.T / math.sqrt(q.shape[-1]) + mask) @ v
+def attention(q, k, v, mask, policy=None):  # [m, hd], [n, hd], [n, hd], [m, n] -> [m, hd]
+    scores = q @ k.T / math.sqrt(q.shape[-1]) + mask
+    return softmax(scores if policy is None or not policy.active else keep(scores, policy)) @ v
 
 
-def gqa(x, q_proj, k_proj, v_proj, o_proj, hp, freq, cache):  # [m, d] -> [m, d]; cache "k", "v" [n, n_kv * hd]
+def gqa(
+    x, q_proj, k_proj, v_proj, o_proj, hp, freq, cache, policy=None
+):  # [m, d] -> [m, d]; cache "k", "v" [n, n_kv * hd]
     positions = np.arange(len(cache["k"]), len(cache["k"]) + len(x), dtype=np.float64)
     q = rotate_heads(linear(x, **q_proj), hp.n_head, positions, freq)  # [m, n_head * hd]
     k = rotate_heads(linear(x, **k_proj), hp.n_kv_head, positions, freq)  # [m, n_kv * hd]
@@ -75,7 +80,7 @@ def gqa(x, q_proj, k_proj, v_proj, o_proj, hp, freq, cache):  # [m, d] -> [m, d]
     mask = causal_mask(len(x), len(cache["k"]), x.dtype)  # [m, n]
     ks, vs = np.split(cache["k"], hp.n_kv_head, axis=-1), np.split(cache["v"], hp.n_kv_head, axis=-1)
     heads = [
-        attention(qh, ks[key_head(h, hp.n_head, hp.n_kv_head)], vs[key_head(h, hp.n_head, hp.n_kv_head)], mask)
+        attention(qh, ks[key_head(h, hp.n_head, hp.n_kv_head)], vs[key_head(h, hp.n_head, hp.n_kv_head)], mask, policy)
         for h, qh in enumerate(np.split(q, hp.n_head, axis=-1))
     ]  # n_head x [m, hd]
     return linear(np.hstack(heads), **o_proj)  # [m, d]
@@ -85,16 +90,16 @@ def swiglu(x, gate_proj, up_proj, down_proj):  # [m, d] -> [m, d]; Llama's "mlp"
     return linear(silu(linear(x, **gate_proj)) * linear(x, **up_proj), **down_proj)
 
 
-def transformer_block(x, input_layernorm, self_attn, post_attention_layernorm, mlp, hp, freq, cache):
-    x = x + gqa(rms_norm(x, **input_layernorm, eps=hp.eps), **self_attn, hp=hp, freq=freq, cache=cache)
+def transformer_block(x, input_layernorm, self_attn, post_attention_layernorm, mlp, hp, freq, cache, policy=None):
+    x = x + gqa(rms_norm(x, **input_layernorm, eps=hp.eps), **self_attn, hp=hp, freq=freq, cache=cache, policy=policy)
     return x + swiglu(rms_norm(x, **post_attention_layernorm, eps=hp.eps), **mlp)
 
 
-def hidden(ids, embed_tokens, layers, norm, hp, freq, caches, trace=None):  # [m] -> [m, d], norm(x)
+def hidden(ids, embed_tokens, layers, norm, hp, freq, caches, trace=None, policy=None):  # [m] -> [m, d], norm(x)
     x = embed_tokens["weight"][ids]  # [m, d]; positions enter in attention, by rotation
     xs = [x]
     for block, cache in zip(layers, caches):
-        x = transformer_block(x, **block, hp=hp, freq=freq, cache=cache)
+        x = transformer_block(x, **block, hp=hp, freq=freq, cache=cache, policy=policy)
         xs.append(x)
     if trace is not None:
         trace.append(xs)
@@ -102,11 +107,12 @@ def hidden(ids, embed_tokens, layers, norm, hp, freq, caches, trace=None):  # [m
 
 
 class LlamaReference:
-    """numpy Llama holding one text's KV cache; float32 or float64 throughout (the rotary angles in float64)."""
+    """numpy Llama holding one text's KV cache; float32 or float64 throughout (the rotary angles in float64).
+    `policy` (vecgpt.policy, as reference.Reference's): the earlier keys each query attends to beside its own."""
 
-    def __init__(self, model, dtype=np.float32):
+    def __init__(self, model, dtype=np.float32, policy=None):
         self.hparams: LlamaHParams = model.hparams
-        self.dtype = np.dtype(dtype)
+        self.dtype, self.policy = np.dtype(dtype), as_policy(policy)
         params = _cast(model.params, self.dtype)
         self.body = params["model"]  # embed_tokens, layers, norm
         self.output = (params.get("lm_head") or self.body["embed_tokens"])["weight"]  # [vocab, d]
@@ -129,7 +135,8 @@ class LlamaReference:
 
     def hidden(self, ids) -> np.ndarray:  # [m] -> [m, d], the final vectors norm(x) of the m new positions
         ids = np.asarray(ids, dtype=np.int64)
-        return hidden(ids, **self.body, hp=self.hparams, freq=self.freq, caches=self.caches, trace=self.trace)
+        body, hp = self.body, self.hparams
+        return hidden(ids, **body, hp=hp, freq=self.freq, caches=self.caches, trace=self.trace, policy=self.policy)
 
     def logits(self, ids) -> np.ndarray:  # [m] -> [m, n_vocab] for the m new positions
         return linear(self.hidden(ids), self.output)
