@@ -175,3 +175,19 @@ def test_known_sizes_are_their_configs():
     assert llama3.scaling["rope_type"] == "llama3" and llama3.group == 4 and llama3.n_vocab == 128256
     for hp in families.SIZES.values():  # each reads back from the config.json it writes
         assert families.read_llama_hparams(hp.config_json(), "x") == hp
+
+
+def test_shipped_llama_writes_its_readme_sample(capsys):
+    from vecgpt.reference_llama import LlamaReference, generate
+
+    model = weights.load("shakespeare-llama")
+    hp = model.hparams
+    assert isinstance(model, weights.LlamaModel) and (hp.n_layer, hp.n_head, hp.n_kv_head, hp.n_embd) == (4, 4, 2, 128)
+    assert hp.tied and hp.n_vocab == 50257 and isinstance(model.tokenizer, tokenizer.Gpt2Tokenizer)
+    assert (weights.SHIPPED / "shakespeare-llama" / "model.safetensors").stat().st_size <= 16 * 2**20
+    readme = (weights.SHIPPED / "shakespeare-llama" / "README.md").read_text()
+    sample = readme.split('Greedy, 40 tokens from "ROMEO:":\n\n```\n')[1].split("\n```")[0]
+    ids = model.tokenizer.encode("ROMEO:")
+    assert model.tokenizer.decode(ids + generate(LlamaReference(model, np.float64), ids, 40)) == sample
+    assert main(["load", "--dry-run", "--model", "shakespeare-llama", "--backend", "faiss", "--metric", "ip"]) == 0
+    assert "family: llama; 4 query heads sharing 2 key/value heads, SwiGLU 344 wide" in capsys.readouterr().out
