@@ -31,7 +31,7 @@ from vecgpt import tokenizer, weights  # noqa: E402
 from vecgpt.backends.base import available, get_store  # noqa: E402
 from vecgpt.config import load_config, open_store  # noqa: E402
 from vecgpt.engine import Engine  # noqa: E402
-from vecgpt.loading import push, store_fingerprint  # noqa: E402
+from vecgpt.loading import push  # noqa: E402
 from vecgpt.text import CANDIDATES, Text  # noqa: E402
 
 from common.subjects import place  # noqa: E402
@@ -69,8 +69,8 @@ def per_position(cost: dict, n: int) -> dict:
 
 
 def measure_store(store, options_of, model, args) -> dict:
-    push(store, model, "l2", progress=False)
-    engine = Engine(store, model=store_fingerprint(model, "l2"))
+    key = push(store, model, "l2", progress=False)["fingerprint"]
+    engine = Engine(store, model=key)
     text = Text.start(engine, tokenizer.encode("ROMEO:"))
     row = {"scratch": timed(text, store, lambda: text.generate(args.length - text.prompt_len, stop=False))}
     scratch = per_position(row["scratch"], row["scratch"]["positions_read"])

@@ -197,8 +197,10 @@ def config_values(key: str, clean: bool):
         "top_k": ints(clean),
         "prompt_block": st.booleans(),
         "prefill_chunk": ints(clean),
-        "tile": ints(clean),
         "attention_top_k": ints(clean),
+        "attention_threshold": floats(clean),
+        "attention_sinks": ints(clean),
+        "attention_window": ints(clean),
         "attention_index": st.sampled_from(["hnsw"] + ["ivf"] * (not clean)),
         "store": st.dictionaries(
             st.just("path") if clean else st.sampled_from(STORE_KEYS),

@@ -64,7 +64,7 @@ def test_a_store_experiment_runs_without_matplotlib(name, extra, stem, tmp_path,
 def test_topk_attention_runs_without_matplotlib(tmp_path, capsys, no_matplotlib):
     out = tmp_path / "out"
     assert main(["experiment", "topk-attention", "--quick", "--quiet", "--out", str(out)]) == 0
-    check_no_plots(out, capsys.readouterr().err, ["topk_attention.png", "mass.png"])
+    check_no_plots(out, capsys.readouterr().err, ["topk_attention.png"])
 
 
 def test_quick_refuses_a_corpus_that_is_not_there(tmp_path, capsys):

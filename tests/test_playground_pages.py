@@ -178,7 +178,8 @@ def test_the_export_api_against_numpy_and_a_closed_text(playground):
     view = call(f"{url}/api/texts", "POST", {"prompt": "ROMEO:", "temperature": 0.8, "top_k": 40, "seed": 2})[1]
     assert [kind for kind, _ in events(f"{url}/api/texts/{view['id']}/generate?n=3")][-1] == "done"
     status, d = call(f"{url}/api/texts/{view['id']}/export")
-    assert status == 200 and d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 2, "attention_top_k": None}
+    policy = dict.fromkeys(("attention_top_k", "attention_threshold", "attention_sinks", "attention_window"))
+    assert status == 200 and d["settings"] == {"temperature": 0.8, "top_k": 40, "seed": 2, **policy}
     ids = [t["id"] for t in d["tokens"]]
     logits = Reference(weights.load("shakespeare", dtype=np.float64), np.float64).logits(ids[:-1])
     for c in d["candidates"]:
