@@ -28,7 +28,9 @@ def test_prompts_arriving_together_are_read_within_the_budget_and_exact(make_sto
     engine = Engine(store, prefill_chunk=16)
     prompts = [prompt(i, 40) for i in range(8)]  # 8 texts x 3 chunks: 320 rows were one step without a budget
     rows_by_step: list[int] = []
-    stepper = Stepper(at_once=8, budget=40, on_step=lambda jobs: rows_by_step.append(sum(len(j.read.ids) for j in jobs)))
+    stepper = Stepper(
+        at_once=8, budget=40, on_step=lambda jobs: rows_by_step.append(sum(len(j.read.ids) for j in jobs))
+    )
     jobs = [stepper.add(greedy(engine.open(), p, 3)) for p in prompts]
     stepper.run()
     assert max(rows_by_step) <= 40 and len(rows_by_step) > 4

@@ -146,8 +146,8 @@ def variants(config_paths, store_root: str | None = None, both_metrics: bool = T
 
 def open_engine(variant: Variant, model, progress: bool = False):
     """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
-    from vecgpt.config import open_store
     from vecgpt.api import config_engine
+    from vecgpt.config import open_store
     from vecgpt.loading import push
 
     store = open_store(variant.config)
