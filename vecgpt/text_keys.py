@@ -53,7 +53,7 @@ def drops(policy: Policy, i: int) -> bool:
 
 def pruned(s, start: int, m: int) -> bool:
     """Whether the session's policy may leave out an earlier key of some query of a read of m positions."""
-    return any(drops(s.policy, i) for i in range(start, start + m))
+    return s.policy.active and any(drops(s.policy, i) for i in range(start, start + m))
 
 
 def key_search(s, q, layer, start) -> Asked | None:  # q [m, H, hd] -> its searches, or None: no earlier key

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -487,6 +488,7 @@ def _kernels(dtype: np.dtype, metric: str):
     return _COMPILED[key][:2]
 
 
+@functools.cache  # asked at every search of every row: the answer depends on the shape alone
 def group_rows(ld: int, size: int, vl: int, width: int) -> int:
     """Rows between the direct kernel's row vectors: vl (a tile's rows side by side) unless the rows' addresses
     share few L1 sets (a row of 3073 float32 is 3 pages and 4 bytes: 32 rows side by side fall in 2 or 3 of its 64
