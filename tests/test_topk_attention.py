@@ -37,7 +37,9 @@ def logits_of(engine: Engine, ids: list[int], n: int, k: int = 40) -> list[np.nd
     return out
 
 
-EVERY = [(b, layout) for b in BACKENDS for layout in (LAYOUTS if b in ("memory", "faiss") else ("five",))]
+EVERY = [
+    (b, layout) for b in BACKENDS if b in ("memory", "faiss") for layout in LAYOUTS
+]  # every store: test_attention_policy
 
 
 @pytest.mark.parametrize("backend, layout", EVERY)
