@@ -204,6 +204,8 @@ class Step:
     text's attention is its own: its keys are searched in its collection, in the same round for all texts. A row's
     numbers never depend on the others in the block: every store computes each query alone (docs/batching.md)."""
 
+    group = 1  # query heads a key head serves (grouped-query attention: vecgpt.llama_rounds)
+
     def __init__(self, reads: list[Read], again: bool = False):
         """again: read positions a second time to look inside (Session.inspect): nothing written, no text changed."""
         self.reads, self.again = reads, again
@@ -338,7 +340,7 @@ class Step:
     def key_searches(self, q, layer, only=None) -> dict:  # {text: its key searches (Asked) or None: no earlier key}
         asked = {}
         for i, s, start, rows in self.texts(only=only):
-            asked[i] = self.guard(i, partial(key_search, s, q[rows], layer, start))
+            asked[i] = self.guard(i, partial(key_search, s, q[rows], layer, start, self.group))
         return {i: a for i, a in asked.items() if i not in self.errors}
 
     def key_scores(self, asked, own, layer):  # each text's key searches' hits -> its q.k
@@ -348,15 +350,15 @@ class Step:
             if i in asked:
                 found = own.get(i, [None])[0] if asked[i] is not None else None
                 m = rows.stop - rows.start
-                out[i] = self.guard(i, partial(key_scores, s, asked[i], found, layer, start, m))
+                out[i] = self.guard(i, partial(key_scores, s, asked[i], found, layer, start, m, self.group))
         return out
 
     def follow_ups(self, asked, own, layer) -> tuple[dict, dict]:
         """A threshold's range searches, once the first round found each head's best key: a round of their own."""
         more = {}
-        for i, s, start, _ in self.texts():
+        for i, s, _, _ in self.texts():
             if asked.get(i) is not None and i in own:
-                extra = self.guard(i, partial(follow_up, s, asked[i], own[i][0], layer, start))
+                extra = self.guard(i, partial(follow_up, s, asked[i], own[i][0], layer, self.group))
                 if extra is not None:
                     more[i] = extra
         if more:

@@ -3,8 +3,8 @@
 reference_llama's functions in its order, where `x @ weight.T + bias` is one search of every row of a matrix
 (vecgpt.loading.LlamaLoad's documents): q, k and v one search (h.<i>.attn.c_attn), rotary positions applied in numpy
 to q and k, the keys written after rotation, so a search's q.k is the rotated score; the key search, each key head's
-group of query heads together (vecgpt.llama_keys); o_proj one search (h.<i>.attn.c_proj); gate and up one search
-(h.<i>.mlp.c_fc); down one (h.<i>.mlp.c_proj). A layer is five dependent rounds, as GPT-2's in layout five. The
+group of query heads together (vecgpt.text_keys; the softmax vecgpt.llama_keys); o_proj one search
+(h.<i>.attn.c_proj); gate and up one search (h.<i>.mlp.c_fc); down one (h.<i>.mlp.c_proj). A layer is five dependent rounds, as GPT-2's in layout five. The
 next token is a top-k search over the output matrix's rows (wte when tied to the token table, else lm_head), and a
 token's embedding is fetched by id (the first d columns of its wte document, or its row of embed_tokens); tied, the
 token search brings its candidates' rows along. RMSNorm, SiLU, softmax and residual adds stay in numpy, in float64.
@@ -95,43 +95,6 @@ class LlamaStep(FiveRoundsStep):
                 out = llama_keys.attend(s, searched[i], own[:, rows], start, layer, self.group)
                 heads[rows] = out.transpose(1, 0, 2).reshape(rows.stop - rows.start, -1)
         return self.linear(heads, f"h.{layer}.attn.c_proj")
-
-    def key_searches(self, q, layer, only=None) -> dict:  # {text: its grouped key searches, or None}
-        asked = {}
-        for i, s, start, rows in self.texts(only=only):
-            asked[i] = self.guard(i, lambda s=s, rows=rows, start=start: self.searches_of(s, q[rows], layer, start))
-        return {i: a for i, a in asked.items() if i not in self.errors}
-
-    def searches_of(self, s, q, layer, start):
-        return llama_keys.key_search(s, q, layer, start, self.group)
-
-    def key_scores(self, asked, own, layer):  # each text's key searches' hits -> its q.k [H, m, start + m - 1]
-        asked, own = self.follow_ups(asked, own, layer)
-        out = {}
-        for i, s, start, rows in self.texts():
-            if i in asked:
-                found = own.get(i, [None])[0] if asked[i] is not None else None
-                m, a = rows.stop - rows.start, asked[i]
-                out[i] = self.guard(i, lambda s=s, a=a, f=found, st=start, m=m: self.scores_of(s, a, f, layer, st, m))
-        return out
-
-    def scores_of(self, s, asked, found, layer, start, m):
-        return llama_keys.key_scores(s, asked, found, layer, start, m, self.group)
-
-    def follow_ups(self, asked, own, layer) -> tuple[dict, dict]:
-        """A threshold's range searches, once the first round found each query's best key: a round of their own."""
-        more = {}
-        for i, s, _, _ in self.texts():
-            if asked.get(i) is not None and i in own:
-                extra = self.guard(i, lambda s=s, i=i: llama_keys.follow_up(s, asked[i], own[i][0], layer, self.group))
-                if extra is not None:
-                    more[i] = extra
-        if more:
-            _, found = self.send([], {i: a.searches[len(asked[i].searches) :] for i, a in more.items()})
-            for i, a in more.items():
-                if i in found:
-                    asked[i], own[i] = a, [[*own[i][0], *found[i][0]]]
-        return asked, own
 
     def swiglu(self, x, layer):  # [m, d] -> [m, d]: gate and up one search, down one
         gate, up = np.split(self.linear(x, f"h.{layer}.mlp.c_fc"), 2, axis=1)

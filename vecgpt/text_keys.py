@@ -56,21 +56,38 @@ def pruned(s, start: int, m: int) -> bool:
     return s.policy.active and any(drops(s.policy, i) for i in range(start, start + m))
 
 
-def key_search(s, q, layer, start) -> Asked | None:  # q [m, H, hd] -> its searches, or None: no earlier key
+def stacked(q: np.ndarray, group: int) -> np.ndarray:  # q [m, H, hd] -> [H_kv, m group, hd]
+    """Queries by the key head they read (grouped-query attention: `group` query heads a key head, consecutive), each
+    key head's row r * group + g the read's row r of its query head g; group 1: by head."""
+    m, n_head, hd = q.shape
+    if group == 1:
+        return q.transpose(1, 0, 2)
+    return q.reshape(m, n_head // group, group, hd).transpose(1, 0, 2, 3).reshape(n_head // group, m * group, hd)
+
+
+def by_query_head(a: np.ndarray, group: int) -> np.ndarray:  # [H_kv, m group, n] -> [H, m, n]: stacked's inverse
+    if group == 1:
+        return a
+    n_kv, rows, n = a.shape
+    return a.reshape(n_kv, rows // group, group, n).transpose(0, 2, 1, 3).reshape(n_kv * group, rows // group, n)
+
+
+def key_search(s, q, layer, start, group: int = 1) -> Asked | None:  # q [m, H, hd] -> its searches, or None
     """The searches of this layer's keys below the last query's position, once their rows have landed: every one
     in one search, or (a policy that drops keys) each query's own: its sinks, its window and the policy's choice
-    between them, each a filter on positions (and a top-k or a range search) of the store's."""
+    between them, each a filter on positions (and a top-k or a range search) of the store's. Each key head's search
+    carries its `group` query heads' queries (`stacked`); a text's `hp` counts its key heads."""
     end = searched_end(start, len(q))
     if not end:
         return None
     s.await_layer(layer)
-    sent = encoding.key_queries(q.transpose(1, 0, 2), s.key_norms[layer, :, :end], s.metric)
+    sent = encoding.key_queries(stacked(q, group), s.key_norms[layer, :, :end], s.metric)
     if s.engine.key_bound is not None:  # the queries' pad column: 0
         sent = (np.concatenate([sent[0], np.zeros((*sent[0].shape[:-1], 1), np.float32)], -1), sent[1])
     if not pruned(s, start, len(q)):
         return Asked(sent, [keys(s, sent[0], layer, 0, end)], ["all"], [(0, end)], [None])
     parts = [(r, *part) for r in range(len(q)) for part in query_parts(s.policy, start + r, s.engine.attention_index)]
-    searches = [keys(s, sent[0][:, r : r + 1], layer, lo, hi, **kw) for r, _, lo, hi, kw in parts]
+    searches = [keys(s, sent[0][:, r * group : (r + 1) * group], layer, lo, hi, **kw) for r, _, lo, hi, kw in parts]
     return Asked(sent, searches, [p[1] for p in parts], [(p[2], p[3]) for p in parts], [p[0] for p in parts])
 
 
@@ -92,35 +109,36 @@ def keys(s, queries, layer, lo, hi, **options) -> Search:  # a search of each he
     return Search(s.name, queries, where=where, by="head", **options)
 
 
-def follow_up(s, asked: Asked, found, layer, start) -> Asked | None:
+def follow_up(s, asked: Asked, found, layer, group: int = 1) -> Asked | None:
     """A threshold's second searches, once the first found each query's best key between its sinks and window:
     every key there whose distance is within the radius that beta makes of the best's (the store's range search)."""
     best = [j for j, kind in enumerate(asked.kinds) if kind == "best"]
     if not best:
         return None
-    gap = s.policy.threshold * math.sqrt(s.hp.n_embd // s.hp.n_head)  # in q.k; a distance moves by it times:
+    gap = s.policy.threshold * math.sqrt(s.hp.head_dim)  # in q.k; a distance moves by it times:
     searches, kinds, spans, rows = list(asked.searches), list(asked.kinds), list(asked.spans), list(asked.rows)
     for j in best:
         r, (a, b) = asked.rows[j], asked.spans[j]
-        per_qk = 1.0 if s.metric == "ip" else 2.0 * np.asarray(asked.sent[1], np.float64)[:, r : r + 1]  # l2: 2 s
-        radius = found[j].dists[..., 0].astype(np.float64) + gap * per_qk  # [H, 1]
-        searches.append(keys(s, asked.sent[0][:, r : r + 1], layer, a, b, radius=radius))
+        part = slice(r * group, (r + 1) * group)
+        per_qk = 1.0 if s.metric == "ip" else 2.0 * np.asarray(asked.sent[1], np.float64)[:, part]  # l2: 2 s
+        radius = found[j].dists[..., 0].astype(np.float64) + gap * per_qk  # [H_kv, group]
+        searches.append(keys(s, asked.sent[0][:, part], layer, a, b, radius=radius))
         kinds.append("range"), spans.append((a, b)), rows.append(r)
     return Asked(asked.sent, searches, kinds, spans, rows)
 
 
-def key_scores(s, asked, found, layer, start, m):  # the key searches' hits -> q.k [H, m, start + m - 1]
-    """Every earlier key's q.k, -inf for keys the policy leaves out."""
-    n_head, end = s.hp.n_head, searched_end(start, m)
+def key_scores(s, asked, found, layer, start, m, group: int = 1):  # hits -> q.k [H, m, start + m - 1]
+    """Every earlier key's q.k by query head, -inf for keys the policy leaves out."""
+    n_head, end = s.hp.n_head * group, searched_end(start, m)
     if asked is None:
         s.meter.scored(store=0, memory=n_head * m, returned=0, values=n_head * m)
         return np.zeros((n_head, m, 0))
     earlier = np.arange(end) < np.arange(start, start + m)[:, None]  # each query's earlier keys
     if asked.kinds == ["all"]:
-        scores = key_columns(s, asked.sent, found[0], layer, end)
+        scores = by_query_head(key_columns(s, asked.sent, found[0], layer, end), group)
         returned, store = int(found[0].ids.size), n_head * int(earlier.sum())
     else:
-        scores = chosen_columns(s, asked, found, layer, end, m)
+        scores = chosen_columns(s, asked, found, layer, end, m, group)
         returned = sum(int((h.ids >= 0).sum()) for h, k in zip(found, asked.kinds) if k != "best")
         store = sum(n_head * (hi - lo) if h.scored is None else h.scored for h, (lo, hi) in zip(found, asked.spans))
     kept = (np.isfinite(scores) & earlier).sum(axis=-1)  # [H, m]
@@ -137,25 +155,25 @@ def dropped_bound(policy: Policy, kept, start: int):  # the most weight a thresh
     return float(bound(policy.threshold, earlier - kept).max())
 
 
-def chosen_columns(s, asked, found, layer, end, m):  # the queries' own searches' hits -> q.k [H, m, end], else -inf
-    n_head, n_ctx = s.hp.n_head, s.hp.n_ctx
-    scores = np.full((n_head, m, end + 1), -np.inf)  # a missing key (id -1) goes to column `end`, cut off
-    heads = (layer * n_head + np.arange(n_head))[:, None, None]
+def chosen_columns(s, asked, found, layer, end, m, group=1):  # a policy's hits -> q.k [H, m, end], else -inf
+    n_kv, n_ctx = s.hp.n_head, s.hp.n_ctx
+    scores = np.full((n_kv, m * group, end + 1), -np.inf)  # a missing key (id -1) goes to column `end`, cut off
+    heads = (layer * n_kv + np.arange(n_kv))[:, None, None]
     for hits, kind, r in zip(found, asked.kinds, asked.rows):
         if kind == "best":
             continue
-        ids, missing = hits.ids, hits.ids < 0  # [H, 1, n]
+        part, ids, missing = slice(r * group, (r + 1) * group), hits.ids, hits.ids < 0  # ids [H_kv, group, n]
         if ((ids // n_ctx != heads) | (ids % n_ctx >= end)).any(where=~missing):
             raise VecgptError(
                 f"the store's key search in layer {layer} returned other keys than this session wrote; "
                 f"start the text again"
             )
         at = np.where(missing, end, ids % n_ctx)
-        norms = s.key_norms[layer][np.arange(n_head)[:, None, None], np.minimum(at, end - 1)]
-        sent = asked.sent[0][:, r : r + 1], np.asarray(asked.sent[1])[:, r : r + 1]
-        qk = encoding.decode_key_dists(hits.dists, sent[0], norms, s.metric, sent[1])
-        np.put_along_axis(scores[:, r : r + 1], at, qk, -1)
-    return scores[..., :end]
+        norms = s.key_norms[layer][np.arange(n_kv)[:, None, None], np.minimum(at, end - 1)]
+        scale = np.asarray(asked.sent[1])[:, part]
+        qk = encoding.decode_key_dists(hits.dists, asked.sent[0][:, part], norms, s.metric, scale)
+        np.put_along_axis(scores[:, part], at, qk, -1)
+    return by_query_head(scores[..., :end], group)
 
 
 def key_columns(s, sent, found, layer, end):  # every earlier key's hits -> q.k [H, m, end], in position order

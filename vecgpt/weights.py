@@ -34,6 +34,10 @@ class HParams:
     n_vocab: int
     eps: float = 1e-5
 
+    @property
+    def head_dim(self) -> int:  # as families.LlamaHParams names it
+        return self.n_embd // self.n_head
+
     def config_json(self) -> dict:
         return {
             "model_type": "gpt2",
