@@ -205,17 +205,23 @@ done:
 
 def _query_loop(t: str, vl: int, n: int, vecs: int, prev) -> str:
     """The tile's queries n at a time, from where the loop for `prev` stopped (prev "tile": from 0)."""
-    wd = VECS * vl
-    calls = []
+    wd, calls = VECS * vl, []
     for g in range(0, VECS, vecs):
         calls.append(
             f"  %bg{n}_{g} = getelementptr {t}, ptr %buf, i64 {g * vl}\n  %og{n}_{g} = getelementptr {t}, ptr %op{n}, i64 {g * vl}"
             f"\n  call void @b{n}x{vecs}(ptr %bg{n}_{g}, i64 {wd}, i64 %dim, ptr %qp{n}, i64 %ldq, ptr %og{n}_{g}, i64 %ldo)"
         )
+    start, came = ("0", "transposed") if prev == "tile" else (f"%j{prev}", f"x{prev}")
+    return _queries_by(t, n, start, came, "\n".join(calls))
+
+
+def _queries_by(t: str, n: int, start: str, came: str, calls: str) -> str:
+    """A loop over a tile's queries n at a time from `start` (reached from block `came`): each step's query and
+    output pointers (%qp{n}, %op{n}), then `calls`; it leaves by block x{n} once fewer than n queries are left."""
     return f"""
   br label %h{n}
 h{n}:
-  %j{n} = phi i64 [{"0" if prev == "tile" else f"%j{prev}"}, %{"transposed" if prev == "tile" else f"x{prev}"}], [%jn{n}, %b{n}]
+  %j{n} = phi i64 [{start}, %{came}], [%jn{n}, %b{n}]
   %end{n} = add i64 %j{n}, {n}
   %fits{n} = icmp sle i64 %end{n}, %m
   br i1 %fits{n}, label %b{n}, label %x{n}
@@ -225,7 +231,7 @@ b{n}:
   %oo{n} = mul i64 %j{n}, %ldo
   %oa{n} = add i64 %oo{n}, %col
   %op{n} = getelementptr {t}, ptr %out, i64 %oa{n}
-{chr(10).join(calls)}
+{calls}
   %jn{n} = add i64 %j{n}, {n}
   br label %h{n}
 x{n}:"""
@@ -391,23 +397,10 @@ done:
 def _direct_query_loop(t: str, n: int, prev) -> str:
     """The tile's queries n at a time, from where the loop for `prev` stopped (None: from 0)."""
     start, came = ("0", "tile") if prev is None else (f"%j{prev}", f"x{prev}")
-    return f"""
-  br label %h{n}
-h{n}:
-  %j{n} = phi i64 [{start}, %{came}], [%jn{n}, %b{n}]
-  %end{n} = add i64 %j{n}, {n}
-  %fits{n} = icmp sle i64 %end{n}, %m
-  br i1 %fits{n}, label %b{n}, label %x{n}
-b{n}:
-  %qo{n} = mul i64 %j{n}, %ldq
-  %qp{n} = getelementptr {t}, ptr %q, i64 %qo{n}
-  %oo{n} = mul i64 %j{n}, %ldo
-  %oa{n} = add i64 %oo{n}, %col
-  %op{n} = getelementptr {t}, ptr %out, i64 %oa{n}
-  call void @d{n}(ptr %xp, i64 %ld, i64 %dim, ptr %qp{n}, i64 %ldq, ptr %op{n}, i64 %ldo, i64 %gs, ptr %nt)
-  %jn{n} = add i64 %j{n}, {n}
-  br label %h{n}
-x{n}:"""
+    call = (
+        f"  call void @d{n}(ptr %xp, i64 %ld, i64 %dim, ptr %qp{n}, i64 %ldq, ptr %op{n}, i64 %ldo, i64 %gs, ptr %nt)"
+    )
+    return _queries_by(t, n, start, came, call)
 
 
 def _first_row_ir(vl: int) -> str:
