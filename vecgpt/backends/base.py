@@ -648,6 +648,17 @@ def check_attributes(name: str, filtered: set[str], attrs: Sequence[str]) -> Non
         )
 
 
+def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Where each wanted id is among the ids found (any order); an error naming the first one missing."""
+    if len(found) == 0:
+        check_found(name, want[:1], ())
+        return np.zeros(0, np.intp)
+    order = np.argsort(found)
+    at = order[np.searchsorted(found, want, sorter=order).clip(0, len(found) - 1)]
+    check_found(name, want[found[at] != want][:1], ())
+    return at
+
+
 def check_found(name: str, ids: np.ndarray, found: abc.Container) -> None:
     """A fetch found every id it asked for (found: the ids the store returned)."""
     missing = [int(i) for i in ids if int(i) not in found]

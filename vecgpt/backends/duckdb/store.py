@@ -199,7 +199,7 @@ class DuckStore(Searching, Records):
         with self._registered("vecgpt_ids", pa.table({"id": np.unique(want)})):
             text = f"SELECT {columns} FROM {quote(meta.table)} w SEMI JOIN vecgpt_ids x ON w.id = x.id"
             result = self.con.sql(text).to_arrow_table()
-        at = positions(name, result["id"].to_numpy(), want)
+        at = base.positions(name, result["id"].to_numpy(), want)
         vectors = floats(result["v"], meta.dim)[at]
         if not payload:
             return vectors
@@ -216,14 +216,3 @@ def check_shape(dim: int, payload: int, attrs: Sequence[str]) -> None:
     bad = [a for a in attrs if a.lower() in RESERVED]
     if bad:
         raise VecgptError(f"attribute name {bad[0]!r} is reserved ({', '.join(sorted(RESERVED))})")
-
-
-def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Where each wanted id is among the ids found (distinct, any order); an error naming the first one missing."""
-    if len(found) == 0:
-        base.check_found(name, want[:1], ())
-        return np.zeros(0, np.intp)
-    order = np.argsort(found)
-    at = order[np.searchsorted(found, want, sorter=order).clip(0, len(found) - 1)]
-    base.check_found(name, want[found[at] != want][:1], ())
-    return at

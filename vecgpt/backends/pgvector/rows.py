@@ -75,9 +75,9 @@ class Rows:
             with self.conn.cursor().copy(fetch_copy(self._table(meta), columns, row_ids(want, meta.parts))) as copy:
                 data = b"".join(copy)
             rows = read_copy(data, [width(meta.dim, meta.parts), meta.payload][: len(columns)])
-            at = positions(name, rows["int0"] // meta.parts, want)  # a document missing: an error naming it
+            at = base.positions(name, rows["int0"] // meta.parts, want)  # a document missing: an error naming it
             if meta.parts > 1:
-                at = positions(name, rows["int0"], row_ids(want, meta.parts))
+                at = base.positions(name, rows["int0"], row_ids(want, meta.parts))
             vectors = join(rows["vec0"][at].astype(np.float32), meta.dim, meta.parts).reshape(len(want), meta.dim)
             if not payload:
                 return vectors
@@ -85,14 +85,3 @@ class Rows:
             return vectors, held.reshape(len(want), meta.payload)
 
         return self._run(run)
-
-
-def positions(name: str, found: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Where each wanted id is among the ids found (in any order); an error naming the first one missing."""
-    if len(found) == 0:
-        base.check_found(name, want[:1], ())
-        return np.zeros(0, np.intp)
-    order = np.argsort(found)
-    at = order[np.searchsorted(found, want, sorter=order).clip(0, len(found) - 1)]
-    base.check_found(name, want[found[at] != want][:1], ())
-    return at
