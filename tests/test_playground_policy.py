@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import pytest
+from test_playground_topk import one_line, started
 
 from vecgpt import weights
 from vecgpt.playground.server import Settings
@@ -26,18 +27,6 @@ POLICIES = {  # the route's body; a field left out is unset
     "K+sinks+window": {"attention_top_k": 1, "attention_sinks": 1, "attention_window": 2},
     "beta+sinks+window": {"attention_threshold": 0.5, "attention_sinks": 1, "attention_window": 2},
 }
-
-
-def one_line(status: int, body: dict, code: int, words: str) -> None:
-    assert status == code and words in body["error"] and "\n" not in body["error"], (status, body)
-
-
-def started(url: str, n: int) -> dict:
-    """A greedy text of n tokens on the server's first store."""
-    status, view = call(f"{url}/api/texts", "POST", {"prompt": "ROMEO:", "temperature": 0, "top_k": 40, "seed": 3})
-    assert status == 200, view
-    assert events(f"{url}/api/texts/{view['id']}/generate?n={n}")[-1][0] == "done"
-    return call(f"{url}/api/texts/{view['id']}")[1]
 
 
 def as_policy(body: dict) -> Policy:
