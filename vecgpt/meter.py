@@ -41,7 +41,7 @@ class Call(NamedTuple):
         table = name.rpartition(".")[2]  # a model's collections are <store fingerprint>.<matrix>
         if table == "ln":
             return "open"
-        if table in ("wte", "wpe"):
+        if table in ("wte", "wpe", "lm_head", "embed_tokens"):  # an untied Llama's output matrix and token table
             return "lookup" if self.method == "fetch" else "token_search"
         return "matrix"
 
