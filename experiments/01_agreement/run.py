@@ -11,7 +11,12 @@ free greedy run, and after it the errors still compare like with like. Per subje
   prompt's steps of the largest top-40 error at each step (`near_tie`, `typical_error`);
 - overlap of the top-40 token sets at each step (`topk_overlap`);
 - max and mean absolute error of the subject's top-40 logits against float64 numpy (`logit_error`);
-- the residual stream's error after the embedding (layer 0) and after each layer (`residual_error`).
+- the residual stream's error after the embedding (layer 0) and after each layer (`residual_error`);
+- for a store, the derived tolerance at each step (vecgpt.tolerance for GPT-2, vecgpt.llama_tolerance for the Llama
+  family) and whether its candidates keep the rule (`common.faithful`): the largest error over tol, rules broken.
+
+A Llama-family model (`--model shakespeare-llama`, any Llama folder) runs the same way: its numpy side is
+vecgpt.reference_llama, its stores in layout five.
 
 What the experiments share (models, store variants, traces, plots) is in experiments/common/.
 """
@@ -31,6 +36,7 @@ from common.plots import log_error_plot
 from common.subjects import (  # noqa: F401
     GPT2_SMALL,
     add_common_arguments,
+    codec,
     describe_variant,
     load_model,
     model_label,
@@ -204,6 +210,20 @@ def summarize_subject(label, metric, per_prompt, n_layer) -> dict:
         "logit_error_mean": float(np.mean([p["logit_error_mean"] for p in per_prompt])),
         "residual_max_abs_by_layer": [max(r["max_abs"] for r in layer) for layer in res],
         "residual_relative_by_layer": [max(r["relative"] for r in layer) for layer in res],
+        **tolerance_summary(per_prompt),
+    }
+
+
+def tolerance_summary(per_prompt) -> dict:
+    """A store's derived tolerance over its prompts: its range, the largest error over it, the rules broken."""
+    if not all("tolerance_by_step" in p for p in per_prompt):
+        return {}
+    tol = [t for p in per_prompt for t in p["tolerance_by_step"]]
+    return {
+        "tolerance_min": min(tol),
+        "tolerance_max": max(tol),
+        "error_over_tolerance_max": max(p["error_over_tolerance_max"] for p in per_prompt),
+        "violation_count": sum(p["violation_count"] for p in per_prompt),
     }
 
 
@@ -217,6 +237,10 @@ def table_rows(summaries, n) -> list[dict]:
             "logit err max": f"{s['logit_error_max']:.2e}",
             "logit err mean": f"{s['logit_error_mean']:.2e}",
             "residual err, last layer (max abs / rel)": f"{s['residual_max_abs_by_layer'][-1]:.2e} / {s['residual_relative_by_layer'][-1]:.2e}",
+            "derived tol / max err over tol (rules broken)": "-"
+            if "tolerance_max" not in s
+            else f"{s['tolerance_min']:.1e}..{s['tolerance_max']:.1e} / {s['error_over_tolerance_max']:.3f} "
+            f"({s['violation_count']})",
         }
         for s in summaries
     ]
@@ -234,29 +258,28 @@ def run(args) -> int:
     from common.record import new_run
 
     model, model64 = load_model(args.model), load_model(args.model, np.float64)
-    prompts = checked_prompts(args, model.hparams)
+    prompts = checked_prompts(args, model)
     vs = variants(args.configs, args.store_root, not args.no_swap)
     out = new_run(NAME, args.out)
     refs = [reference_run(model64, ids, args.n, args.top_k) for _, ids in prompts]
     subjects = [("numpy (float32)", "-", numpy_subject(model, prompts, refs, args.top_k))]
     for v in vs:
-        subjects.append((v.label, v.config.metric, store_subject(v, model, prompts, refs, args)))
+        subjects.append((v.label, v.config.metric, store_subject(v, (model, model64), prompts, refs, args)))
     write(out, args, model, vs, prompts, refs, subjects)
     return 0
 
 
-def checked_prompts(args, hp) -> list[tuple[str, list[int]]]:
-    from vecgpt import tokenizer
+def checked_prompts(args, model) -> list[tuple[str, list[int]]]:
     from vecgpt.api import check_request
     from vecgpt.errors import VecgptError
 
     if args.n < 1:
         raise VecgptError(f"-n must be at least 1, not {args.n}")
-    prompts = [(p, tokenizer.encode(p)) for p in args.prompts]
+    prompts = [(p, codec(model).encode(p)) for p in args.prompts]
     for p, ids in prompts:
         if not ids:
             raise VecgptError(f"prompt {p!r} has no tokens")
-        check_request(hp, ids, args.n, args.top_k)
+        check_request(model.hparams, ids, args.n, args.top_k)
     return prompts
 
 
@@ -269,18 +292,22 @@ def numpy_subject(model, prompts, refs, k) -> list[dict]:
     return scores
 
 
-def store_subject(v, model, prompts, refs, args) -> list[dict]:
-    """One store variant, teacher-forced along each reference run, one decoding session per prompt."""
-    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+def store_subject(v, models, prompts, refs, args) -> list[dict]:
+    """One store variant, teacher-forced along each reference run, one decoding session per prompt; each step held
+    to the derived tolerance (common.faithful)."""
+    from common.faithful import logit_tolerance, within
+
+    (model, model64), k = models, args.top_k
     engine = open_engine(v, model, progress=not args.quiet)
+    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
     scores, t = [], time.perf_counter()
     for (_, ids), ref in zip(prompts, refs):
         session = engine.open()
         trace = traced(session)
         try:
-            scores.append(
-                score(forced_run(session, ids, ref["tokens"], args.top_k), stack_trace(trace), ref, args.top_k)
-            )
+            cands = forced_run(session, ids, ref["tokens"], k)
+            tol = logit_tolerance(session, model64, ids, ref["tokens"], v.config.backend, ref["logits"])
+            scores.append({**score(cands, stack_trace(trace), ref, k), **within(cands, ref["logits"], tol, k)})
         finally:
             session.close()
     v.stats["run_s"] = time.perf_counter() - t
@@ -290,8 +317,6 @@ def store_subject(v, model, prompts, refs, args) -> list[dict]:
 
 def write(out, args, model, vs, prompts, refs, subjects) -> None:
     """agreement.json, .md and .png in out; the table on stdout."""
-    from vecgpt import tokenizer
-
     from common.record import markdown_table, provenance, publish
 
     n, k = args.n, args.top_k
@@ -311,7 +336,7 @@ def write(out, args, model, vs, prompts, refs, subjects) -> None:
                 "prompt": p,
                 "ids": ids,
                 "reference_tokens": r["tokens"],
-                "reference_text": tokenizer.decode(r["tokens"]),
+                "reference_text": codec(model).decode(r["tokens"]),
                 "reference_top2_gap_by_step": [top2_gap(row) for row in r["logits"]],
             }
             for (p, ids), r in zip(prompts, refs)

@@ -4,13 +4,18 @@ A ten-token prompt goes through each store and through numpy (float64, and float
 the 40 scores after it are shown side by side, keyed by numpy float64's ranking. Then both
 generate greedily, each on its own (no teacher forcing); the write-up reports the first eight
 tokens identical either way. Per store: whether the first eight are identical, and for how many
-of the n steps identity holds.
+of the n steps identity holds, and how long a token takes: each subject's reads are timed (the prompt's apart; ms a
+token: the median over the generated tokens' reads), against numpy float32's in the same process.
+
+A Llama-family model (`--model shakespeare-llama`, any Llama folder) runs the same way: numpy is
+vecgpt.reference_llama, its stores run layout five.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common/
@@ -18,7 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, fo
 import numpy as np  # noqa: E402
 
 from common.plots import log_error_plot
-from common.subjects import add_common_arguments, describe_variant, load_model, model_label, open_engine, variants
+from common.subjects import (
+    add_common_arguments,
+    codec,
+    describe_variant,
+    load_model,
+    model_label,
+    open_engine,
+    reference,
+    variants,
+)
 from common.tracing import NumpyReader
 
 NAME = "numpy-comparison"
@@ -32,6 +46,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=DEFAULT_PROMPT)
     p.add_argument("-n", type=int, default=32, help="greedy tokens generated either way")
     p.add_argument("--top-k", type=int, default=40)
+
+
+class Timed:
+    """A reader whose reads are timed (seconds, in order); everything else is the reader's (its meter, if any)."""
+
+    def __init__(self, reader):
+        self.reader, self.seconds = reader, []
+
+    def __getattr__(self, name):
+        return getattr(self.reader, name)
+
+    def read(self, ids, k):
+        t = time.perf_counter()
+        cands = self.reader.read(ids, k)
+        self.seconds.append(time.perf_counter() - t)
+        return cands
+
+
+def timing(seconds) -> dict:
+    """A run's reads: the prompt's, then ms a token (the median over the generated tokens' reads)."""
+    after = seconds[1:]
+    return {
+        "prompt_read_ms": 1000 * seconds[0],
+        "ms_per_token": 1000 * float(np.median(after)) if after else None,
+        "read_ms": [1000 * t for t in seconds],
+    }
 
 
 def identical_prefix(a, b) -> int:
@@ -57,7 +97,7 @@ def side_by_side(ref_cands, subjects: dict) -> list[dict]:
     return rows
 
 
-def summary_row(label, metric, cands, ref_full, tokens, ref_tokens) -> dict:
+def summary_row(label, metric, cands, ref_full, tokens, ref_tokens, timed=None) -> dict:
     ids = np.array([int(t) for t, _ in cands])
     err = np.abs(np.array([x for _, x in cands]) - ref_full[ids])
     ref_ids = [int(t) for t, _ in ref_top(ref_full, len(ids))]
@@ -73,6 +113,7 @@ def summary_row(label, metric, cands, ref_full, tokens, ref_tokens) -> dict:
         "identical_steps": same,
         "steps": len(ref_tokens),
         "tokens": [int(t) for t in tokens],
+        **(timing(timed) if timed else {}),
     }
 
 
@@ -93,61 +134,70 @@ def plot(ref_cands, subjects, path: Path, title: str) -> Path:
 
 
 def run(args) -> int:
-    from vecgpt import tokenizer
-    from vecgpt.api import check_request, generate
+    from vecgpt.api import check_request
     from vecgpt.errors import VecgptError
-    from vecgpt.reference import Reference
 
     from common.record import new_run
 
     model, model64 = load_model(args.model), load_model(args.model, np.float64)
-    ids = tokenizer.encode(args.prompt)
+    ids = codec(model).encode(args.prompt)
     if not ids or args.n < 1:
         raise VecgptError("the prompt needs tokens and -n must be at least 1")
     check_request(model.hparams, ids, args.n, args.top_k)
     out = new_run(NAME, args.out)
-    ref_full = Reference(model64, np.float64).logits(ids)[-1]
-    ref_gen = generate(Reference(model64, np.float64), ids, args.n, top_k=args.top_k, stop=False)
-    c32 = NumpyReader(model, np.float32).read(ids, args.top_k)
-    gen32 = generate(NumpyReader(model, np.float32), ids, args.n, top_k=args.top_k, stop=False)
-    subjects = {"numpy float32": list(zip(c32.ids.tolist(), c32.logits.tolist()))}
-    summaries = [summary_row("numpy float32", "-", subjects["numpy float32"], ref_full, gen32.tokens, ref_gen.tokens)]
+    ref_full = reference(model64).logits(ids)[-1]
+    ref_gen, t64 = timed_run(reference(model64), ids, args)
+    gen32, t32 = timed_run(NumpyReader(model, np.float32), ids, args)
+    subjects = {"numpy float32": [tuple(c[:2]) for c in gen32.steps[0]["candidates"]]}
+    summaries = [
+        summary_row("numpy float64", "-", ref_top(ref_full, args.top_k), ref_full, ref_gen.tokens, ref_gen.tokens, t64),
+        summary_row("numpy float32", "-", subjects["numpy float32"], ref_full, gen32.tokens, ref_gen.tokens, t32),
+    ]
     vs = variants(args.configs, args.store_root, not args.no_swap)
     for v in vs:
-        subjects[v.label], tokens = store_run(v, model, ids, args)
-        summaries.append(summary_row(v.label, v.config.metric, subjects[v.label], ref_full, tokens, ref_gen.tokens))
+        subjects[v.label], tokens, seconds = store_run(v, model, ids, args)
+        summaries.append(
+            summary_row(v.label, v.config.metric, subjects[v.label], ref_full, tokens, ref_gen.tokens, seconds)
+        )
     write(out, args, model, vs, ids, (ref_top(ref_full, args.top_k), ref_gen), subjects, summaries)
     return 0
 
 
-def store_run(v, model, ids, args) -> tuple[list, list[int]]:
-    """A free greedy run through one store variant: the candidates after the prompt, and the tokens."""
+def timed_run(reader, ids, args):
+    """A free greedy run of n tokens, each read timed: (the generation, the reads' seconds)."""
     from vecgpt.api import generate
 
-    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
+    timed = Timed(reader)
+    return generate(timed, ids, args.n, top_k=args.top_k, stop=False), timed.seconds
+
+
+def store_run(v, model, ids, args) -> tuple[list, list[int], list[float]]:
+    """A free greedy run through one store variant: the candidates after the prompt, the tokens, each read's
+    seconds."""
     engine = open_engine(v, model, progress=not args.quiet)
+    print(f"{v.label} [{v.config_path}{', ' + v.note if v.note else ''}]", file=sys.stderr)
     session = engine.open()
     try:
-        gen = generate(session, ids, args.n, top_k=args.top_k, stop=False)
+        gen, seconds = timed_run(session, ids, args)
     finally:
         session.close()
         engine.store.close()
-    return [tuple(c[:2]) for c in gen.steps[0]["candidates"]], gen.tokens
+    return [tuple(c[:2]) for c in gen.steps[0]["candidates"]], gen.tokens, seconds
 
 
 def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
     """numpy_comparison.json, .md and .png in out; the tables on stdout."""
-    from vecgpt import tokenizer
-
     from common.record import markdown_table, provenance, publish
 
     (ref_cands, ref_gen), n, k = ref, args.n, args.top_k
+    base = next(s["ms_per_token"] for s in summaries if s["subject"] == "numpy float32")
+    text = codec(model).decode(ref_gen.tokens)
     scores, what = side_by_side(ref_cands, subjects), model_label(model, args.model)
     score_rows = [
         {
             "rank": r["rank"],
             "token": r["token"],
-            "text": repr(tokenizer.decode([r["token"]])),
+            "text": repr(codec(model).decode([r["token"]])),
             "numpy float64": f"{r['numpy float64']:.6f}",
             **{label: ("-" if r[label] is None else f"{r[label]:.6f}") for label in subjects},
         }
@@ -160,6 +210,8 @@ def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
             "same top-40 set / order": f"{s['same_top_set']} / {s['same_order']}",
             f"first {WRITEUP_IDENTICAL} identical": s[f"first_{WRITEUP_IDENTICAL}_identical"],
             f"identical greedy steps (of {n})": s["identical_steps"],
+            "ms a token (prompt read ms)": f"{s['ms_per_token']:.2f} ({s['prompt_read_ms']:.1f})",
+            "x numpy float32": f"{s['ms_per_token'] / base:.2f}",
         }
         for s in summaries
     ]
@@ -168,14 +220,14 @@ def write(out, args, model, vs, ids, ref, subjects, summaries) -> None:
         "provenance": provenance(seed=args.seed, model=model, model_name=args.model),
         "settings": {"prompt": args.prompt, "prompt_ids": ids, "n": n, "top_k": k, "free_running": True},
         "variants": [{**describe_variant(v), **v.stats} for v in vs],
-        "numpy_float64": {"candidates": ref_cands, "tokens": ref_gen.tokens, "text": ref_gen.text},
+        "numpy_float64": {"candidates": ref_cands, "tokens": ref_gen.tokens, "text": text},
         "scores": scores,
         "summary": summaries,
         "table": rows,
     }
     header = f"Prompt {args.prompt!r} ({len(ids)} tokens); model {what}\n\n"
     md = (
-        header + markdown_table(rows) + f"\n\nnumpy float64 greedy: {ref_gen.text!r}\n\nThe {k} scores after the "
+        header + markdown_table(rows) + f"\n\nnumpy float64 greedy: {text!r}\n\nThe {k} scores after the "
         f"prompt, keyed by numpy float64's ranking ('-': outside that subject's top {k}):\n\n"
         + markdown_table(score_rows)
     )

@@ -32,10 +32,37 @@ def model_slug(name: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name.rstrip("/")).name if name else "shakespeare") or "model"
 
 
+def is_llama(model) -> bool:
+    """A Llama-family model (Llama, Qwen2, Mistral) rather than GPT-2: its numpy side is vecgpt.reference_llama."""
+    from vecgpt.families import LlamaHParams
+
+    return isinstance(model.hparams, LlamaHParams)
+
+
+def reference(model, dtype=np.float64, policy=None):
+    """The model's numpy forward pass with a KV cache: reference.Reference for GPT-2, LlamaReference for a Llama."""
+    if is_llama(model):
+        from vecgpt.reference_llama import LlamaReference
+
+        return LlamaReference(model, dtype, policy=policy)
+    from vecgpt.reference import Reference
+
+    return Reference(model, dtype, policy=policy)
+
+
+def codec(model):
+    """encode / decode for the model's text: a Llama folder's own tokenizer (GPT-2's where it has none and GPT-2's
+    vocabulary, as shakespeare-llama), else GPT-2's (vecgpt.tokenizer)."""
+    from vecgpt import tokenizer
+
+    return model.tokenizer if is_llama(model) else tokenizer
+
+
 def model_label(model, name: str | None) -> str:
     hp = model.hparams
+    heads = f"{hp.n_head} / {hp.n_kv_head} heads ({hp.family})" if is_llama(model) else f"{hp.n_head} heads"
     return (
-        f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {hp.n_head} heads, {hp.n_embd} wide, "
+        f"{name or 'shakespeare (shipped demo)'}: {hp.n_layer} layers, {heads}, {hp.n_embd} wide, "
         f"{hp.n_vocab} tokens, fingerprint {model.fingerprint[:12]}"
     )
 
@@ -148,13 +175,33 @@ def open_engine(variant: Variant, model, progress: bool = False):
     """An Engine on the variant's store holding `model` (loaded first where the store lacks it)."""
     from vecgpt.api import config_engine
     from vecgpt.config import open_store
-    from vecgpt.loading import push
 
     store = open_store(variant.config)
     t = time.perf_counter()
-    key = push(store, model, variant.config.metric, progress=progress, layout=variant.config.layout)["fingerprint"]
+    try:
+        key = push_in_family_layout(store, variant, model, progress)
+    except BaseException:
+        store.close()
+        raise
     variant.stats["push_s"] = time.perf_counter() - t
     return config_engine(store, variant.config, key)
+
+
+def push_in_family_layout(store, variant: Variant, model, progress: bool) -> str:
+    """The model pushed in the config's layout, or in five where a Llama-family model is refused in that one (not
+    built for the family yet: the refusal comes before anything is written); the variant's note says so."""
+    from vecgpt.errors import VecgptError
+    from vecgpt.loading import push
+
+    c = variant.config
+    try:
+        return push(store, model, c.metric, progress=progress, layout=c.layout)["fingerprint"]
+    except VecgptError:
+        if not is_llama(model) or c.layout == "five":
+            raise
+    c.layout = "five"
+    variant.note = ", ".join(filter(None, [variant.note, "layout five (the Llama family's)"]))
+    return push(store, model, c.metric, progress=progress, layout=c.layout)["fingerprint"]
 
 
 def describe_variant(v: Variant) -> dict:

@@ -17,10 +17,11 @@ def stack_trace(trace) -> list[np.ndarray]:
 
 
 def traced_reference(model, dtype):
-    """numpy GPT-2 (vecgpt.reference) that records the residual stream like `traced`."""
-    from vecgpt.reference import Reference
+    """The model's numpy forward pass (vecgpt.reference, or reference_llama for a Llama) recording the residual
+    stream like `traced`."""
+    from common.subjects import reference
 
-    ref = Reference(model, dtype)
+    ref = reference(model, dtype)
     ref.trace = []
     return ref
 
