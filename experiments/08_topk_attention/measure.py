@@ -1,13 +1,15 @@
 """Attention policies against full attention in numpy float64: greedy agreement, KL, mass held, keys read.
 
-Each window of a passage goes through GPT-2 once with full attention and once a policy (vecgpt.policy: top-k, a
+Each window of a passage goes through the model (GPT-2: sparse_forward; a Llama: sparse_llama) once with full attention and once a policy (vecgpt.policy: top-k, a
 threshold, sinks and a window alone or with top-k), every query of every layer keeping what reference.keep keeps.
 A step is one query: the queries at positions C - span .. C - 1 of every window are context C's steps (attention is
 causal: each reads what a text of its position + 1 tokens reads). A step agrees when both pick the same greedy
 token. KL(full || policy) of the next-token distributions (temperature 1, nats) is taken at position C - 1 alone.
 Mass held: under full attention, the share of each head's weight on the keys the policy keeps of full attention's
 scores. Keys returned, values read and keys scored a token are counted from the policy's kept sets (the engine's
-decode step: its searches return exactly those keys).
+decode step: its searches return exactly those keys), per query head: under grouped-query attention a key head's
+keys serve its group's query heads, each keeping its own set, and `keys_returned_union` counts what a group keeps
+together (the distinct keys a key head gives up).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from sparse_forward import hidden_at, kept_mask, policy_keep, spans
+import sparse_forward
+import sparse_llama
+from sparse_forward import kept_mask, policy_keep, spans
 
 from vecgpt.policy import Policy, dropped_bound
 
@@ -55,6 +59,16 @@ class Steps:
         return np.searchsorted(self.positions, np.arange(context - self.span, context))
 
 
+def forward_of(model):
+    """The model's batched forward (hidden_at of sparse_forward or sparse_llama) and output matrix [n_vocab, d]."""
+    from vecgpt.families import LlamaHParams
+
+    params = model.params
+    if isinstance(model.hparams, LlamaHParams):
+        return sparse_llama.hidden_at, (params.get("lm_head") or params["model"]["embed_tokens"])["weight"]
+    return sparse_forward.hidden_at, params["wte"]["weight"]
+
+
 def greedy_and_kl(h, h_full, wte, kl_rows):
     """Final vectors [R, d] -> greedy tokens [R], and KL from full attention's (h_full) at kl_rows (else nan)."""
     tokens, kls = np.empty(len(h), np.int64), np.full(len(h), np.nan)
@@ -70,11 +84,11 @@ def greedy_and_kl(h, h_full, wte, kl_rows):
 def full_attention(model, steps, chunk=32) -> dict:
     """Full attention over every window once: greedy tokens [N, P], final vectors [N, P, d], and per layer the
     scaled scores and weights at the read positions [N, H, P, longest]."""
-    params, hp, parts = model.params, model.hparams, []
+    (params, hp), (hidden_at, output), parts = (model.params, model.hparams), forward_of(model), []
     for lo in range(0, len(steps.windows), chunk):
         record = {}
         h = hidden_at(params, hp, steps.windows[lo : lo + chunk], steps.positions, None, record)
-        tokens, _ = greedy_and_kl(h.reshape(-1, h.shape[-1]), None, params["wte"]["weight"], np.zeros(h.size, bool))
+        tokens, _ = greedy_and_kl(h.reshape(-1, h.shape[-1]), None, output, np.zeros(h.size, bool))
         parts.append((h, tokens.reshape(h.shape[:2]), record["scores"], record["weights"]))
     layers = range(hp.n_layer)
     return {
@@ -88,20 +102,20 @@ def full_attention(model, steps, chunk=32) -> dict:
 def evaluate(model, steps, full, policy, contexts=None, windows=None, keep=None, chunk=32) -> dict:
     """One policy's steps at `contexts` (default every one; windows cut to the longest) on `windows` (indices,
     default all) -> {context: row}. keep: the selector (default: the policy's exact one, reference.keep's set)."""
-    params, hp, d = model.params, model.hparams, model.hparams.n_embd
+    hp, d = model.hparams, model.hparams.n_embd
     contexts = sorted(contexts or steps.contexts)
     widx = np.arange(len(steps.windows)) if windows is None else np.asarray(windows)
     pidx = np.unique(np.concatenate([steps.at(c) for c in contexts]))
     positions, n = steps.positions[pidx], max(contexts)
     t = time.perf_counter()
     parts = [
-        run_chunk(params, hp, steps.windows[widx[lo : lo + chunk], :n], positions, keep or policy_keep(policy), policy)
+        run_chunk(model, steps.windows[widx[lo : lo + chunk], :n], positions, keep or policy_keep(policy), policy)
         for lo in range(0, len(widx), chunk)
     ]
-    h, earlier, dropped = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    h, earlier, dropped, union = (np.concatenate([p[i] for p in parts]) for i in range(4))
     kl_rows = np.tile(np.isin(positions, [c - 1 for c in contexts]), len(widx))
     h_full = full["hidden"][widx][:, pidx].reshape(-1, d)
-    tokens, kls = greedy_and_kl(h.reshape(-1, d), h_full, params["wte"]["weight"], kl_rows)
+    tokens, kls = greedy_and_kl(h.reshape(-1, d), h_full, forward_of(model)[1], kl_rows)
     seconds = time.perf_counter() - t
     agree = tokens.reshape(len(widx), -1) == full["greedy"][widx][:, pidx]
     mass, over = held(full, widx, pidx, positions, policy, n)
@@ -110,18 +124,21 @@ def evaluate(model, steps, full, policy, contexts=None, windows=None, keep=None,
         at = np.searchsorted(positions, np.arange(c - steps.span, c))
         got = (agree[:, at], kls.reshape(len(widx), -1)[:, at[-1]], earlier[..., at], dropped[..., at], mass[..., at])
         out[c] = {**context_row(policy, positions[at], *got, hp), "dropped_weight_over_bound": over}
+        out[c]["per_token"]["keys_returned_union"] = float(union[..., at].sum(axis=(1, 2)).mean())
         out[c]["seconds"] = seconds
     return out
 
 
-def run_chunk(params, hp, windows, positions, keep, policy):
-    """A chunk of windows under a selector -> final vectors [b, P, d], earlier keys kept [b, L, H, P], and keys
-    between the sinks and the window left out [b, L, H, P]."""
-    record = {}
-    h = hidden_at(params, hp, windows, positions, keep, record)
+def run_chunk(model, windows, positions, keep, policy):
+    """A chunk of windows under a selector -> final vectors [b, P, d], earlier keys kept [b, L, H, P], keys between
+    the sinks and the window left out [b, L, H, P], and earlier keys a key head's group keeps together [b, L, K, P]
+    (K = H without grouped-query attention)."""
+    record, hp = {}, model.hparams
+    h = forward_of(model)[0](model.params, hp, windows, positions, keep, record)
     kept = np.stack(record["kept"], 1)  # [b, L, H, P, n]
     _, middle = spans(policy, positions, windows.shape[1])
-    return h, kept.sum(-1) - 1, (middle & ~kept).sum(-1)
+    union = sparse_llama.union_kept(kept, getattr(hp, "n_kv_head", hp.n_head)) - 1
+    return h, kept.sum(-1) - 1, (middle & ~kept).sum(-1), union
 
 
 def held(full, widx, pidx, positions, policy, n):

@@ -29,14 +29,16 @@ def policy_of(family: str, value, s) -> Policy:
 
 
 def grids(s) -> dict:
-    """Each family's values (top-k's `all`: every earlier key of the longest context)."""
+    """Each family's values (top-k's `all`: every earlier key of the longest context); only s["families"] where
+    given."""
     longest = max(s["contexts"])
-    return {
+    every = {
         "top-k": [longest - 1 if k == ALL else k for k in s["ks"]],
         "threshold": s["thresholds"],
         "sinks+window": s["windows"],
         "sinks+window+top-k": s["windows"],
     }
+    return {f: v for f, v in every.items() if f in s.get("families", FAMILIES)}
 
 
 def label(family: str, value, s) -> str:
@@ -97,7 +99,7 @@ def bounds(rows, family, context):
 
 def bisect(model, steps, full, s, rows, quiet=False) -> None:
     """Up to refine_probes more values per family and context between bounds, on windows cut to the context."""
-    for family in FAMILIES:
+    for family in grids(s):
         for context in steps.contexts:
             found = bounds(rows, family, context)
             for _ in range(s["refine_probes"] if found else 0):

@@ -8,6 +8,8 @@ the attention mass the kept keys hold, keys returned, values read and keys score
 worst-case dropped weight; each family's 99% point by bisection (policies.py). Through the stores (stores.py,
 --configs; turbopuffer on its local server): keys returned, values read, requests, store time, round trips and
 dollars a token. Writes topk_attention.json, .md and .png to ./results/topk-attention/<timestamp>/ (or --out).
+--models A B compares models on the same passages (compare.py: top-k and the threshold, and the first positions'
+weight, sinks.py), GPT-2 or Llama (sparse_llama.py); writes topk_compare.json, .md and .png.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def add_arguments(p) -> None:
     p.add_argument("--latency-ms", type=float, default=25.0, help="the local turbopuffer server's delay (25)")
     p.add_argument("--stores-from", metavar="DIR", help="no numpy sweep: the policies of the run in DIR, its figures")
     p.add_argument("--quick", action="store_true", help="one short passage, few policies (the test's run)")
+    p.add_argument("--models", nargs="+", default=None, help="compare these models (top-k, threshold, sinks)")
+    p.add_argument("--sinks-measured", dest="sinks_measured", type=int, default=4, help="--models: S, positions 0..S-1")
     p.add_argument("--seed", type=int, default=0, help="hnswlib's graph seed")
     p.add_argument("--out", default=None, help="results folder (default: a new ./results/topk-attention/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -123,6 +127,10 @@ def run(args) -> int:
 
     if args.stores_from:
         return stores_run(args, new_run(NAME, args.out))
+    if args.models:
+        from compare import run_compare
+
+        return run_compare(args, sys.modules[__name__])
     s = settings(args)
     model = subjects.load_model(args.model, dtype=np.float64)
     windows, passages = load_windows(args, s, model.hparams)
@@ -143,8 +151,9 @@ def run(args) -> int:
     return 0
 
 
-def numpy_half(result, model, windows, passages, quiet, out) -> None:
-    """Full attention once, every family's grid, numpy's hnsw, the bisection, and each context's fewest keys."""
+def numpy_half(result, model, windows, passages, quiet, out) -> dict:
+    """Full attention once, every family's grid, numpy's hnsw, the bisection, and each context's fewest keys; full
+    attention's figures returned (measure.full_attention). out None: no partial figures written."""
     import time
 
     from measure import Steps, full_attention
@@ -162,13 +171,15 @@ def numpy_half(result, model, windows, passages, quiet, out) -> None:
         for c in s["contexts"]
     }
     result["rows"] = sweep(model, steps, full, s, quiet)
-    write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
+    if out is not None:
+        write_json(out / "topk_attention.json", result)  # partial figures survive an interrupted run
     result["rows"] += hnsw_rows(model, steps, full, s, quiet)
     bisect(model, steps, full, s, result["rows"], quiet)
     result["fewest"] = {str(c): summary(fewest(result["rows"], c)) for c in s["contexts"]}
     result["fewest_hnsw"] = {str(c): summary(fewest(result["rows"], c, "hnsw")) for c in s["contexts"]}
     result["answer"] = answer(result)
     result["numpy_seconds"] = time.perf_counter() - t
+    return full
 
 
 def summary(best: dict) -> dict:

@@ -5,7 +5,9 @@ prompt of the first passage's `context - n + 1` tokens, one token generated to r
 reads the query at position `context - 1`. A decode token's figures, the mean over those n - 1: the meter's keys
 returned and values read, requests and round trips (requests sent together count once), the seconds spent in the
 store's requests, and on turbopuffer (its local server, a delay a request) the dollars its billed usage comes to at
-the published prices. Whether the store's greedy tokens are numpy float64 Reference(policy=...)'s is kept too.
+the published prices. Whether the store's greedy tokens are numpy float64 Reference(policy=...)'s (a Llama's:
+LlamaReference's) is kept too. A Llama-family model runs in layout five where its config's layout is not built for
+the family.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def store_row(args, config, model, model64, passage, context, policy) -> dict:
         setattr(config, f"attention_{name}", value)
     n, longest = args.store_tokens, len(passage) - 1
     prompt = [int(t) for t in passage[longest - context : longest - n + 1]]
-    engine = api.open_engine(config, model, progress=False)
+    engine = open_engine(api, config, model)
     try:
         row = run_one(engine, config, prompt, n, context)
     finally:
@@ -85,6 +87,21 @@ def store_row(args, config, model, model64, passage, context, policy) -> dict:
     row["same_tokens_as_numpy"] = row.pop("tokens") == numpy_tokens(model64, prompt, n, policy)
     row["policy"] = policy._asdict()
     return row
+
+
+def open_engine(api, config, model):
+    """api.open_engine, in layout five where a Llama-family model is refused in the config's (before any write)."""
+    from vecgpt.errors import VecgptError
+
+    from common.subjects import is_llama
+
+    try:
+        return api.open_engine(config, model, progress=False)
+    except VecgptError:
+        if not is_llama(model) or config.layout == "five":
+            raise
+    config.layout = "five"
+    return api.open_engine(config, model, progress=False)
 
 
 def run_one(engine, config, prompt, n, context) -> dict:
@@ -103,6 +120,7 @@ def run_one(engine, config, prompt, n, context) -> dict:
     index = f", {config.attention_index}" if config.attention_index else ""
     return {
         "label": f"{config.backend} ({config.metric}{index})",
+        "layout": config.layout,
         "backend": config.backend,
         "attention_index": config.attention_index,
         "context": context,
@@ -138,7 +156,8 @@ def dollars_since(before: dict, usage) -> float:
 
 def numpy_tokens(model64, prompt, n, policy) -> list[int]:
     from vecgpt.api import generate
-    from vecgpt.reference import Reference
 
-    ref = Reference(model64, np.float64, policy=policy)
+    from common.subjects import reference
+
+    ref = reference(model64, np.float64, policy=policy)
     return [int(t) for t in generate(ref, prompt, n, stop=False).tokens]
