@@ -8,7 +8,8 @@ first read with the store's files evicted from the page cache, then -n greedy to
 trips from the meter, turbopuffer's dollars). numpy float32 (vecgpt.reference) and transformers run the same
 prompt and tokens in processes of their own. Per size, what a token costs on turbopuffer in each layout comes from
 the plan and the backend's estimate_cost alone. Each store's exponent is fitted by least squares on logs: ms a
-token and load seconds against parameters.
+token and load seconds against parameters. `--llama` runs the Llama shapes instead (llama_sizes.py): a token's
+documents, bytes, rounds, requests, ms and turbopuffer dollars at each hub shape beside GPT-2's sizes.
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true", help="cProfile the tokens: top functions in the JSON")
     p.add_argument("--threads", type=int, default=2, help="BLAS and OpenMP threads (set before numpy loads)")
     p.add_argument("--seed", type=int, default=0, help="the random checkpoints' seed")
+    p.add_argument("--llama", action="store_true", help="the Llama shapes beside GPT-2's (llama_sizes.py)")
+    p.add_argument(
+        "--llama-shapes", nargs="*", default=None, help="--llama: only these shapes (e.g. SmolLM2-135M gpt2)"
+    )
+    p.add_argument("--llama-layers", type=int, nargs="+", default=[2, 4], help="--llama: layers of the cut checkpoints")
+    p.add_argument("--llama-full", nargs="*", default=None, help="--llama: shapes also measured whole")
     p.add_argument("--render", nargs="+", default=None, metavar="JSON", help="no runs: tables and plot of results")
     p.add_argument("--out", default=None, help=f"results folder (default: a new ./results/{NAME}/<timestamp>)")
     p.add_argument("--quiet", action="store_true", help="no load progress bars")
@@ -86,6 +93,10 @@ def run(args) -> int:
 
     if args.render:
         return render(args)
+    if args.llama:
+        import llama_sizes
+
+        return llama_sizes.run(args)
     check(args)
     out, rows = new_run(NAME, args.out), []
     costs = [c for size in SIZES for c in size_costs(size, size_shape(size, args.scale))]  # every size: no load

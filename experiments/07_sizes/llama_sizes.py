@@ -1,0 +1,225 @@
+"""Experiment 7's Llama shapes (`--llama`): what a token costs at the hub shapes of families.SIZES (SmolLM2-135M and
+360M, Qwen2.5-0.5B, TinyLlama-1.1B, Llama-3.2-1B) beside GPT-2's four sizes, every one in layout five.
+
+From the shape alone (no load): parameters, documents and float32 bytes a load writes (loading.plan), and what a
+token costs on turbopuffer by the backend's cost model (estimate_cost, as `vecgpt load --dry-run` prints it: a key
+search and a key write per query head; with grouped-query attention only n_kv_head keys are written, and
+`dollars_gqa_writes` counts those). Measured, on random checkpoints of the shape cut to a few layers (`--llama-layers`,
+default 2 and 4: every layer's matrices as the shape has them, the token table and output matrix whole): FAISS
+(inner product, layout five) and numpy float32 (reference or reference_llama) ms a token, the meter's requests,
+round trips and subqueries a token. A token's cost is a fixed part (the token search, its embedding) plus one
+layer's times the layers, so each figure is fitted as a + b x layers over the cut checkpoints and read at the
+shape's own depth; `--llama-full NAME` also measures a shape whole, to check that reading.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+PROMPT = [15496, 995]  # "Hello world" (ids taken modulo a scaled vocabulary)
+MEASURED = ("store_ms", "numpy_ms", "requests", "round_trips", "subqueries")
+
+
+def shapes(scale: int = 1) -> dict:
+    """Every shape by name: the five Llama-family hub models, then GPT-2's sizes (scaled down for a quick run)."""
+    from vecgpt import families, weights
+
+    out = {name.split("/")[1]: scaled(hp, scale) for name, hp in families.SIZES.items()}
+    return out | {name: weights.size_shape(name, scale) for name in weights.SIZES}
+
+
+def scaled(hp, scale: int):
+    """A Llama shape at 1/scale of its width, feed-forward, head width and vocabulary, heads and layers kept."""
+    if scale == 1:
+        return hp
+    return replace(
+        hp,
+        n_embd=hp.n_embd // scale,
+        n_inner=hp.n_inner // scale,
+        head_dim=max(2, hp.head_dim // scale),
+        n_vocab=max(256, hp.n_vocab // scale),
+        n_ctx=max(64, hp.n_ctx // scale),
+    )
+
+
+def planned(name: str, hp) -> dict:
+    """The shape's figures without a load: parameters, documents and float32 bytes in layout five, and a token's
+    kNN subqueries and dollars on turbopuffer by the cost model."""
+    from vecgpt.families import LlamaHParams
+    from vecgpt.loading import plan
+    from vecgpt.weights import parameter_count
+
+    rows = plan(hp, "ip", "five")
+    llama = isinstance(hp, LlamaHParams)
+    return {
+        "shape": name,
+        "family": hp.family if llama else "gpt2",
+        "layers": hp.n_layer,
+        "heads": f"{hp.n_head} / {hp.n_kv_head}" if llama else f"{hp.n_head}",
+        "width": hp.n_embd,
+        "vocab": hp.n_vocab,
+        "parameters": parameter_count(hp),
+        "documents": sum(n for _, n, _ in rows),
+        "float32_bytes": sum(n * d * 4 for _, n, d in rows),
+        "rounds_per_token": 5 * hp.n_layer + 1,  # layout five: five a layer and the token search
+        **turbopuffer_cost(hp),
+    }
+
+
+def turbopuffer_cost(hp) -> dict:
+    """estimate_cost's subqueries and dollars a token (one copy, two of the keys), and the same with the key writes
+    of n_kv_head heads (the keys a GQA model writes) instead of n_head."""
+    from size_fit import read_estimate
+
+    from vecgpt.backends.turbopuffer.cost import PRICES, estimate_cost, key_write_bytes, write_parts
+    from vecgpt.loading import plan, text_row
+
+    rows, key_row = plan(hp, "l2", "five"), text_row(hp, "five")
+    said = read_estimate(estimate_cost(rows, 1, 2, hp.n_head, key_row))
+    per_head = sum(key_write_bytes(n, key_row, 2) for n in write_parts(hp.n_layer)) / 1e9 * PRICES["write_gb"]
+    kv = getattr(hp, "n_kv_head", hp.n_head)
+    return {
+        "tpuf_subqueries_per_token": said["subqueries_per_token"],
+        "tpuf_dollars_per_token": said["dollars_per_token"],
+        "tpuf_dollars_gqa_writes": said["dollars_per_token"] - (hp.n_head - kv) * per_head,
+    }
+
+
+def measure(hp, args, folder: Path) -> dict:
+    """A random checkpoint of shape hp written to folder, pushed into FAISS (ip, layout five) and read: ms a token
+    (median of -n), the meter's figures a token, numpy float32's ms a token on the same tokens."""
+    from vecgpt import weights
+    from vecgpt.families import LlamaHParams
+
+    make = weights.make_llama_model if isinstance(hp, LlamaHParams) else weights.make_model
+    t = time.perf_counter()
+    make(folder, hp, seed=args.seed)
+    model = weights.load(str(folder))
+    out = {"layers": hp.n_layer, "write_s": time.perf_counter() - t}
+    prompt = [p % hp.n_vocab for p in PROMPT]
+    out.update(on_faiss(model, prompt, args, folder.name))
+    out.update(on_numpy(model, prompt, out["tokens"]))
+    del model
+    gc.collect()
+    if not args.keep:
+        shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def on_faiss(model, prompt, args, tag: str) -> dict:
+    from vecgpt.config import load_config, open_store
+    from vecgpt.engine import Engine
+    from vecgpt.loading import drop, push
+
+    from common.subjects import CONFIGS, place
+
+    config = load_config(CONFIGS / "faiss.toml", layout="five")
+    place(config, tag, str(store_root(args)))
+    store = open_store(config)
+    try:
+        t = time.perf_counter()
+        key = push(store, model, config.metric, progress=False, layout="five")["fingerprint"]
+        load_s = time.perf_counter() - t
+        with Engine(store, model=key).open() as text:
+            got = read_tokens(text, prompt, args.n)
+        if not args.keep:
+            drop(store, key)
+    finally:
+        store.close()
+    return {"load_s": load_s, **got}
+
+
+def read_tokens(text, prompt, n: int) -> dict:
+    """The prompt, then n greedy tokens each timed: ms a token (median) and the meter's figures a token."""
+    tokens, times = [int(text.read(prompt).ids[0])], []
+    for _ in range(n):
+        text.meter.start_token()
+        t = time.perf_counter()
+        tokens.append(int(text.read([tokens[-1]]).ids[0]))
+        times.append(time.perf_counter() - t)
+    decode = text.meter.summary()["per_token"][1:]
+    mean = lambda field: float(np.mean([tok[field] for tok in decode]))  # noqa: E731
+    return {
+        "store_ms": 1000 * float(np.median(times)),
+        "requests": mean("total"),
+        "round_trips": mean("round_trips"),
+        "subqueries": mean("subqueries"),
+        "tokens": tokens,
+    }
+
+
+def on_numpy(model, prompt, tokens) -> dict:
+    """numpy float32 fed the store's tokens: ms a token (median), and whether its greedy tokens are the store's."""
+    from common.subjects import reference
+
+    ref, times = reference(model, np.float32), []
+    own = [int(np.argmax(ref.logits(prompt)[-1]))]
+    for t in tokens[:-1]:
+        began = time.perf_counter()
+        own.append(int(np.argmax(ref.logits([t])[-1])))
+        times.append(time.perf_counter() - began)
+    return {"numpy_ms": 1000 * float(np.median(times)), "numpy_tokens": own, "same_tokens": own == tokens}
+
+
+def at_depth(cuts: list[dict], layers: int) -> dict:
+    """Each measured figure fitted as a + b x layers over the cut checkpoints, read at `layers`."""
+    x = [c["layers"] for c in cuts]
+    out = {}
+    for field in MEASURED:
+        y = [c[field] for c in cuts]
+        slope, icept = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(np.mean(y)))
+        out[field] = float(icept + slope * layers)
+        out[f"{field}_per_layer"] = float(slope)
+    return out
+
+
+def store_root(args) -> Path:
+    from vecgpt.backends.base import cache_dir
+
+    return Path(args.store_root).expanduser() / "llama" if args.store_root else cache_dir("sizes") / "llama"
+
+
+def models_dir(args) -> Path:
+    from vecgpt import weights
+
+    return (Path(args.models).expanduser() if args.models else weights.default_models_dir()) / "sizes-cut"
+
+
+def run(args) -> int:
+    """--llama: every shape planned, measured cut to --llama-layers (and whole where --llama-full names it)."""
+    from llama_report import write
+
+    from common.record import new_run
+
+    out, rows = new_run("sizes", args.out), []
+    for name, hp in shapes(args.scale).items():
+        if args.llama_shapes and name not in args.llama_shapes:
+            continue
+        rows.append(shape_row(name, hp, args))
+        say(f"{name}: {rows[-1].get('store_ms', 0):.1f} ms a token at {hp.n_layer} layers (fitted)")
+    write(out, args, rows)
+    return 0
+
+
+def shape_row(name: str, hp, args) -> dict:
+    row = planned(name, hp)
+    cuts = []
+    for layers in sorted(set(args.llama_layers)):
+        say(f"{name}: cut to {layers} layers")
+        cuts.append(measure(replace(hp, n_layer=min(layers, hp.n_layer)), args, models_dir(args) / f"{name}-L{layers}"))
+    row.update(at_depth(cuts, hp.n_layer), cuts=cuts, same_tokens=all(c["same_tokens"] for c in cuts))
+    if name in (args.llama_full or []):
+        say(f"{name}: whole, {hp.n_layer} layers")
+        row["whole"] = measure(hp, args, models_dir(args) / f"{name}-whole")
+    return row
+
+
+def say(message: str) -> None:
+    print(f"sizes --llama: {time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
