@@ -6,13 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from vecgpt import tokenizer, tolerance
+from vecgpt import families, llama_tolerance, tokenizer, tolerance, weights
 from vecgpt.api import generate
 from vecgpt.cli import main
 from vecgpt.cli.experiments import experiments
 from vecgpt.engine import Engine
 from vecgpt.loading import push
 from vecgpt.reference import Reference
+from vecgpt.reference_llama import LlamaReference
+from vecgpt.reference_llama import generate as llama_greedy
 from vecgpt.weights import load
 
 EXPERIMENTS = experiments()  # experiments/NN_name/run.py by NAME
@@ -290,6 +292,8 @@ def test_agreement_end_to_end(run_experiment, tiny_model_dir):
         sure, tol = sure_agreement(tiny_model_dir, tokenizer.encode("Hello world"), 3, name)
         assert s["identical_steps"][0] >= sure and s["topk_overlap_min"] >= 0.95  # a tie at rank 40 may differ
         assert s["logit_error_max"] <= tol.max() and len(s["residual_max_abs_by_layer"]) == 3
+        if name != "numpy (float32)":  # each store held to its derived tolerance, step by step
+            assert s["violation_count"] == 0 and 0 < s["error_over_tolerance_max"] < 1
     assert "memory (ip)" in printed and "| subject |" in printed
 
 
@@ -405,3 +409,63 @@ def test_without_the_experiments_folder_one_line_says_where(tmp_path, monkeypatc
     assert main(["experiment", "agreement", "-n", "3"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vecgpt: error: the experiments live in the vecgpt repository") and err.count("\n") == 1
+
+
+# ------------------------------------------------------------ the Llama family
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    """A random Llama (2 layers, 4 query heads sharing 2 key heads, GPT-2's 50,257 tokens and so its tokenizer)."""
+    hp = families.LlamaHParams(2, 4, 2, 64, 96, 64, 50257, tied=True)
+    return weights.make_llama_model(tmp_path_factory.mktemp("llama") / "tiny-llama", hp, seed=3, std=0.2)
+
+
+def llama_run(name, tmp_path, model_dir, capsys, *extra):
+    out = tmp_path / "out" / name
+    argv = ["experiment", name, "--model", str(model_dir), "--configs", *write_configs(tmp_path)]
+    assert main([*argv, "--store-root", str(tmp_path / "stores"), "--out", str(out), "--quiet", *extra]) == 0
+    printed = capsys.readouterr().out
+    return json.loads((out / f"{name.replace('-', '_')}.json").read_text()), printed
+
+
+def llama_tolerance_of(model64, ids, tokens, subject: dict) -> np.ndarray:
+    """The derived tolerance a store subject is held to (its l2 keys' pad aside: ip, or the float64 store's l2)."""
+    backend = subject["subject"].split()[0]
+    return llama_tolerance.logit_tolerance(model64, ids, tokens, subject["metric"], tolerance.unit_roundoff(backend))
+
+
+def test_agreement_on_a_llama(tmp_path, tiny_llama_dir, capsys):
+    data, printed = llama_run("agreement", tmp_path, tiny_llama_dir, capsys, "-n", "4", "--prompts", "Hello world")
+    model64, ids = load(str(tiny_llama_dir), dtype=np.float64), tokenizer.encode("Hello world")
+    tokens = llama_greedy(LlamaReference(model64, np.float64), ids, 4)
+    assert data["prompts"][0]["reference_tokens"] == tokens  # numpy's side is reference_llama
+    subjects = {s["subject"]: s for s in data["summary"]}
+    assert {"numpy (float32)", "memory (l2)", "memory (ip)"} <= set(subjects)
+    for name, s in subjects.items():
+        assert len(s["residual_max_abs_by_layer"]) == 3 and s["identical_steps"] == [4]
+        if name == "numpy (float32)":
+            continue
+        assert s["violation_count"] == 0 and 0 < s["error_over_tolerance_max"] < 1
+        if s["metric"] == "ip":  # no key pad: the bound is llama_tolerance's as called here
+            tol = llama_tolerance_of(model64, ids, tokens, s)
+            assert np.allclose(data["per_prompt"][name][0]["tolerance_by_step"], tol, rtol=1e-12)
+    assert all(v["layout"] == "five" for v in data["variants"]) and "4 / 2 heads (llama)" in printed
+
+
+def test_numpy_comparison_on_a_llama(tmp_path, tiny_llama_dir, capsys):
+    data, printed = llama_run("numpy-comparison", tmp_path, tiny_llama_dir, capsys, "-n", "5")
+    model64, ids = load(str(tiny_llama_dir), dtype=np.float64), data["settings"]["prompt_ids"]
+    want = llama_greedy(LlamaReference(model64, np.float64), ids, 5)
+    assert data["numpy_float64"]["tokens"] == want
+    exact = llama_tolerance.forced_logits(model64, ids, want)
+    rows = {s["subject"]: s for s in data["summary"]}
+    assert rows["numpy float64"]["max_abs_error"] == 0 and rows["numpy float64"]["identical_steps"] == 5
+    for name, s in rows.items():
+        assert s["ms_per_token"] > 0 and len(s["read_ms"]) == 5  # the prompt's read, then 4 generated tokens
+        if name.startswith("numpy"):
+            continue
+        tol = llama_tolerance_of(model64, ids, want, s)
+        sure = tolerance.sure_greedy_steps(exact, tol)
+        assert s["max_abs_error"] <= tol[0] and sure >= 3 and s["tokens"][:sure] == want[:sure]
+    assert "x numpy float32" in printed
