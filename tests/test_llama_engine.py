@@ -9,6 +9,8 @@ import json
 
 import numpy as np
 import pytest
+from llamas import PROMPT, SHAPE, SHAPES, STD, STEPS, engine_for, models, write_checkpoints
+from llamas import agrees as agrees_in
 
 from vecgpt import families, llama_tolerance, tolerance, weights
 from vecgpt.api import generate
@@ -21,54 +23,14 @@ from vecgpt.policy import Policy
 from vecgpt.reference_llama import LlamaReference
 from vecgpt.reference_llama import generate as reference_greedy
 
-SHAPE = {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_inner": 96, "n_ctx": 64, "n_vocab": 512}
-SHAPES = {
-    "llama": families.LlamaHParams(**SHAPE, n_kv_head=2, tied=True),
-    "qwen2": families.LlamaHParams(**SHAPE, n_kv_head=1, family="qwen2", biases=families.QKV),
-    "mha": families.LlamaHParams(**SHAPE, n_kv_head=4),
-}
-PROMPT = [5, 17, 300, 2, 41, 99, 7, 250]
-STEPS = 16
-STD = 0.2  # weights large enough that attention is not uniform and the tokens vary
-
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    out = tmp_path_factory.mktemp("llama")
-    return {name: weights.make_llama_model(out / name, hp, seed=3, std=STD) for name, hp in SHAPES.items()}
-
-
-def models(checkpoints, name):  # (float32 as loaded, float64 for numpy)
-    path = str(checkpoints[name])
-    return weights.load(path), weights.load(path, dtype=np.float64)
-
-
-def engine_for(make_store, backend, model, metric, **kw) -> Engine:
-    store = make_store(backend)
-    if metric not in store.metrics:
-        pytest.skip(f"{backend} does not rank by {metric}")
-    push(store, model, metric, progress=False, layout="five")
-    return Engine(store, **kw)
+    return write_checkpoints(tmp_path_factory.mktemp("llama"))
 
 
 def agrees(engine, model64, backend, metric, steps=STEPS, sure_least=STEPS // 2) -> dict:
-    """Teacher-forced on float64 numpy's greedy tokens: the rule at every step; then free-running greedy, which must
-    give numpy's tokens at every step whose top-2 gap exceeds twice the derived tolerance."""
-    want = reference_greedy(LlamaReference(model64, np.float64, engine.policy), PROMPT, steps)
-    u = tolerance.unit_roundoff(backend)
-    with engine.open() as text:
-        assert type(text) is LlamaSession
-        r = llama_tolerance.forced_comparison(text, model64, PROMPT, want, metric, u)
-    with engine.open() as text:
-        got = generate(text, PROMPT, steps, stop=False).tokens
-    sure = tolerance.sure_greedy_steps(r["exact"], r["tol"])
-    print(
-        f"{backend}-{metric}: tol {r['tol'].min():.2e}..{r['tol'].max():.2e}, max error {r['max_error'].max():.2e}, "
-        f"{sure} of {steps} greedy steps fixed"
-    )
-    assert not r["violations"], r["violations"][:5]
-    assert sure >= sure_least and got[:sure] == want[:sure], (sure, got, want)
-    return r
+    return agrees_in(engine, model64, backend, metric, steps, sure_least, kind=LlamaSession)
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
@@ -154,14 +116,7 @@ def test_a_text_keeps_key_heads_resumes_and_truncates(make_store, checkpoints):
         assert np.array_equal(text.read([int(first.ids[0])]).logits, nxt.logits)
 
 
-def test_layouts_not_built_and_unsupported_checkpoints_are_refused_in_a_line(make_store, checkpoints, tmp_path):
-    m32, _ = models(checkpoints, "llama")
-    store = make_store("memory")
-    for layout in ("four", "three"):
-        with pytest.raises(VecgptError, match=f"layout {layout} of the Llama family is not built yet") as e:
-            push(store, m32, "l2", progress=False, layout=layout)
-        assert "\n" not in str(e.value) and "--layout five" in str(e.value)
-    assert not store.collections()  # nothing written
+def test_unsupported_checkpoints_are_refused_in_a_line(tmp_path, checkpoints):
     config = json.loads((checkpoints["llama"] / "config.json").read_text())
     (tmp_path / "slide").mkdir()
     (tmp_path / "slide" / "config.json").write_text(

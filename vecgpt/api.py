@@ -14,7 +14,7 @@ import numpy as np
 
 from vecgpt import __version__, tokenizer, weights
 from vecgpt.backends.base import LOCATIONS
-from vecgpt.config import Config, open_store
+from vecgpt.config import Config, open_store, settle_layout
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import push, store_fingerprint
@@ -173,6 +173,7 @@ def open_engine(config: Config, model: weights.Model, progress: bool = True, con
     """A store holding `model` in the configured encoding, loading it first if absent (other models stay).
 
     `confirm(store)`, when given, is called before such a load and may refuse it (raise)."""
+    settle_layout(config, model.hparams)  # "auto": four, not three, for a rotary family behind a network
     store = open_store(config)
     key = store_fingerprint(model, config.metric, config.layout)
     try:

@@ -52,7 +52,8 @@ class Config:
             raise VecgptError(f"metric must be 'l2' or 'ip', not {self.metric!r}")
         if self.layout not in (*LAYOUTS, AUTO):
             raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)} or {AUTO}, not {self.layout!r}")
-        if self.layout == AUTO:
+        self.auto = self.layout == AUTO  # the model may change the pick (settle_layout)
+        if self.auto:
             self.layout = auto_layout(self.backend, self.store)
         if self.top_k < 1:
             raise VecgptError(f"top_k must be at least 1, not {self.top_k}")
@@ -81,10 +82,11 @@ def preferred_metric(backend: str) -> str:
         return "l2"
 
 
-def auto_layout(backend: str, store: dict) -> str:
+def auto_layout(backend: str, store: dict, rotary: bool = False) -> str:
     """The layout "auto" picks: behind a network (the backend module's NETWORKED, a bool or a function of the [store]
-    options: turbopuffer; pgvector given a DSN; Milvus given a server's URI) the fewest round trips, three; in
-    process (memory, FAISS, LanceDB, SQLite, DuckDB, pgvector's own local server, Milvus Lite) the fewest requests,
+    options: turbopuffer; pgvector given a DSN; Milvus given a server's URI) the fewest round trips, three, or four for
+    a family with rotary positions (`rotary`: Llama, Qwen2, Mistral), which has no layout three (docs/llama-engine.md);
+    in process (memory, FAISS, LanceDB, SQLite, DuckDB, pgvector's own local server, Milvus Lite) the fewest requests,
     five. An unknown or uninstalled backend: five (opening the store says what is wrong)."""
     from vecgpt.backends.base import extra
 
@@ -92,7 +94,17 @@ def auto_layout(backend: str, store: dict) -> str:
         said = extra(backend, "NETWORKED")
     except (VecgptError, KeyError, ImportError):
         return "five"
-    return "three" if (said(**store) if callable(said) else said) else "five"
+    if not (said(**store) if callable(said) else said):
+        return "five"
+    return "four" if rotary else "three"
+
+
+def settle_layout(config: Config, hparams) -> str:
+    """The layout a config runs a model of shape `hparams` in: "auto" picked again now that the model is known (a
+    rotary family behind a network takes four where GPT-2 takes three), else the one the config names."""
+    if getattr(config, "auto", False):
+        config.layout = auto_layout(config.backend, config.store, rotary=hasattr(hparams, "rope_theta"))
+    return config.layout
 
 
 TYPES = {

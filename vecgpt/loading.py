@@ -188,8 +188,8 @@ def _push(store: Store, model: Model, metric: str, progress: bool | None, layout
     if layout not in LAYOUTS:
         raise VecgptError(f"layout must be one of {', '.join(LAYOUTS)}, not {layout!r}")
     llama = isinstance(model.hparams, LlamaHParams)
-    if llama and layout != "five":
-        raise VecgptError(f"layout {layout} of the Llama family is not built yet; load it with --layout five")
+    if llama:
+        check_llama_layout(layout)
     key = store_fingerprint(model, metric, layout)
     held = store.read_manifest(key)
     if held:
@@ -447,19 +447,30 @@ def ln_table(model: Model) -> np.ndarray:  # [4 * n_layer + 2, d]
     return np.stack(rows + [model.tensor("ln_f.weight"), model.tensor("ln_f.bias")])
 
 
+def check_llama_layout(layout: str) -> None:
+    """Layout three is refused for a rotary family, before anything is written (docs/llama-engine.md)."""
+    if layout == "three":
+        raise VecgptError(
+            "layout three scores keys from the layer's input, which rotary positions forbid: q_i.k_j = "
+            "(W_q x_i) . R_(j-i) k_j turns with the query's position, so no stored document per key serves every "
+            "later query; use --layout four (the fewest rounds) or five"
+        )
+
+
 def llama_matrices(hp, layout: str = "four") -> dict[str, tuple[int, int]]:
     """A Llama-family model's matrices as a load would write them, by collection, with their [documents, input]
     shapes ([out, in], as nn.Linear holds them), named as GPT-2's so that what reads a plan reads this one: the
     projections that share an input stacked into one collection (q, k and v: h.<i>.attn.c_attn; gate and up:
-    h.<i>.mlp.c_fc), o_proj as c_proj (per head in layout four, whole in five; layout three's per-head products),
-    down_proj as mlp.c_proj, and the output matrix: wte when tied to the token table, else lm_head."""
+    h.<i>.mlp.c_fc), o_proj as c_proj (whole in five; in four by key head, h.<i>.attn.c_proj.<kv>: the slices of
+    o_proj of the query heads that share value head kv, which is their one input), down_proj as mlp.c_proj, and the
+    output matrix: wte when tied to the token table, else lm_head."""
+    check_llama_layout(layout)
     d, hd, inner = hp.n_embd, hp.head_dim, hp.n_inner
     shapes = {}
     for i in range(hp.n_layer):
         shapes[f"h.{i}.attn.c_attn"] = ((hp.n_head + 2 * hp.n_kv_head) * hd, d)
-        per_head = {"c_proj": (d, hd), "vo": (d, d), "qk": (d + 1, hd)}
-        for name in attention_output(i, hp.n_head, layout):
-            shapes[name] = (d, hp.n_head * hd) if layout == "five" else per_head[name.split(".")[3]]
+        for name in attention_output(i, hp.n_kv_head, layout):
+            shapes[name] = (d, hp.n_head * hd) if layout == "five" else (hp.group * d, hd)
         shapes[f"h.{i}.mlp.c_fc"] = (2 * inner, d)
         shapes[f"h.{i}.mlp.c_proj"] = (d, inner)
     shapes["wte" if hp.tied else "lm_head"] = (hp.n_vocab, d)
@@ -477,15 +488,16 @@ def plan_llama(hp, metric: str, layout: str = "four") -> list[tuple[str, int, in
 
 class LlamaLoad(Load):
     """A Llama-family model's collections in plan_llama's order: per layer q, k and v stacked (attn.c_attn), o_proj
-    whole (attn.c_proj, layout five), gate and up stacked (mlp.c_fc), down_proj (mlp.c_proj); the output matrix (wte
-    when tied to the token table, else lm_head); the token table when untied; the RMSNorm weights."""
+    (attn.c_proj whole in layout five, attn.c_proj.<kv> by key head in four), gate and up stacked (mlp.c_fc),
+    down_proj (mlp.c_proj); the output matrix (wte when tied to the token table, else lm_head); the token table when
+    untied; the RMSNorm weights."""
 
     def run(self, model: Model, metric: str, layout: str) -> dict[str, float]:
         hp, m2 = model.hparams, {}
         self.key_bound = []
         for i in range(hp.n_layer):
             block = model.block(i)
-            for name, (weight, bias) in llama_layer(block, i).items():
+            for name, (weight, bias) in llama_layer(block, i, hp, layout).items():
                 m2[name] = self.matrix(name, weight, bias, metric)
             self.key_bound.append(llama_key_bound(block, hp))
             del block
@@ -506,9 +518,10 @@ class LlamaLoad(Load):
         return m
 
 
-def llama_layer(block: dict, i: int) -> dict[str, tuple]:
+def llama_layer(block: dict, i: int, hp, layout: str = "five") -> dict[str, tuple]:
     """A layer's searches as GPT-2's names: {collection: (weight [in, out], bias or None)}, projections that share an
-    input stacked (their outputs side by side), a bias of zeros where one of them has none and another has."""
+    input stacked (their outputs side by side), a bias of zeros where one of them has none and another has; o_proj
+    whole (five) or by key head (four, `by_key_head`)."""
 
     def stacked(parts: dict, names: tuple) -> tuple:
         weight = np.vstack([parts[n]["weight"] for n in names])  # [out, in], nn.Linear's
@@ -520,12 +533,29 @@ def llama_layer(block: dict, i: int) -> dict[str, tuple]:
         )
 
     attn, mlp = block["self_attn"], block["mlp"]
+    o_proj = stacked(attn, ("o_proj",))
+    output = by_key_head(*o_proj, hp, i) if layout == "four" else {f"h.{i}.attn.c_proj": o_proj}
     return {
         f"h.{i}.attn.c_attn": stacked(attn, ("q_proj", "k_proj", "v_proj")),
-        f"h.{i}.attn.c_proj": stacked(attn, ("o_proj",)),
+        **output,
         f"h.{i}.mlp.c_fc": stacked(mlp, ("gate_proj", "up_proj")),
         f"h.{i}.mlp.c_proj": stacked(mlp, ("down_proj",)),
     }
+
+
+def by_key_head(weight, bias, hp, i: int) -> dict[str, tuple]:
+    """o_proj [n_head hd, d] as layout four searches it: for key head kv, the rows of the query heads it serves
+    (kv group .. kv group + group - 1), their outputs side by side ([hd, group d]): one search of a position's value
+    of head kv gives each of those query heads' projected value. o_proj's bias rides with query head 0 (attention
+    weights sum to 1, so it is added once)."""
+    hd, d, g = hp.head_dim, hp.n_embd, hp.group
+    out = {}
+    for kv in range(hp.n_kv_head):
+        heads = range(kv * g, (kv + 1) * g)
+        part = np.hstack([weight[h * hd : (h + 1) * hd] for h in heads])  # [hd, g d]
+        b = None if bias is None else np.concatenate([bias if h == 0 else np.zeros(d) for h in heads])
+        out[f"h.{i}.attn.c_proj.{kv}"] = (part, b)
+    return out
 
 
 def llama_key_bound(block: dict, hp: LlamaHParams) -> float:

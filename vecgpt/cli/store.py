@@ -49,7 +49,7 @@ def config_of(args):
 
 def cmd_load(args) -> int:
     from vecgpt import weights
-    from vecgpt.config import open_store
+    from vecgpt.config import open_store, settle_layout
     from vecgpt.loading import push
 
     config = config_of(args)
@@ -57,6 +57,7 @@ def cmd_load(args) -> int:
         print("\n".join(dry_run(config, args.model or config.model)))
         return 0
     model = weights.load(args.model or config.model)
+    settle_layout(config, model.hparams)
     store = open_store(config)
     try:
         manifest = push(store, model, config.metric, progress=True if args.progress else None, layout=config.layout)
@@ -71,9 +72,11 @@ def dry_run(config, model: str) -> list[str]:
     model, documents, bytes, time at this machine's measured rate, memory where the store holds the vectors in it,
     and (a billed store) dollars."""
     from vecgpt import weights
+    from vecgpt.config import settle_layout
     from vecgpt.loading import plan
 
     hp, source = weights.shape(model)
+    settle_layout(config, hp)
     rows = plan(hp, config.metric, config.layout)
     docs, size = sum(n for _, n, _ in rows), sum(n * d * 4 for _, n, d in rows)
     lines = [
