@@ -80,7 +80,8 @@ def test_json_fields(quick):
     assert {r["family"] for r in rows(result)} == {"top-k", "threshold", "sinks+window", "sinks+window+top-k"}
     for r in rows(result):
         assert r["steps"] == 3 * 4 and r["kl_steps"] == 3
-        assert set(r["per_token"]) == {"keys_returned", "values_read", "keys_scored"}
+        assert set(r["per_token"]) == {"keys_returned", "values_read", "keys_scored", "keys_returned_union"}
+        assert r["per_token"]["keys_returned_union"] == r["per_token"]["keys_returned"]  # a key head a query head
         assert len(r["kept_per_head"]) == 16
     window = next(r for r in rows(result, "sinks+window") if r["value"] == 2 and r["context"] == 16)
     assert window["per_token"]["keys_returned"] == 16 * (4 + 2)  # S 4 and W 2 of 11-15 earlier keys
@@ -139,3 +140,73 @@ def test_forward_is_the_references_policy(experiment, policy):
     for window, logits in zip(windows, got):
         want = Reference(model, np.float64, policy=policy).logits(window)[positions]
         np.testing.assert_allclose(logits, want, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "policy", [None, Policy(top_k=1), Policy(top_k=3), Policy(threshold=1.0), Policy(top_k=2, sinks=1, window=4)]
+)
+def test_the_llama_forward_is_the_references_policy(experiment, policy):
+    """sparse_llama's batched forward (rotary, grouped-query attention) keeps LlamaReference(policy=...)'s sets."""
+    import sparse_forward
+    import sparse_llama
+
+    from vecgpt import tokenizer, weights
+    from vecgpt.reference_llama import LlamaReference
+
+    model = weights.load("shakespeare-llama", dtype=np.float64)
+    ids = np.asarray(tokenizer.encode("ROMEO:\nBut soft, what light through yonder window breaks? It is the east."))
+    windows, positions = np.stack([ids[:16], ids[3:19]]), [5, 11, 15]
+    keep = None if policy is None else sparse_forward.policy_keep(policy)
+    h = sparse_llama.hidden_at(model.params, model.hparams, windows, positions, keep)
+    got = h @ model.params["model"]["embed_tokens"]["weight"].T
+    for window, logits in zip(windows, got):
+        want = LlamaReference(model, np.float64, policy=policy).logits(window)[positions]
+        np.testing.assert_allclose(logits, want, rtol=0, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def compared(experiment, tmp_path_factory):
+    out, stores = tmp_path_factory.mktemp("compare"), tmp_path_factory.mktemp("compare-stores")
+    argv = ["--models", "shakespeare", "shakespeare-llama", "--quick", "--quiet", "--out", str(out)]
+    argv += ["--configs", str(REPO / "configs" / "memory.toml"), "--store-contexts", "24", "--store-tokens", "3"]
+    assert experiment.main([*argv, "--store-root", str(stores)]) == 0
+    for suffix in (".json", ".md", ".png"):
+        assert (out / f"topk_compare{suffix}").stat().st_size > 0
+    return json.loads((out / "topk_compare.json").read_text())
+
+
+def test_the_models_compared_on_the_same_steps(compared):
+    gpt2, llama = compared["models"]
+    assert (gpt2["name"], gpt2["llama"], llama["name"], llama["llama"]) == (
+        "shakespeare",
+        False,
+        "shakespeare-llama",
+        True,
+    )
+    assert gpt2["query_heads"] == llama["query_heads"] == 16 and llama["key_heads"] == 8
+    for m in compared["models"]:
+        assert {r["family"] for r in m["rows"]} == {"top-k", "threshold"}
+        every = [r for r in m["rows"] if r["family"] == "top-k" and r["value"] == 23]
+        assert all(r["agreement"] == 1.0 for r in every)  # every earlier key: full attention itself
+        assert all(r["same_tokens_as_numpy"] for r in m["stores"]) and not m["stores_skipped"]
+    for per in compared["comparison"].values():
+        for name, row in per.items():
+            for family in ("top-k", "threshold"):
+                p = row[family]
+                if p is None:
+                    continue
+                group = 2 if name == "shakespeare-llama" else 1
+                # a key head's group keeps at least what one of its query heads keeps, at most all of theirs
+                assert p["keys_a_query_head"] - 1e-9 <= p["keys_a_key_head_group"]
+                assert p["keys_a_key_head_group"] <= group * p["keys_a_query_head"] + 1e-9
+                assert group == 2 or p["keys_a_key_head_group"] == pytest.approx(p["keys_a_query_head"])
+
+
+def test_sink_weights(compared):
+    for m in compared["models"]:
+        for c, k in m["sinks"].items():
+            w, zero = np.array(k["weight"]), np.array(k["weight_position_0"])
+            assert w.shape == (4, 4) and np.all(zero <= w + 1e-12) and np.all((0 <= w) & (w <= 1))
+            positions = np.arange(int(c) - 4, int(c))  # the quick run's span of 4
+            assert k["uniform"] == pytest.approx(np.mean(4 / (positions + 1)))
+            assert k["mean"] == pytest.approx(w.mean()) and k["heads_over_10x"] == int((w > 10 * k["uniform"]).sum())
