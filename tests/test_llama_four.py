@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from llamas import PROMPT, SHAPE, SHAPES, agrees, engine_for, models, write_checkpoints
 
-from vecgpt import families, weights
+from vecgpt import families, llama_tolerance, tolerance, weights
 from vecgpt.api import generate
 from vecgpt.cli import main
 from vecgpt.config import Config, auto_layout, settle_layout
@@ -20,6 +20,8 @@ from vecgpt.errors import VecgptError
 from vecgpt.llama_rounds import LlamaFourSession
 from vecgpt.loading import collection, plan, push
 from vecgpt.policy import Policy
+from vecgpt.reference_llama import LlamaReference
+from vecgpt.reference_llama import generate as reference_greedy
 
 O_BIAS = (*families.QKV, "self_attn.o_proj")  # a Llama config's attention_bias
 FOUR = {**SHAPES, "biased": families.LlamaHParams(**SHAPE, n_kv_head=2, biases=O_BIAS)}
@@ -147,3 +149,21 @@ def test_auto_picks_four_for_a_rotary_family_behind_a_network(checkpoints):
     assert settle_layout(Config(backend="pgvector", store={"dsn": "postgresql://db.example/x"}), hp) == "four"
     assert settle_layout(Config(backend="memory"), hp) == "five"
     assert settle_layout(Config(backend="turbopuffer", layout="three"), hp) == "three"  # named: push refuses it
+
+
+def test_a_wrong_projection_document_is_caught(make_store, checkpoints):
+    """One element of one stored row of layer 0's c_proj.1 (query head 2's slice of o_proj) off by 1e-3 of the
+    collection's largest row norm M: the logits move by about 6 times four's derived tol (9.0e-4 against 1.4e-4; the
+    float64 store's own error is 4e-6), and the rule says so."""
+    m32, m64 = models(checkpoints, "llama")
+    engine = four(make_store, "memory", m32, "l2")
+    name = collection(engine.key, "h.0.attn.c_proj.1")
+    row = np.array([5])
+    doc = engine.store.fetch(name, row)
+    doc[0, 0] += 1e-3 * np.sqrt(engine.m2["h.0.attn.c_proj.1"])
+    engine.store.upsert(name, row, doc, {"row": row})
+    with engine.open() as text:
+        want = reference_greedy(LlamaReference(m64, np.float64), PROMPT, 4)
+        r = llama_tolerance.forced_comparison(text, m64, PROMPT, want, "l2", tolerance.unit_roundoff("memory"))
+    print(f"planted: max error {r['max_error'].max():.2e}, tol up to {r['tol'].max():.2e}")
+    assert r["violations"] and r["max_error"].max() > 3 * r["tol"].max()
