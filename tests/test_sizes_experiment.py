@@ -87,3 +87,51 @@ def test_layout_costs_read_back_the_estimate():
     assert five["subqueries_per_token"] == 48 * 4 + 1 + 48 * 25
     assert f"${five['dollars_per_token']:.6f}" in five["estimate"]
     assert five["load_dollars"] == pytest.approx(2.0 * five["gb"], abs=0.01)  # $2 a GB written
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """--llama at 1/8 scale: one Llama shape (measured cut to 1 and 2 layers, and whole) and GPT-2 small."""
+    if not HAVE_FAISS:
+        pytest.skip("the Llama shapes are measured on FAISS")
+    tmp = tmp_path_factory.mktemp("llama-sizes")
+    argv = ["experiment", "sizes", "--llama", "--scale", "8", "--llama-layers", "1", "2", "-n", "2"]
+    argv += ["--llama-shapes", "SmolLM2-135M", "gpt2", "--llama-full", "SmolLM2-135M"]
+    argv += ["--models", str(tmp / "models"), "--store-root", str(tmp / "stores"), "--out", str(tmp / "out")]
+    assert main(argv) == 0
+    for suffix in (".json", ".md", ".png"):
+        assert (tmp / "out" / f"llama_sizes{suffix}").stat().st_size > 0
+    assert not list((tmp / "models").rglob("model.safetensors")), "the cut checkpoints are removed (no --keep)"
+    return {r["shape"]: r for r in json.loads((tmp / "out" / "llama_sizes.json").read_text())["rows"]}
+
+
+def test_llama_shapes_planned_and_counted(llama):
+    import llama_sizes
+
+    assert list(llama) == ["SmolLM2-135M", "gpt2"]
+    for name, r in llama.items():
+        hp = llama_sizes.shapes(8)[name]
+        assert r["documents"] == sum(n for _, n, _ in plan(hp, "ip", "five")) and r["layers"] == hp.n_layer
+        # rounds and requests grow by a layer's at each layer: read at the shape's depth, they are layout five's
+        assert r["round_trips"] == pytest.approx(5 * hp.n_layer + 1) == r["rounds_per_token"]
+        assert r["round_trips_per_layer"] == pytest.approx(5) and r["requests"] > r["round_trips"]
+        assert [c["layers"] for c in r["cuts"]] == [1, 2] and all(c["store_ms"] > 0 for c in r["cuts"])
+    whole = llama["SmolLM2-135M"]["whole"]  # measured at all 30 layers: what the fit read
+    assert whole["round_trips"] == 151 and llama["SmolLM2-135M"]["round_trips"] == pytest.approx(151)
+    assert whole["requests"] == pytest.approx(llama["SmolLM2-135M"]["requests"])
+
+
+def test_llama_shapes_turbopuffer_cost(llama):
+    import llama_sizes
+    from size_fit import read_estimate
+
+    from vecgpt.backends.turbopuffer.cost import estimate_cost
+    from vecgpt.loading import text_row
+
+    for name, r in llama.items():
+        hp = llama_sizes.shapes(8)[name]
+        said = read_estimate(estimate_cost(plan(hp, "l2", "five"), 1, 2, hp.n_head, text_row(hp, "five")))
+        assert r["tpuf_dollars_per_token"] == said["dollars_per_token"] > 0
+    smol, gpt2 = llama["SmolLM2-135M"], llama["gpt2"]
+    assert smol["tpuf_dollars_gqa_writes"] < smol["tpuf_dollars_per_token"]  # 3 key heads write, not 9
+    assert gpt2["tpuf_dollars_gqa_writes"] == pytest.approx(gpt2["tpuf_dollars_per_token"])

@@ -170,13 +170,14 @@ def on_numpy(model, prompt, tokens) -> dict:
 
 def at_depth(cuts: list[dict], layers: int) -> dict:
     """Each measured figure fitted as a + b x layers over the cut checkpoints, read at `layers`."""
-    x = [c["layers"] for c in cuts]
-    out = {}
+    x, out = [c["layers"] for c in cuts], {}
     for field in MEASURED:
         y = [c[field] for c in cuts]
-        slope, icept = np.polyfit(x, y, 1) if len(set(x)) > 1 else (0.0, float(np.mean(y)))
-        out[field] = float(icept + slope * layers)
-        out[f"{field}_per_layer"] = float(slope)
+        if len(set(x)) > 1:
+            slope, icept = np.polyfit(x, y, 1)
+            out[field], out[f"{field}_per_layer"] = float(icept + slope * layers), float(slope)
+        else:  # one depth, the shape's own (a shape no deeper than the cuts): as measured
+            out[field], out[f"{field}_per_layer"] = float(np.mean(y)), None
     return out
 
 
@@ -211,9 +212,9 @@ def run(args) -> int:
 def shape_row(name: str, hp, args) -> dict:
     row = planned(name, hp)
     cuts = []
-    for layers in sorted(set(args.llama_layers)):
+    for layers in sorted({min(n, hp.n_layer) for n in args.llama_layers}):
         say(f"{name}: cut to {layers} layers")
-        cuts.append(measure(replace(hp, n_layer=min(layers, hp.n_layer)), args, models_dir(args) / f"{name}-L{layers}"))
+        cuts.append(measure(replace(hp, n_layer=layers), args, models_dir(args) / f"{name}-L{layers}"))
     row.update(at_depth(cuts, hp.n_layer), cuts=cuts, same_tokens=all(c["same_tokens"] for c in cuts))
     if name in (args.llama_full or []):
         say(f"{name}: whole, {hp.n_layer} layers")
