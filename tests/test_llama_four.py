@@ -20,7 +20,7 @@ from vecgpt.errors import VecgptError
 from vecgpt.llama_rounds import LlamaFourSession
 from vecgpt.loading import collection, plan, push
 from vecgpt.policy import Policy
-from vecgpt.reference_llama import LlamaReference
+from vecgpt.reference_llama import LlamaReference, inv_freq, rotary
 from vecgpt.reference_llama import generate as reference_greedy
 
 O_BIAS = (*families.QKV, "self_attn.o_proj")  # a Llama config's attention_bias
@@ -167,3 +167,24 @@ def test_a_wrong_projection_document_is_caught(make_store, checkpoints):
         r = llama_tolerance.forced_comparison(text, m64, PROMPT, want, "l2", tolerance.unit_roundoff("memory"))
     print(f"planted: max error {r['max_error'].max():.2e}, tol up to {r['tol'].max():.2e}")
     assert r["violations"] and r["max_error"].max() > 3 * r["tol"].max()
+
+
+def test_a_rotary_score_from_the_layer_input_needs_a_document_hd_times_wider():
+    """Layout three's algebra for a rotary block (docs/llama-engine.md): with k_j stored rotated, q_i . k_j =
+    (x_i, 1) . [W_q | b_q]^T R_i^T k_j turns with the query's position i; over the hd/2 frequencies R_i^T k =
+    sum_f cos(i theta_f) C_f k + sin(i theta_f) S_f k, so the only document free of i has hd (d + 1) floats."""
+    rng, d, hd = np.random.default_rng(0), 12, 8
+    wb, x1 = rng.normal(size=(hd, d + 1)), np.append(rng.normal(size=d), 1.0)  # [W_q | b_q], (x, 1)
+    freq = inv_freq(hd, 1e4, {})
+    k = rotary(rng.normal(size=(1, hd)), np.array([3.0]), freq)[0]  # a key of position 3, as stored
+    pair = np.tile(np.eye(hd // 2), 2)  # [hd / 2, hd]: frequency f's two coordinates, f and f + hd / 2
+    swapped = np.concatenate([k[hd // 2 :], -k[: hd // 2]])
+    document = np.concatenate([(pair * k) @ wb, (pair * swapped) @ wb]).ravel()  # C_f k, S_f k through W^T
+    plain = []
+    for i in (4.0, 9.0, 40.0):
+        q = rotary((wb @ x1)[None], np.array([i]), freq)[0]
+        query = np.concatenate([np.outer(np.cos(i * freq), x1), np.outer(np.sin(i * freq), x1)]).ravel()
+        assert document.size == query.size == hd * (d + 1) and abs(query @ document - q @ k) < 1e-12
+        plain.append(wb.T @ rotary(k[None], np.array([-i]), freq)[0])  # [W_q | b_q]^T R_i^T k: q_i . k = x1 . it
+        assert abs(x1 @ plain[-1] - q @ k) < 1e-12
+    assert not np.allclose(plain[0], plain[1])  # GPT-2's document W_q^T k would serve every query: this one turns

@@ -425,8 +425,9 @@ def add_layout_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layout",
         choices=(*LAYOUTS, AUTO),
-        help="auto (default): three behind a network (turbopuffer, pgvector with a DSN), five in process; four "
-        "rounds a layer; three, with weight products made at load; five, the textbook order (docs/layouts.md)",
+        help="auto (default): three behind a network (turbopuffer, pgvector with a DSN; four for a Llama-family "
+        "model), five in process; four rounds a layer; three, with weight products made at load; five, the textbook "
+        "order (docs/layouts.md)",
     )
 
 
