@@ -33,10 +33,11 @@ class Generation:
     prompt_tokens: list[int]
     tokens: list[int] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
+    tok: object = field(default_factory=tokenizer.Gpt2Tokenizer, repr=False)  # the model's tokenizer
 
     @property
     def text(self) -> str:
-        return tokenizer.decode([t for t in self.tokens if t != tokenizer.ENDOFTEXT])
+        return self.tok.decode([t for t in self.tokens if t != self.tok.eos])
 
 
 def check_request(
@@ -44,6 +45,8 @@ def check_request(
 ) -> None:
     if n < 0:
         raise VecgptError(f"-n must be 0 or more, not {n}")
+    if not prompt_tokens:
+        raise VecgptError("the prompt is empty; give at least one token")
     if not 0 <= temperature < float("inf"):  # also refuses NaN
         raise VecgptError(f"--temperature must be 0 (greedy) or a positive number, not {temperature}")
     if seed < 0:
@@ -67,12 +70,15 @@ def generate(
     seed: int = 0,
     stop: bool = True,
     on_text: Callable[[str], None] | None = None,
+    tok=None,
 ) -> Generation:
     """Greedy or sampled continuation; `reader.read(ids, k)` feeds tokens and returns Candidates.
 
     `on_text(piece)`, when given, gets the text as it is made: after each token the characters it completes
-    (maybe none), then the rest at the end; the pieces join to the generation's `text`."""
-    out, stream = Generation(list(prompt_tokens)), tokenizer.TextStream()
+    (maybe none), then the rest at the end; the pieces join to the generation's `text`. `tok`: the model's
+    tokenizer (vecgpt.tokenizer.of_model; by default GPT-2's), which decodes and ends the text."""
+    tok = tok or tokenizer.Gpt2Tokenizer()
+    out, stream = Generation(list(prompt_tokens), tok=tok), tokenizer.TextStream(tok)
     say = on_text or (lambda piece: None)
     if n == 0:
         return out
@@ -80,9 +86,9 @@ def generate(
     for step in range(n):
         token = choose(cands, temperature, top_k, draw(seed, len(prompt_tokens) + step))
         out.tokens.append(token)
-        out.steps.append({"token": token, "candidates": decoded(cands)})
+        out.steps.append({"token": token, "candidates": decoded(cands, tok)})
         say(stream.feed(token))
-        if (stop and token == tokenizer.ENDOFTEXT) or step == n - 1:
+        if (stop and token == tok.eos) or step == n - 1:
             break
         if hasattr(reader, "meter"):
             reader.meter.start_token()
@@ -91,9 +97,9 @@ def generate(
     return out
 
 
-def decoded(cands: Candidates) -> list[list]:
+def decoded(cands: Candidates, tok) -> list[list]:
     """[id, logit, text] per candidate; a token that is part of a character reads as U+FFFD."""
-    return [[int(i), float(x), tokenizer.decode([int(i)])] for i, x in zip(*cands)]
+    return [[int(i), float(x), tok.decode([int(i)])] for i, x in zip(*cands)]
 
 
 def probabilities(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
@@ -125,14 +131,14 @@ def candidate_rows(text: Text, position: int) -> list[dict] | None:
 def text_json(text: Text) -> dict:
     """A text as `vecgpt texts show --json` prints it and the playground's export downloads it: its tokens,
     settings, each generated position's candidates, and what its operations have sent (`spent`, the record's)."""
-    generated = range(text.prompt_len, len(text.tokens))
+    generated, decode = range(text.prompt_len, len(text.tokens)), text.tokenizer.decode
     return {
         "id": text.id,
         "model": text.record["model"],
         "prompt_len": text.prompt_len,
-        "prompt": tokenizer.decode(text.tokens[: text.prompt_len]),
-        "text": tokenizer.decode(text.tokens[text.prompt_len :]),
-        "tokens": [{"position": p, "id": t, "text": tokenizer.decode([t])} for p, t in enumerate(text.tokens)],
+        "prompt": decode(text.tokens[: text.prompt_len]),
+        "text": decode(text.tokens[text.prompt_len :]),
+        "tokens": [{"position": p, "id": t, "text": decode([t])} for p, t in enumerate(text.tokens)],
         "settings": {k: text.settings.get(k) for k in ("temperature", "top_k", "seed", *POLICY_SETTINGS)},
         "candidates": [{"position": p, "rows": candidate_rows(text, p)} for p in generated],
         "spent": text.record.get("spent") or {},
@@ -233,7 +239,7 @@ def _new_text(config, prompt, n, model, temperature, top_k, seed, progress, conf
     """The engine for a new text's request (its model loaded if the store lacks it), and how to start the text."""
     m = weights.load(model or config.model)
     k = config.top_k if top_k is None else top_k
-    ids = tokenizer.encode(prompt or "")
+    ids = tokenizer.of_model(m).encode(prompt or "")
     check_request(m.hparams, ids, n, k, temperature, seed)
     config.top_k = max(config.top_k, k)
     engine = open_engine(config, m, progress=progress, confirm=confirm)
@@ -262,7 +268,8 @@ def run_text(text: Text, n: int, stop: bool, on_text) -> dict:
 
 def text_run(text: Text, n: int, stop: bool, on_text):
     """run_text as an operation a stepper runs beside other texts' (vecgpt.stepper)."""
-    say, stream, steps = on_text or (lambda piece: None), tokenizer.TextStream(), []
+    tok = text.tokenizer
+    say, stream, steps = on_text or (lambda piece: None), tokenizer.TextStream(tok), []
     for t in text.tokens[text.prompt_len :]:  # a resumed text: a character may span the last token and the next
         stream.feed(t)
     reread = text.unread if text.resumed else 0
@@ -276,7 +283,7 @@ def text_run(text: Text, n: int, stop: bool, on_text):
     return {
         "prompt_tokens": text.tokens[: text.prompt_len],
         "tokens": tokens,
-        "text": tokenizer.decode([t for t in tokens if t != tokenizer.ENDOFTEXT]),
+        "text": tok.decode([t for t in tokens if t != tok.eos]),
         "text_tokens": list(text.tokens),
         "steps": steps,
         "requests": (requests := text.session.meter.summary()),
@@ -312,10 +319,11 @@ def generate_reference(
     policy: Policy | None = None,
 ) -> dict:
     m = weights.load(model, dtype=dtype)
-    ids = tokenizer.encode(prompt)
+    tok = tokenizer.of_model(m)
+    ids = tok.encode(prompt)
     check_request(m.hparams, ids, n, top_k, temperature, seed)
     policy = check_policy(policy or Policy(top_k=attention_top_k), m.hparams.n_ctx)
-    gen = generate(Reference(m, dtype, policy=policy), ids, n, temperature, top_k, seed, stop, on_text)
+    gen = generate(reference(m, dtype, policy), ids, n, temperature, top_k, seed, stop, on_text, tok)
     return {
         "prompt_tokens": gen.prompt_tokens,
         "tokens": gen.tokens,
@@ -335,20 +343,22 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
     config = config or Config()
     store_run = generate_text(prompt, n, config, model, stop=False, confirm=confirm)
     m = weights.load(model or config.model, dtype=np.float64)  # one load serves both numpy runs
-    ref = generate(Reference(m, np.float64), store_run["prompt_tokens"], n, top_k=config.top_k, stop=False)
-    full = Reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]  # numpy's score for any store token
+    tok, ids = tokenizer.of_model(m), store_run["prompt_tokens"]
+    ref = generate(reference(m, np.float64), ids, n, top_k=config.top_k, stop=False, tok=tok)
+    full = reference(m, np.float64).logits(store_run["prompt_tokens"])[-1]  # numpy's score for any store token
     s, r = store_run["steps"][0]["candidates"], ref.steps[0]["candidates"] if ref.steps else []
     ref_logits = {c[0]: c[1] for c in r}
     rows = [
         {
             "rank": i + 1,
             "token": tok,
+            "text": text,
             "store": logit,
             "numpy": float(full[tok]),
             "abs_error": abs(logit - float(full[tok])),
             "numpy_rank": _rank(tok, r),
         }
-        for i, (tok, logit, _) in enumerate(s)
+        for i, (tok, logit, text) in enumerate(s)
     ]
     first_diff = next((i for i, (a, b) in enumerate(zip(store_run["tokens"], ref.tokens)) if a != b), None)
     return {
@@ -363,6 +373,15 @@ def compare(prompt: str, n: int = 8, config: Config | None = None, model: str | 
         "metric": store_run["metric"],
         "model_fingerprint": store_run["model_fingerprint"],
     }
+
+
+def reference(model: weights.Model, dtype, policy: Policy | None = None):
+    """The numpy forward pass of the model's family: reference.py's GPT-2, or reference_llama's."""
+    if isinstance(model, weights.LlamaModel):
+        from vecgpt.reference_llama import LlamaReference
+
+        return LlamaReference(model, dtype, policy)
+    return Reference(model, dtype, policy=policy)
 
 
 def _rank(token: int, candidates: list) -> int | None:

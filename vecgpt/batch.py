@@ -51,11 +51,12 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def check_prompts(hp, prompts: list[str], n: int, top_k: int, temperature: float, seed: int, where: str) -> list:
-    """Each prompt's tokens, or a one-line error naming the first bad one (`where`:line), before any search."""
+def check_prompts(hp, prompts: list[str], n: int, top_k: int, temperature: float, seed: int, where: str, tok=None):
+    """Each prompt's tokens (`tok`: the model's tokenizer, by default GPT-2's), or a one-line error naming the first
+    bad one (`where`:line), before any search."""
     out = []
     for number, prompt in enumerate(prompts, 1):
-        ids = tokenizer.encode(prompt)
+        ids = (tok or tokenizer).encode(prompt)
         try:
             api.check_request(hp, ids, n, top_k, temperature, seed)
         except VecgptError as e:
@@ -88,7 +89,7 @@ def generate_many(
     config = config or Config()
     m = weights.load(model or config.model)
     k = config.top_k if top_k is None else top_k
-    ids = check_prompts(m.hparams, prompts, n, k, temperature, seed, where)
+    ids = check_prompts(m.hparams, prompts, n, k, temperature, seed, where, tokenizer.of_model(m))
     config.top_k = max(config.top_k, k)
     engine = api.open_engine(config, m, progress=progress, confirm=confirm)
     try:

@@ -1,5 +1,7 @@
 """A position read again, to look inside (the playground's token click): what attention weighed there, the residual
-after each layer, and the logit lens. Nothing is written and no text changes."""
+after each layer, and the logit lens. Nothing is written and no text changes. Both families: GPT-2's (layer norm,
+the token table) and the Llama family's in layouts five and four (each query head's weights over its key head's
+keys; the lens through the final RMSNorm and the output matrix, wte when tied, else lm_head)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import numpy as np
 from vecgpt import encoding
 from vecgpt.backends.base import Search
 from vecgpt.errors import VecgptError
+from vecgpt.families import LlamaHParams, key_head
 from vecgpt.meter import later
 from vecgpt.reference import layer_norm
+from vecgpt.reference_llama import rms_norm
 from vecgpt.sampling import Candidates, ordered
 from vecgpt.session import Read
 
@@ -28,6 +32,7 @@ class Inspection(NamedTuple):
     weights: np.ndarray  # [L, H, position + 1]: softmax(q.k / sqrt(hd)), each head's summing to 1
     residuals: np.ndarray  # [L, d]: the residual stream after each layer
     lens: list[Candidates]  # per layer: the top LENS_K tokens of ln_f(residual) @ wte.T, each a top-k search
+    key_heads: list[int]  # [H]: the key head each query head reads (grouped-query attention; GPT-2: its own)
 
 
 def inspect(s, position: int, token: int) -> Inspection:
@@ -47,7 +52,12 @@ def inspect(s, position: int, token: int) -> Inspection:
         s.capture = None
         s.projected[:, :, position], s.key_norms[:, :, position] = kept
     scores, weights = (np.stack([pair[i][:, 0] for pair in captured]) for i in (0, 1))
-    return Inspection(position, token, scores, weights, residuals, lens(s, residuals))
+    return Inspection(position, token, scores, weights, residuals, lens(s, residuals), key_heads(s.engine.hparams))
+
+
+def key_heads(hp) -> list[int]:
+    n_kv = getattr(hp, "n_kv_head", hp.n_head)
+    return [key_head(h, hp.n_head, n_kv) for h in range(hp.n_head)]
 
 
 def check_inspectable(s, position: int) -> None:
@@ -68,11 +78,15 @@ def read_again(s, position: int, token: int) -> np.ndarray:  # -> the residual a
 
 
 def lens(s, residuals: np.ndarray, k: int = LENS_K) -> list[Candidates]:
-    """Each residual [L, d] through ln_f, then a top-k search of the token table (gpt2's, a row at a time, so the
-    last layer's is bit for bit the text's own token search): L searches in one round."""
-    engine = s.engine
-    m2, name, ln_f = engine.m2["wte"], engine.name("wte"), engine.layer_norms()[1]
-    rows = [layer_norm(r[None], **ln_f, eps=s.hp.eps) for r in residuals]
+    """Each residual [L, d] through the final norm, then a top-k search of the output matrix (as the text's token
+    search, a row at a time, so the last layer's is bit for bit the text's own): L searches in one round."""
+    engine, hp = s.engine, s.engine.hparams
+    output = "lm_head" if isinstance(hp, LlamaHParams) and not hp.tied else "wte"
+    m2, name, ln_f = engine.m2[output], engine.name(output), engine.layer_norms()[1]
+    if isinstance(hp, LlamaHParams):  # its engine holds the final RMSNorm's weight (llama_rounds.norms)
+        rows = [rms_norm(r[None], ln_f["weight"], hp.eps) for r in residuals]
+    else:
+        rows = [layer_norm(r[None], **ln_f, eps=hp.eps) for r in residuals]
     qs = [encoding.encode_queries(h, s.metric, m2) for h in rows]
     (found,) = s.send(later.search_many([Search(name, q, k=k) for q in qs]))
     return [ordered(hits.ids[0], encoding.decode_dists(hits.dists, q, m2, s.metric)[0]) for q, hits in zip(qs, found)]

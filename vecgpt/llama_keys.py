@@ -25,6 +25,10 @@ def attend(s, searched, own, start, layer, group) -> np.ndarray:  # -> [H, m, hd
     scores[:, rows, start + rows] = own
     if m > 1:  # a block's later keys are masked
         np.copyto(scores, -np.inf, where=np.arange(n) > (start + rows)[:, None])
+    raw = scores.copy() if s.capture is not None else None  # an inspection keeps q.k and the weights
     scores /= math.sqrt(hd)
-    weights = softmax_in_place(scores).reshape(n_head // group, group * m, n)
+    weights = softmax_in_place(scores)
+    if raw is not None:
+        s.capture.append((raw, weights.copy()))
+    weights = weights.reshape(n_head // group, group * m, n)
     return (weights @ s.projected[layer, :, :n]).reshape(n_head, m, hd)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt import encoding, key_bounds
+from vecgpt import encoding, key_bounds, tokenizer
 from vecgpt.backends.base import Store
 from vecgpt.config import LAYOUTS
 from vecgpt.errors import VecgptError
@@ -209,6 +209,7 @@ def _push(store: Store, model: Model, metric: str, progress: bool | None, layout
         "fingerprint": key,
         "model_fingerprint": model.fingerprint,
         "source": model.source,
+        **({"tokenizer": tokenizer.record(model)} if llama else {}),  # what its texts are read with (of_manifest)
         "encoding_version": encoding.ENCODING_VERSION,
         "metric": metric,
         "hparams": model.hparams.__dict__,

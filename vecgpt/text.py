@@ -63,6 +63,7 @@ class Text:
         self.cost: dict = {}  # the last operation's requests, rounds and positions read
         self.kept = False
         self.resumed = False  # set by resume: `unread` then counts positions read again
+        self.tokenizer = tokenizer.of_manifest(engine.manifest)  # the model's, which its manifest names
         self._take(record)
         session.policy = from_settings(self.settings)  # a record from before a field: that field unset
 
@@ -85,6 +86,7 @@ class Text:
         if not prompt:
             raise VecgptError("the prompt is empty; give at least one token")
         check_tokens(engine, prompt)
+        tokenizer.of_manifest(engine.manifest)  # a tokenizer.json gone or changed is refused before a write
         record = new_record(engine, prompt, temperature, top_k, seed, attention_top_k, policy)
         text_id = uuid.uuid4().hex[:12]
         version = engine.store.write_text(text_id, record, None)  # first, so `texts gc` finds all that follows
@@ -144,7 +146,7 @@ class Text:
     def candidates(self, p: int) -> list[list] | None:
         """[id, logit, text] best first: what position p was drawn from (generated positions only)."""
         c = self.rows.known.get(p)
-        return None if c is None else [[int(i), float(x), tokenizer.decode([int(i)])] for i, x in zip(*c)]
+        return None if c is None else [[int(i), float(x), self.tokenizer.decode([int(i)])] for i, x in zip(*c)]
 
     def generate(self, n: int, on_token=None, stop: bool = True) -> list[int]:
         """Draw n tokens (fewer if one is <|endoftext|> and `stop`); `on_token(position, token, candidates)`
@@ -168,7 +170,7 @@ class Text:
                 self._record.keep_up(self.tokens, self.settings, self.rows)
                 if on_token is not None:
                     on_token(p, token, self.candidates(p))
-                if stop and token == tokenizer.ENDOFTEXT:
+                if stop and token == self.tokenizer.eos:
                     break
             return drawn
 

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from vecgpt.errors import VecgptError
+from vecgpt.families import LlamaHParams
 
 ENDOFTEXT = 50256
 N_VOCAB = 50257
@@ -114,13 +115,15 @@ def token_bytes(token: int) -> bytes:
 
 class TextStream:
     """Text as tokens come, through an incremental UTF-8 decoder: a character split over two tokens comes out
-    once, whole, with the token that completes it. The pieces join to `decode` of the tokens, without <|endoftext|>."""
+    once, whole, with the token that completes it. The pieces join to `decode` of the tokens without the end of
+    text (`tok`: a model's tokenizer, by default GPT-2's)."""
 
-    def __init__(self):
+    def __init__(self, tok=None):
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.tok = tok or Gpt2Tokenizer()
 
     def feed(self, token: int) -> str:
-        return "" if token == ENDOFTEXT else self.decoder.decode(token_bytes(token))
+        return "" if token == self.tok.eos else self.decoder.decode(self.tok.token_bytes(token))
 
     def end(self) -> str:
         return self.decoder.decode(b"", final=True)
@@ -130,6 +133,7 @@ class Gpt2Tokenizer:
     """GPT-2's encoding (this module's functions) behind the interface of a checkpoint's tokenizer."""
 
     eos = ENDOFTEXT
+    name = "gpt2"
 
     def encode(self, text: str) -> list[int]:
         return encode(text)
@@ -159,8 +163,14 @@ class FileTokenizer:
         self.byte_level = "ByteLevel" in self.tokenizer.to_str()[:100_000]
         ends = (self.tokenizer.token_to_id(t) for t in ("</s>", "<|endoftext|>", "<|end_of_text|>"))
         self.eos = next((i for i in ends if i is not None), None)
+        starts = (self.tokenizer.token_to_id(t) for t in ("<s>", "<|begin_of_text|>"))
+        self.bos = next((i for i in starts if i is not None), self.eos)
+        self.name = str(path)
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; an empty prompt starts from the tokenizer's <s> (or its end of text), as GPT-2's."""
+        if not text and self.bos is not None:
+            return [self.bos]
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -203,3 +213,75 @@ def of_folder(folder: Path, n_vocab: int):
         f"{folder}: no tokenizer.json, and its {n_vocab:,} tokens are not GPT-2's; copy the checkpoint's tokenizer.json "
         f"into the folder (huggingface-cli download NAME tokenizer.json --local-dir {folder})"
     )
+
+
+def of_model(model):
+    """The tokenizer a model's texts are encoded and decoded with: GPT-2's for the GPT-2 family, a Llama family's
+    own (weights.LlamaModel.tokenizer: its tokenizer.json, or GPT-2's at GPT-2's vocabulary; else refused)."""
+    return model.tokenizer if isinstance(model.hparams, LlamaHParams) else Gpt2Tokenizer()
+
+
+def record(model) -> dict | None:
+    """What a model's manifest keeps of its tokenizer when it is loaded: GPT-2's by name; a tokenizer.json by its
+    path and SHA-256, so that a text reopened later (in any process) reads the same one; None, none (a Llama of
+    another vocabulary without tokenizer.json: an engine reads its token ids, text in or out is refused)."""
+    if not isinstance(model.hparams, LlamaHParams):
+        return {"name": "gpt2"}
+    path = Path(model.source) / "tokenizer.json"
+    if model.source and path.is_file():
+        return {"path": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return {"name": "gpt2"} if model.hparams.n_vocab == N_VOCAB else None
+
+
+def of_manifest(manifest: dict):
+    """The tokenizer of a model a store holds, from its manifest: GPT-2's for the GPT-2 family; for a Llama family
+    the one its load recorded (`record`), else its source folder's, else none (IdsOnly)."""
+    if manifest.get("family") is None:
+        return Gpt2Tokenizer()
+    kept = manifest.get("tokenizer")
+    if kept and kept.get("name") == "gpt2":
+        return Gpt2Tokenizer()
+    if kept and "path" in kept:
+        return recorded(kept["path"], kept["sha256"], manifest["source"])
+    try:
+        return of_folder(Path(manifest["source"]), manifest["hparams"]["n_vocab"])
+    except VecgptError as e:
+        return IdsOnly(str(e))
+
+
+class IdsOnly:
+    """A model without a tokenizer (a Llama of another vocabulary, no tokenizer.json), loaded through the API to
+    read token ids: its tokens are shown as <id>, and text to encode is refused with the line saying what to fetch."""
+
+    eos = None
+    name = "ids"
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def encode(self, text: str) -> list[int]:
+        raise VecgptError(self.why)
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"<{int(i)}>" for i in ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return f"<{int(token)}>".encode()
+
+
+@functools.lru_cache(maxsize=8)
+def recorded(path: str, sha256: str, source: str) -> FileTokenizer:
+    """The tokenizer.json a model was loaded with, checked to be that file still (read once a process)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        raise VecgptError(
+            f"the tokenizer.json model {source} was loaded with is gone from {path}; put it back there "
+            f"(huggingface-cli download NAME tokenizer.json --local-dir {Path(path).parent})"
+        ) from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise VecgptError(
+            f"{path} changed since model {source} was loaded (SHA-256 {sha256[:12]}... then); put back that "
+            f"tokenizer.json, or drop the model (vecgpt drop --model {source}) and load it again"
+        )
+    return FileTokenizer(Path(path))

@@ -80,7 +80,12 @@ COMMANDS = (
         "vecgpt.cli.texts:add_arguments",
         "vecgpt.cli.texts:run",
     ),
-    Command("tokenize", "GPT-2 token ids of a text", f"{MODEL}:tokenize_arguments", f"{MODEL}:cmd_tokenize"),
+    Command(
+        "tokenize",
+        "token ids of a text (GPT-2's, or --model's)",
+        f"{MODEL}:tokenize_arguments",
+        f"{MODEL}:cmd_tokenize",
+    ),
     Command(
         "make-model",
         "write a random GPT-2-shaped checkpoint",

@@ -11,7 +11,12 @@ from vecgpt.errors import VecgptError
 def cmd_tokenize(args) -> int:
     from vecgpt import tokenizer
 
-    ids = tokenizer.encode(args.text)
+    if args.model:  # a model's own tokenizer (a Llama folder's tokenizer.json); numpy is loaded only then
+        from vecgpt import weights
+
+        ids = tokenizer.of_model(weights.load(args.model)).encode(args.text)
+    else:
+        ids = tokenizer.encode(args.text)
     print(json.dumps(ids) if args.json else " ".join(map(str, ids)))
     return 0
 
@@ -66,6 +71,7 @@ def check_room(size: int, out: str) -> None:
 
 def tokenize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("text")
+    p.add_argument("--model", help="encode with this model's tokenizer (a folder or name; default: GPT-2's)")
     p.add_argument("--json", action="store_true")
 
 

@@ -126,10 +126,10 @@ def retry(text, numbers, args):
         raise VecgptError(f"--seed must be 0 or more, not {args.seed}")
     before = text.tokens[-1:]
     token = text.retry(args.seed)
-    was = f"{before[0]} {quoted(before[0])}" if before else "-"
+    was = f"{before[0]} {quoted(text, before[0])}" if before else "-"
     print(
         f"vecgpt: retry: position {len(text.tokens) - 1} drawn again with seed {text.settings['seed']}: "
-        f"{was} -> {token} {quoted(token)}",
+        f"{was} -> {token} {quoted(text, token)}",
         file=sys.stderr,
     )
 
@@ -180,16 +180,12 @@ def cost_line(c: dict) -> str:
     return ", ".join(parts)
 
 
-def quoted(token: int) -> str:
-    from vecgpt import tokenizer
-
-    return json.dumps(tokenizer.decode([token]))
+def quoted(text, token: int) -> str:
+    return json.dumps(text.tokenizer.decode([token]))
 
 
 def tokens_text(text) -> str:
-    from vecgpt import tokenizer
-
-    return tokenizer.decode(text.tokens)
+    return text.tokenizer.decode(text.tokens)
 
 
 def describe(d: dict) -> str:

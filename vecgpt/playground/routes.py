@@ -26,7 +26,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from vecgpt import api, tokenizer
+from vecgpt import api
 from vecgpt.errors import VecgptError
 from vecgpt.playground import views
 from vecgpt.playground.server import Library, Refused, check_request
@@ -371,8 +371,8 @@ def produce(library: Library, entry, n: int, put, hook, gone: threading.Event) -
             if not drawn:
                 break
             entry.costs[position] = (drawn[-1], cost)
-            put("token", {**views.token_rows([drawn[-1]], position)[0], "cost": cost})
-            if drawn[-1] == tokenizer.ENDOFTEXT:
+            put("token", {**views.token_rows(t, [drawn[-1]], position)[0], "cost": cost})
+            if drawn[-1] == t.tokenizer.eos:
                 break
         put("done", {"tokens": len(t.tokens)})
     except Exception as e:  # noqa: BLE001

@@ -169,7 +169,6 @@ class Shelf:
         import numpy as np
 
         from vecgpt import weights
-        from vecgpt.reference import Reference
 
         with self.checking:
             if key not in self.references:
@@ -178,7 +177,7 @@ class Shelf:
                 if model.fingerprint != manifest["model_fingerprint"]:
                     raise VecgptError(f"{manifest['source']} is no longer the model the store holds; cannot check")
                 self.references[key] = model
-            return Reference(self.references[key], np.float64)
+            return api.reference(self.references[key], np.float64)  # the model's family's
 
     def secrets(self) -> list[str]:
         return [str(v) for k, v in self.config.store.items() if any(s in k.lower() for s in SECRET_KEYS) and v]
@@ -339,7 +338,7 @@ class Library:
                 raise Refused(f"store {store} holds no model {model}; /api/stores lists what it holds")
             key = model or only_key(shelf)
             engine = shelf.engine(key)
-            ids = tokenizer.encode(prompt)
+            ids = tokenizer.of_manifest(engine.manifest).encode(prompt)
             check_request(engine.hparams, ids, 0, top_k, temperature, seed)
             text = Text.start(engine, ids, temperature=temperature, top_k=top_k, seed=seed)
         return self.remember(text, store, key)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 
-from vecgpt import api, tokenizer
+from vecgpt import api
 from vecgpt.playground.server import Entry, Refused, Shelf
 from vecgpt.policy import from_settings, settings
 
 
-def token_rows(tokens: list[int], start: int = 0) -> list[dict]:
-    return [{"position": start + i, "id": t, "text": tokenizer.decode([t])} for i, t in enumerate(tokens)]
+def token_rows(text, tokens: list[int], start: int = 0) -> list[dict]:  # `text`'s tokens, read by its tokenizer
+    return [{"position": start + i, "id": t, "text": text.tokenizer.decode([t])} for i, t in enumerate(tokens)]
 
 
 def text_view(entry: Entry, shelf: Shelf) -> dict:
@@ -23,8 +23,8 @@ def text_view(entry: Entry, shelf: Shelf) -> dict:
         "store": entry.store,
         "model": entry.model,
         "prompt_len": t.prompt_len,
-        "tokens": token_rows(t.tokens),
-        "text": tokenizer.decode(t.tokens[t.prompt_len :]),
+        "tokens": token_rows(t, t.tokens),
+        "text": t.tokenizer.decode(t.tokens[t.prompt_len :]),
         "settings": t.settings,
         "spent": t.record.get("spent") or {},  # what the text's operations have sent, in every process
         "costs": {
@@ -151,13 +151,14 @@ def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
     return {
         "id": t.id,
         "position": found.position,
-        "token": token_rows([found.token], found.position)[0],
+        "token": token_rows(t, [found.token], found.position)[0],
         "n_layer": n_layer,
         "n_head": n_head,
-        "scale": 1 / math.sqrt(t.engine.hparams.n_embd // n_head),  # weight = softmax(q.k * scale)
+        "key_heads": found.key_heads,  # the key head each query head reads (grouped-query attention)
+        "scale": 1 / math.sqrt(t.engine.hparams.head_dim),  # weight = softmax(q.k * scale)
         "attention_top_k": t.settings.get("attention_top_k"),
         "policy": settings(from_settings(t.settings)),  # the text's: its keys were kept by it (None: unset)
-        "keys": token_rows(t.tokens[:n]),
+        "keys": token_rows(t, t.tokens[:n]),
         "attention": [
             {"layer": i, "head": h, "scores": finite(found.scores[i, h]), "weights": found.weights[i, h].tolist()}
             for i in layers or []
@@ -166,7 +167,7 @@ def inspection_view(entry: Entry, found, layers: list[int] | None) -> dict:
         "lens": [
             {
                 "layer": i,
-                "tokens": [{"id": int(k), "text": tokenizer.decode([int(k)]), "logit": float(x)} for k, x in zip(*c)],
+                "tokens": [{"id": int(k), "text": t.tokenizer.decode([int(k)]), "logit": float(x)} for k, x in zip(*c)],
             }
             for i, c in enumerate(found.lens)
         ],

@@ -159,7 +159,7 @@ function readKeptPolicy() {
 
 function showKept(a) {
   const t = $("#topk-mass"), rows = {}, sums = {}, own = ownMarks(a), beta = keptPolicy.attention_threshold;
-  const heads = Array.from({ length: a.n_head }, (_, i) => `<th>head ${i}</th>`).join("");
+  const heads = Array.from({ length: a.n_head }, (_, i) => `<th>${headName(a, i)}</th>`).join("");
   t.innerHTML = `<tr><th>layer</th>${heads}<th>mean</th></tr>`;
   for (const r of a.attention) {
     const kept = own ? textKept(a, r) : policyKept(keptPolicy, r.scores, a.position, a.scale);
@@ -251,7 +251,7 @@ function lensTable(a) {
 function summaryTable(a) {
   const t = document.createElement("table");
   t.id = "attention-summary";
-  const heads = Array.from({ length: a.n_head }, (_, i) => `<th>head ${i}</th>`).join("");
+  const heads = Array.from({ length: a.n_head }, (_, i) => `<th>${headName(a, i)}</th>`).join("");
   t.innerHTML = `<tr><th>layer</th>${heads}</tr>`;
   const rows = {};
   for (const r of a.attention) {
@@ -332,7 +332,7 @@ function walkHref(a, r) {  // the head's softmax inputs, q.k x scale, on the str
 function heatmapRow(a, r) {
   const row = document.createElement("div");
   row.className = r.head === 0 ? "hm-row hm-layer" : "hm-row";
-  row.appendChild(hmLabel(`L${r.layer} H${r.head}`, walkHref(a, r)));
+  row.appendChild(hmLabel(`L${r.layer} ${headName(a, r.head, true)}`, walkHref(a, r)));
   const most = Math.max(...r.weights) || 1;
   r.weights.forEach((w, j) => {
     const s = document.createElement("span");
@@ -345,8 +345,15 @@ function heatmapRow(a, r) {
   return row;
 }
 
+// A query head's name; where query heads share key heads (a Llama's grouped-query attention), the key head it reads.
+function headName(a, h, short) {
+  const grouped = a.key_heads && new Set(a.key_heads).size < a.n_head;
+  if (!grouped) return short ? `H${h}` : `head ${h}`;
+  return short ? `H${h}/K${a.key_heads[h]}` : `head ${h} (key head ${a.key_heads[h]})`;
+}
+
 function cellText(a, r, j) {
-  return `layer ${r.layer} head ${r.head}, position ${j} ${JSON.stringify(a.keys[j].text)}: `
+  return `layer ${r.layer} ${headName(a, r.head)}, position ${j} ${JSON.stringify(a.keys[j].text)}: `
     + `q.k ${r.scores[j] === null ? "none: the text's attention policy left it out" : r.scores[j].toPrecision(6)}, `
     + `weight ${r.weights[j].toPrecision(6)}`;
 }
