@@ -136,6 +136,8 @@ def cost_estimate(config, hp) -> str | None:
     if estimate is None:
         return None
     shape = {"n_head": hp.n_head, "key_row": text_row(hp, config.layout)}
+    if hasattr(hp, "n_kv_head"):  # a Llama-family shape: n_kv_head key heads, each key padded under l2
+        shape.update(n_kv_head=hp.n_kv_head, key_row=(hp.head_dim + int(config.metric == "l2"), hp.head_dim))
     options = {**config.store, **shape}
     accepted = inspect.signature(estimate).parameters
     return estimate(plan(hp, config.metric, config.layout), **{k: v for k, v in options.items() if k in accepted})
@@ -306,7 +308,7 @@ def generate_batch(args, config, common: dict) -> int:
         raise VecgptError(f"--batch reads its prompts from the file; drop {', '.join(clash)}")
     prompts = batch.read_prompts(args.batch)
     common.pop("on_text")("")  # the file is read: the seed line, if any
-    printer = InOrder(len(prompts), args.json)
+    printer = InOrder(prompts, args.json)
     with tqdm(total=len(prompts), unit="text", desc="vecgpt", disable=None, file=sys.stderr) as bar:
         printer.bar = bar
         outs = batch.generate_many(
@@ -328,17 +330,16 @@ def generate_batch(args, config, common: dict) -> int:
 
 
 class InOrder:
-    """Each text printed once every text before it in the file has been: a JSON line, or prompt and text."""
+    """Each text printed once every text before it in the file has been: a JSON line, or prompt and text (the
+    prompt as the file has it, as `generate` echoes its own)."""
 
-    def __init__(self, n: int, as_json: bool):
+    def __init__(self, prompts: list[str], as_json: bool):
         import threading
 
         self.ready: dict[int, dict] = {}
-        self.next, self.as_json, self.lock, self.bar = 0, as_json, threading.Lock(), None
+        self.prompts, self.next, self.as_json, self.lock, self.bar = prompts, 0, as_json, threading.Lock(), None
 
     def __call__(self, i: int, out: dict) -> None:
-        from vecgpt import tokenizer
-
         with self.lock:
             self.ready[i] = out
             self.bar and self.bar.update(1)
@@ -347,7 +348,7 @@ class InOrder:
                 if self.as_json:
                     print(json.dumps(out), flush=True)
                 elif "error" not in out:
-                    print(tokenizer.decode(out["prompt_tokens"]) + out["text"] + "\n", flush=True)
+                    print(self.prompts[self.next] + out["text"] + "\n", flush=True)
                 self.next += 1
 
 
@@ -407,11 +408,9 @@ def cmd_compare(args) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    from vecgpt import tokenizer
-
     print(f"{'rank':>4} {'token':>6} {'text':14} {'store':>12} {'numpy':>12} {'abs err':>10}")
     for row in out["scores"]:
-        text = repr(tokenizer.decode([row["token"]]))[:14]
+        text = repr(row["text"])[:14]
         print(
             f"{row['rank']:>4} {row['token']:>6} {text:14} {row['store']:>12.6f} {row['numpy']:>12.6f} {row['abs_error']:>10.2e}"
         )

@@ -47,27 +47,31 @@ def estimate_cost(
     key_replicas: int = 2,
     n_head: int | None = None,
     key_row: tuple[int, int] | None = None,
+    n_kv_head: int | None = None,
 ) -> str:
     """What a load writes and costs, and what a generated token costs, at the published prices.
 
     rows: (collection, documents, dimension) as `vecgpt.loading.plan` gives them; n_head and key_row (a text
     row's vector and payload widths, `vecgpt.loading.text_row`) default to GPT-2's 64-wide heads in layout
-    four. Per token: one kNN subquery per matrix, one per head for the keys, the token search, each billed at
-    least 1.28 GB queried; the token's keys (all layers) go out as one upsert, a write per head namespace and
-    copy (the first copy carries the payload), each billed at least 10 KB.
+    four; n_kv_head, the key heads (grouped-query attention: fewer than n_head; default n_head). Per token: one
+    kNN subquery per matrix, one per query head for the keys (a request per key head carries its group's), the
+    token search (and, an own output matrix beside the token table, the token's row fetched by id), each billed
+    at least 1.28 GB queried; the token's keys go out in two upserts (`write_parts`), a write per key head
+    namespace and copy (the first copy carries the payload), each billed at least 10 KB.
     """
     doc_bytes = [(name, n, d, n * (8 + 4 * d + 8)) for name, n, d in rows]  # id + f32 vector + row attribute
     docs = sum(n for _, n, _, _ in doc_bytes) * replicas
     size = sum(b for *_, b in doc_bytes) * replicas
     width = next((d for name, _, d in rows if name == "wpe"), 768)
     heads = n_head or max(1, width // 64)
-    token = token_cost(doc_bytes, heads, key_row or (width // heads, width), key_replicas)
+    token = token_cost(doc_bytes, heads, key_row or (width // heads, width), key_replicas, n_kv_head)
     return "\n".join(
         [
             f"turbopuffer: {docs:,} documents, {size / 1e9:,.3f} GB logical ({replicas} cop{'y' if replicas == 1 else 'ies'})",
             f"  load (writes at $2/GB, before batch discounts): ${size / 1e9 * PRICES['write_gb']:,.2f}",
             f"  storage at $0.33/GB-month: ${size / 1e9 * PRICES['storage_gb_month']:,.2f} a month",
-            f"  per generated token: {token['subqueries']} kNN subqueries (>= 1.28 GB queried each), "
+            f"  per generated token: {token['subqueries']} kNN subqueries (>= 1.28 GB queried each) in "
+            f"{token['requests']} requests, "
             f"{token['returned'] / 1e6:.2f} MB returned, {token['writes']} key writes "
             f"({token['key_writes'] / 1e3:,.0f} KB): ${token['dollars']:.6f}",
             "  (prices from turbopuffer.com/pricing, Launch/Scale; minimum bill $16 a month)",
@@ -75,30 +79,42 @@ def estimate_cost(
     )
 
 
-def token_cost(doc_bytes: list, heads: int, key_row: tuple[int, int], key_replicas: int) -> dict:
-    """A generated token's kNN subqueries, bytes returned, key writes and their bytes, and its dollars.
-
-    doc_bytes: (collection, documents, dimension, logical bytes) a collection."""
+def token_cost(
+    doc_bytes: list, heads: int, key_row: tuple[int, int], key_replicas: int, kv_heads: int | None = None
+) -> dict:
+    """A generated token's kNN subqueries and requests, bytes queried and returned, key writes and their bytes,
+    and its dollars. doc_bytes: (collection, documents, dimension, logical bytes) a collection; heads: query heads;
+    kv_heads: the key heads, each a namespace (and its copies) written and searched (default: heads)."""
+    kv, least = kv_heads or heads, PRICES["min_query_bytes"]
     matrices = [r for r in doc_bytes if r[0].startswith("h.")]
     layers = sum(1 for r in matrices if r[0].endswith("attn.c_attn"))
     per_ns_bytes = {name: b for name, _, _, b in doc_bytes}
-    queried = (
-        sum(max(PRICES["min_query_bytes"], per_ns_bytes[r[0]]) for r in matrices)
-        + layers * heads * PRICES["min_query_bytes"]
-        + max(PRICES["min_query_bytes"], per_ns_bytes.get("wte", 0))
-    )
+    output = "lm_head" if "lm_head" in per_ns_bytes else "wte"
+    lookups = int("embed_tokens" in per_ns_bytes)  # untied: the next token's row is a fetch by id, a query
+    searched = len(matrices) + layers * heads + 1 + lookups
+    queried = sum(max(least, per_ns_bytes[r[0]]) for r in matrices) + max(least, per_ns_bytes.get(output, 0))
+    queried += (layers * heads + lookups) * least
     returned = sum(n for _, n, _, _ in matrices) * 12  # every row: id and distance
     parts = write_parts(layers)
-    key_writes = heads * sum(key_write_bytes(n, key_row, key_replicas) for n in parts)
+    key_writes = kv * sum(key_write_bytes(n, key_row, key_replicas) for n in parts)
     return {
-        "subqueries": len(matrices) + layers * heads + 1,
+        "subqueries": searched,
+        "requests": searched - layers * heads + layers * kv * key_search_requests(heads // kv, key_replicas),
+        "queried": queried,
         "returned": returned,
-        "writes": heads * key_replicas * len(parts),  # each part's upsert: a request per head namespace copy
+        "writes": kv * key_replicas * len(parts),  # each part's upsert: a request per key head namespace copy
         "key_writes": key_writes,
         "dollars": queried / 1e15 * PRICES["queried_pb"]
         + returned / 1e9 * PRICES["returned_gb"]
         + key_writes / 1e9 * PRICES["write_gb"],
     }
+
+
+def key_search_requests(group: int, copies: int, per_request: int = 8) -> int:
+    """Requests of one key head's search for a decode step: its group's queries spread over the head's namespace
+    copies, at most `per_request` subqueries a request (16 slots, a kNN subquery taking 2; search.Searching._run)."""
+    size = max(1, min(per_request, -(-group // copies)))
+    return -(-group // size)
 
 
 def write_parts(layers: int) -> list[int]:
