@@ -43,13 +43,14 @@ def measured(store, engine, steps: int = 3) -> list[Counter]:
     return out
 
 
+@pytest.mark.parametrize("layout", ["five", "four"])
 @pytest.mark.parametrize("shape, key_replicas", CASES.values(), ids=CASES.keys())
-def test_the_estimate_counts_what_a_gqa_token_sends(make_store, tmp_path, shape, key_replicas):
+def test_the_estimate_counts_what_a_gqa_token_sends(make_store, tmp_path, shape, key_replicas, layout):
     hp = families.LlamaHParams(**SHAPE, **shape)
     model = weights.load(str(weights.make_llama_model(tmp_path / "m", hp, seed=1)))
     store = make_store("turbopuffer", key_replicas=key_replicas)
-    push(store, model, "l2", progress=False, layout="five")
-    config = Config(backend="turbopuffer", metric="l2", layout="five", store={"key_replicas": key_replicas})
+    push(store, model, "l2", progress=False, layout=layout)
+    config = Config(backend="turbopuffer", metric="l2", layout=layout, store={"key_replicas": key_replicas})
     said = re.search(LINE, cost_estimate(config, hp))
     subqueries, requests, writes, kb, per_token = (float(x.replace(",", "")) for x in said.groups())
     for used in measured(store, Engine(store)):

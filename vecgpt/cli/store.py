@@ -136,8 +136,9 @@ def cost_estimate(config, hp) -> str | None:
     if estimate is None:
         return None
     shape = {"n_head": hp.n_head, "key_row": text_row(hp, config.layout)}
-    if hasattr(hp, "n_kv_head"):  # a Llama-family shape: n_kv_head key heads, each key padded under l2
-        shape.update(n_kv_head=hp.n_kv_head, key_row=(hp.head_dim + int(config.metric == "l2"), hp.head_dim))
+    if hasattr(hp, "n_kv_head"):  # a Llama: n_kv_head key heads, a key padded under l2 (llama_rounds' row_widths)
+        payload = hp.head_dim if config.layout == "five" else hp.group * hp.n_embd
+        shape.update(n_kv_head=hp.n_kv_head, key_row=(hp.head_dim + int(config.metric == "l2"), payload))
     options = {**config.store, **shape}
     accepted = inspect.signature(estimate).parameters
     return estimate(plan(hp, config.metric, config.layout), **{k: v for k, v in options.items() if k in accepted})
