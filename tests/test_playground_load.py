@@ -1,8 +1,9 @@
 """The playground under load, over HTTP on the shipped model: texts generated at once each get, bit for bit, the
-tokens and candidates' logits of their runs alone, stepped together (vecgpt.stepper); a page arriving
-mid-batch gets its tokens, also while every text of the batch is held between two of its tokens; and a page
-closed, a text deleted, the stores listed and idle texts collected mid-generation hold up no one. Nothing here
-is timed: benchmarks/playground_load.py (the same functions) measures."""
+tokens and candidates' logits of their runs alone, stepped together (vecgpt.stepper); a page arriving mid-batch
+gets its first token at most two steps after its generation is handed in (counted by the stepper), and its tokens
+also while every text of the batch is held between two of its tokens; and a page closed, a text deleted, the
+stores listed and idle texts collected mid-generation hold up no one. Nothing here is timed:
+benchmarks/playground_load.py (the same functions) measures."""
 
 from __future__ import annotations
 
@@ -64,12 +65,16 @@ def test_sixteen_texts_at_once_get_their_solo_tokens_and_a_page_arriving_mid_bat
     (chosen, solo), shelf = alone, served.library.shelves[0]
     for service in shelf.services.values():
         service.stepper.steps.clear()
+        service.stepper.first_tokens.clear()
     pages, _, late = load.at_once(served.url, chosen[:16], N, newcomer=chosen[16])
     closed(served.url, [*pages, late])
     assert load.differing(pages, solo[:16]) == [] and [p.ended for p in pages] == ["done"] * 16
     assert late.drawn == solo[16].drawn and late.ended == "done"  # started when half the batch's tokens were in
     steps = sum((service.stepper.steps for service in shelf.services.values()), Counter())
     assert max(steps) > 1, steps  # texts did read together: one step for several
+    # each page's first token, the newcomer's too: read in the step after the one running as it was handed in
+    firsts = sum((service.stepper.first_tokens for service in shelf.services.values()), Counter())
+    assert firsts.total() == 17 and max(firsts) <= 2, firsts
     settled(served)
 
 

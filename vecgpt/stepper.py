@@ -3,11 +3,17 @@
 A text's operation (`Text.generating`: generate tokens; reading a prompt) is a generator that yields each read it
 needs (engine.Read: a chunk of its prompt, or its one new token) and gets back that read's candidates. The stepper
 plays the scheduler of a serving engine: each `step` admits waiting operations (at most `at_once` in flight), picks
-the reads it runs (every decode step, then prompt chunks, oldest first, while the step's rows stay within `budget`;
-a read left out waits for the next step), runs them as one engine.Step (one block of rows: each matrix one search for all the
-texts, each text's keys searched in its own collection in the same round), and hands each its result. Texts join
-and leave between steps; nothing waits on a timer. A prompt is read in chunks (Engine.chunk_size), so a long prompt
-does not hold up the texts that decode. A text alone is a stepper of one, on the same path.
+the reads it runs, runs them as one engine.Step (one block of rows: each matrix one search for all the texts, each
+text's keys searched in its own collection in the same round), and hands each its result. Texts join and leave
+between steps; nothing waits on a timer. A prompt is read in chunks (Engine.chunk_size), so a long prompt does not
+hold up the texts that decode. A text alone is a stepper of one, on the same path.
+
+Which reads a step runs (`scheduled`), its rows within `budget` (at least one read): every decode step, then prompt
+chunks in the order their texts came. But a text that arrives while others decode does not wait out a whole step
+of theirs for its first token: in a step after one that read the decode steps, the reads that end a prompt (its
+last chunk, which gives the text its first token) run alone, a short step, and the decode steps come in the next.
+So texts decoding read at least every other step, and a newcomer's first token comes when the step running as it
+arrives has ended and its own short one after it.
 
 >>> stepper = Stepper(at_once=16)
 >>> jobs = [stepper.add(text.generating(20)) for text in texts]
@@ -28,6 +34,7 @@ class Job:
         self.operation, self.on_end = operation, on_end
         self.read = None  # the engine.Read it waits for
         self.done, self.result, self.error = False, None, None
+        self.came = 0  # the steps its stepper had run when it was added
 
     def advance(self, answer=None) -> None:
         """Hand the operation its read's answer (an error is raised in it); it runs to its next read, or ends."""
@@ -66,10 +73,16 @@ class Stepper:
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self.steps = Counter()  # steps run, by the number of texts in them
+        self.ahead = False  # the last step read only the reads that end a prompt, others waiting
+        self.ended = 0  # steps run to their end
+        # a text's first token: the steps from its operation's arrival to the one that read its prompt's last chunk,
+        # that one and the one running as it came included -> how many times
+        self.first_tokens = Counter()
 
     def add(self, operation: Generator, on_end=None) -> Job:
         """An operation to start at the next step with room for it."""
         job = Job(operation, on_end)
+        job.came = self.ended
         self.waiting.append(job)
         return job
 
@@ -77,7 +90,7 @@ class Stepper:
         return bool(self.waiting or self.running)
 
     def step(self) -> None:
-        """Admit what fits, then one forward pass over every running text's next read."""
+        """Admit what fits, then one forward pass over the chosen running texts' next reads."""
         while self.waiting and len(self.running) < self.at_once:
             job = self.waiting.popleft()
             job.advance()  # runs to its first read (or ends at once: nothing to read)
@@ -86,25 +99,26 @@ class Stepper:
         if not self.running:
             return
         chosen = self.scheduled()
-        reads = [job.read for job in chosen]
-        answers = reads[0].session.step(reads).run()
-        self.steps[len(reads)] += 1
+        firsts = [ends_prompt(job.read) for job in chosen]
+        answers = chosen[0].read.session.step([job.read for job in chosen]).run()
+        self.steps[len(chosen)] += 1
         if self.on_step is not None:
             self.on_step(chosen)
-        for job, answer in zip(chosen, answers):
+        for job, answer, first in zip(chosen, answers, firsts):
+            if first and not isinstance(answer, BaseException):
+                self.first_tokens[self.ended + 1 - job.came] += 1
             job.advance(answer)
         self.running = [job for job in self.running if not job.done]
+        self.ended += 1
 
     def scheduled(self) -> list[Job]:
-        """The jobs whose reads this step runs: every decode step (one row), then prompt chunks in the order their
-        texts came, while the rows stay within the budget; at least one."""
-        rows, chosen = 0, []
-        for job in sorted(self.running, key=lambda j: len(j.read.ids) > 1):  # stable: decode steps first
-            if chosen and rows + len(job.read.ids) > self.budget:
-                continue
-            chosen.append(job)
-            rows += len(job.read.ids)
-        return chosen
+        """The jobs whose reads this step runs, within the budget: the reads that end a prompt alone (oldest first) if
+        the last step read the others and they still wait; else every decode step, then prompt chunks oldest first."""
+        ending = [job for job in self.running if ends_prompt(job.read)]
+        self.ahead = bool(ending) and len(ending) < len(self.running) and not self.ahead
+        if self.ahead:
+            return within(ending, self.budget)
+        return within(sorted(self.running, key=lambda j: len(j.read.ids) > 1), self.budget)  # stable: decodes first
 
     def run(self) -> None:
         """Step until every operation has ended; cut short (Ctrl-C), every operation is closed first."""
@@ -115,6 +129,25 @@ class Stepper:
             for job in [*self.running, *self.waiting]:
                 job.close()
             raise
+
+
+def ends_prompt(read) -> bool:
+    """A read of a prompt's last chunk (or of a one-token prompt), which gives its text its first token's candidates;
+    not a decode step's one new token, nor a prompt's earlier chunk."""
+    start = read.session.position if read.start is None else read.start
+    return read.k is not None and (len(read.ids) > 1 or start == 0)
+
+
+def within(jobs: list[Job], budget: int) -> list[Job]:
+    """The jobs, in order, whose reads fit the budget of rows together (one that does not is left out, and later
+    ones may still fit); at least the first."""
+    rows, chosen = 0, []
+    for job in jobs:
+        if chosen and rows + len(job.read.ids) > budget:
+            continue
+        chosen.append(job)
+        rows += len(job.read.ids)
+    return chosen
 
 
 def run_one(operation: Generator):
@@ -129,9 +162,13 @@ def run_one(operation: Generator):
 
 class Service:
     """A stepper run by a thread of its own for callers in other threads (the playground's pages): `run` hands in
-    an operation and waits for its end, while the operations of every caller step together."""
+    an operation and waits for its end, while the operations of every caller step together.
 
-    def __init__(self, at_once: int = 16):
+    A page hands in each token as an operation of its own, so its text leaves the stepper between two tokens. By
+    default no count of texts caps a step, only the budget of rows: with at most 16, a 17th page was left out of a
+    step in turn, and a newcomer queued behind the texts handing in their next token, a step later."""
+
+    def __init__(self, at_once: int = BUDGET):
         self.stepper, self.cond = Stepper(at_once), threading.Condition()
         self.thread: threading.Thread | None = None
 
