@@ -113,11 +113,11 @@ def plot(result: dict, path) -> None:
 
 
 def sink_curves(ax, m, context, color) -> None:
+    """Each layer's weight on the first positions over uniform's: the mean head's and the largest head's."""
     k = m["sinks"][context]
-    layers = range(1, len(k["weight"]) + 1)
-    ax.plot(layers, [sum(w) / len(w) for w in k["weight"]], color=color, marker="o", label=f"{m['name']} mean head")
-    ax.plot(layers, [max(w) for w in k["weight"]], color=color, ls="--", marker="^", label=f"{m['name']} top head")
-    ax.axhline(k["uniform"], color="grey", lw=0.8, ls=":")
+    layers, ratio = range(1, len(k["weight"]) + 1), k["over_uniform"]
+    ax.plot(layers, [sum(r) / len(r) for r in ratio], color=color, marker="o", label=f"{m['name']} mean head")
+    ax.plot(layers, [max(r) for r in ratio], color=color, ls="--", marker="^", label=f"{m['name']} largest head")
 
 
 def label(axes, result, contexts) -> None:
@@ -126,8 +126,10 @@ def label(axes, result, contexts) -> None:
     axes[1].axhline(0.99, color="grey", lw=0.8, ls=":")
     axes[1].set(xscale="log", xlabel="earlier keys a query head keeps", ylabel="greedy agreement with full attention")
     axes[1].set_title(f"context {max(contexts)}")
-    axes[2].set(xlabel="layer", ylabel=f"weight on positions 0..{s['sinks_measured'] - 1}", ylim=(0, 1))
-    axes[2].set_title(f"sinks? context {max(contexts)} (dotted: uniform)")
+    axes[2].axhline(1, color="grey", lw=0.8, ls=":")
+    axes[2].set(xlabel="layer", ylabel=f"weight on positions 0..{s['sinks_measured'] - 1} / uniform's", ylim=(0, None))
+    axes[2].set_title(f"sinks? context {max(contexts)} (1: an even spread; a sink is many times that)")
+    axes[2].xaxis.get_major_locator().set_params(integer=True)
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
