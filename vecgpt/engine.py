@@ -214,13 +214,14 @@ class Step:
         self.starts = [r.session.position if r.start is None else r.start for r in reads]
         self.bounds = [0, *accumulate(len(r.ids) for r in reads)]  # text i's rows: bounds[i] to bounds[i + 1]
         self.errors: dict[int, BaseException] = {}
+        self._reading = (-1, [])  # texts(): (the errors when made, the texts still reading)
         self.residuals: list = [None] * len(reads)  # again: each text's residual after each layer [L, d]
         self.ln, self.ln_f = self.engine.layer_norms()
 
-    def texts(self, only=None):  # the texts still reading: (index, session, start, its rows in the block)
-        for i, r in enumerate(self.reads):
-            if i not in self.errors and (only is None or only(len(r.ids))):
-                yield i, r.session, self.starts[i], slice(self.bounds[i], self.bounds[i + 1])
+    def texts(self, only=None) -> list:  # the texts still reading: (index, session, start, its rows in the block)
+        if self._reading[0] != len(self.errors):  # errors only grow: made again when one was added
+            self._reading = (len(self.errors), reading(self))
+        return self._reading[1] if only is None else [t for t in self._reading[1] if only(t[3].stop - t[3].start)]
 
     def run(self) -> list:
         """Each read's candidates (None where it asked for none), or the error that stopped that text."""
@@ -441,9 +442,8 @@ class Step:
         for hits, ((_, a), js) in zip(found, groups.items()):
             for row, j in enumerate(js):
                 i, ids = asking[j], hits.ids[row]
-                out[i] = ordered(
-                    ids, encoding.decode_dists(hits.dists[row : row + 1], q[j : j + 1], m2, self.metric)[0]
-                )
+                dists = encoding.decode_dists(hits.dists[row : row + 1], q[j : j + 1], m2, self.metric)[0]
+                out[i] = ordered(ids, dists)
                 if a and hits.vectors is not None:  # a store that cannot give them: the next read fetches them
                     s = sessions[i]
                     s.ahead = Ahead(s.position, dict(zip(ids.tolist(), hits.vectors[row])), wpe[ahead.index(i)][None])
@@ -452,6 +452,11 @@ class Step:
 
 class Stopped(Exception):
     """Every text of a step has failed: the step ends (each text's error is in Step.errors)."""
+
+
+def reading(step: Step) -> list:  # Step.texts(): (index, session, start, its rows in the block), errors left out
+    rows = [slice(a, b) for a, b in zip(step.bounds[:-1], step.bounds[1:])]
+    return [(i, r.session, step.starts[i], rows[i]) for i, r in enumerate(step.reads) if i not in step.errors]
 
 
 def one(m: int) -> bool:  # a text reading one position (a decode step)

@@ -110,17 +110,17 @@ class Meter:
                 self.current["seconds"][calls[-1][0]] += time.perf_counter() - start
         return results
 
-    def shared_round(self, kind: str, seconds: float) -> None:
-        """A round trip this text waited for, sent with other texts' (vecgpt.rounds)."""
+    def shared(self, requests: list, kind: str | None, seconds: float) -> None:
+        """A round this text took part in, sent with other texts' (vecgpt.rounds): its share of each call's requests
+        and subqueries, [(kind, counts, share)], and the round trip, filed under `kind` (None: no round trip)."""
+        current = self.current
         with self.lock:
-            self.current["rounds"][kind] += 1
-            self.current["seconds"][kind] += seconds
-
-    def shared_requests(self, kind: str, counts: dict, share: float) -> None:
-        """This text's share of a call sent for several texts: its part of the call's requests and subqueries."""
-        with self.lock:
-            self.current["requests"][kind] += share * (counts["requests"] or 1)
-            self.current["subqueries"][kind] += share * counts["subqueries"]
+            for k, counts, share in requests:
+                current["requests"][k] += share * (counts["requests"] or 1)
+                current["subqueries"][k] += share * counts["subqueries"]
+            if kind is not None:
+                current["rounds"][kind] += 1
+                current["seconds"][kind] += seconds
 
     def _counted(self, kind: str, fn, into: dict):
         with tally() as counts:

@@ -29,7 +29,7 @@ class Policy(NamedTuple):
     @property
     def active(self) -> bool:
         """Whether the policy can drop a key (else: full attention)."""
-        return any(v is not None for v in self)
+        return self != FULL
 
     def middle(self, i: int) -> tuple[int, int]:
         """The positions [a, b) of a query at position i that top-k or the threshold choose from."""
@@ -50,6 +50,7 @@ class Policy(NamedTuple):
         return keep
 
 
+FULL = (None, None, None, None)  # a policy that keeps every key (Policy(), as a plain tuple: compared at C speed)
 SETTINGS = ("attention_top_k", "attention_threshold", "attention_sinks", "attention_window")  # a text's record's
 
 

@@ -63,18 +63,18 @@ def settle(plan, outcomes, weights, members, takes, failed, seconds, pool) -> tu
     """Each member's results and meter, from the round's outcomes [(result or error, counts)]."""
     shared_out, own_out, last = [], {s: [] for s in members}, {}  # last: a member's round is filed under its
     total = sum(weights.values()) or 1  # last call's kind (writes, then the shared calls, then its own: plan's order)
-    pooled_out = {}
+    tallies, pooled_out = {s: [] for s in members}, {}  # each member's share of each call: (kind, counts, share)
     for (call, owner, write), (result, counts) in zip(plan, outcomes):
         kind = call.kind
         if owner is POOL:
-            pooled_out = share_pool(pool, result, counts, kind, failed, last)
+            pooled_out = share_pool(pool, result, counts, kind, failed, last, tallies)
         elif owner is None:
             shared_out.append(result)
             for s in members:
                 if isinstance(result, Exception):
                     failed.setdefault(s, result)
                 elif weights.get(s):
-                    s.meter.shared_requests(kind, counts, weights[s] / total)
+                    tallies[s].append((kind, counts, weights[s] / total))
                 last[s] = kind
         else:
             last[owner] = kind
@@ -83,20 +83,19 @@ def settle(plan, outcomes, weights, members, takes, failed, seconds, pool) -> tu
                 if write:  # as Writer.failing: a later round's acknowledgement must not count this write as landed
                     owner.writer.fail(result)
             else:
-                owner.meter.shared_requests(kind, counts, 1.0)
+                tallies[owner].append((kind, counts, 1.0))
                 if not write:
                     own_out[owner].append(result)
     for s, hits in pooled_out.items():
         own_out[s].append(hits)
     for s in members:
-        if s in last:
-            s.meter.shared_round(last[s], seconds)
+        s.meter.shared(tallies[s], last.get(s), seconds)
         if s not in failed:
             s.writer.done(takes[s])
     return shared_out, own_out, failed
 
 
-def share_pool(pool, result, counts, kind, failed, last) -> dict:
+def share_pool(pool, result, counts, kind, failed, last, tallies) -> dict:
     """The pooled key searches' hits, split back by text ({session: [Hits]}), each text's meter counting its share
     of the requests (by its searches); sent again apart (`apart`): each text's own outcome and requests."""
     out, total = {}, sum(len(p) for p in pool.values())
@@ -106,7 +105,7 @@ def share_pool(pool, result, counts, kind, failed, last) -> dict:
             if isinstance(hits, Exception):
                 failed.setdefault(s, hits)
             else:
-                s.meter.shared_requests(kind, each, 1.0)
+                tallies[s].append((kind, each, 1.0))
                 out[s] = hits
         return out
     at = 0
@@ -115,7 +114,7 @@ def share_pool(pool, result, counts, kind, failed, last) -> dict:
         if isinstance(result, Exception):
             failed.setdefault(s, result)
         else:
-            s.meter.shared_requests(kind, counts, len(p) / total)
+            tallies[s].append((kind, counts, len(p) / total))
             out[s] = result[at : at + len(p)]
         at += len(p)
     return out

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vecgpt.backends import _grid, base
 from vecgpt.backends import _text_log as text_log
-from vecgpt.backends import base
 from vecgpt.backends.base import (
     FolderStore,
     Hits,
@@ -94,6 +94,7 @@ class Collection:
         self.slot_of: dict[int, int] = dict(zip(self.ids.tolist(), range(self.table.n)))
         self._in_order: bool | None = None  # whether ids are 0..n-1 (a model's matrix), found when first asked
         self._equal: dict[tuple, tuple[int, np.ndarray, np.ndarray]] = {}  # rows_by's memo, while rows only append
+        self._grids: dict[tuple, tuple[int, _grid.Grid | None]] = {}  # grid's, at a number of rows
 
     @property
     def ids(self) -> np.ndarray:  # [n] slot -> id
@@ -145,7 +146,7 @@ class Collection:
         self._payload[slots[old]] = payload[old]
         self.dirty, self._in_order = True, None
         if old.any():  # a row's attributes may have changed: rows_by starts again
-            self._equal = {}
+            self._equal, self._grids = {}, {}
 
     def rows(self) -> text_log.Rows:
         return text_log.Rows(self.ids, self.table.vectors(np.arange(self.table.n)), self.attrs, self.payload)
@@ -171,6 +172,23 @@ class Collection:
         rows, values = self.matching_rows(where, by)
         bounds = np.searchsorted(values, np.arange(groups + 1)).tolist()  # values are integers, sorted
         return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def grid(self, where: Where, by: str, groups: int) -> _grid.Grid | None:
+        """A grouped search's rows as a grid (vecgpt.backends._grid) when its filter is equalities and a range of one
+        attribute and the rows are laid out as one; else None."""
+        ranged = {*where.lt, *where.ge}
+        if len(ranged) != 1:
+            return None
+        along = next(iter(ranged))
+        key, n = (frozenset(where.eq.items()), by, along, groups), self.table.n
+        seen, held = self._grids.get(key, (-1, None))
+        if seen != n:
+            if len(self._grids) >= MEMO:
+                self._grids = {}
+            rows, values = self.rows_by(frozenset((np.equal, a, v) for a, v in where.eq.items()), by)
+            held = _grid.grid(rows, values, self._attrs[along][rows], self.ids, groups)
+            self._grids[key] = (n, held)
+        return None if held is None else _grid.columns(held, where.ge.get(along), where.lt.get(along))
 
     def matching_rows(self, where: Where, by: str | None) -> tuple[np.ndarray, np.ndarray]:
         """The rows a filter matches, ordered by attribute `by` and then by slot, and their values of `by` (None: by
@@ -317,11 +335,14 @@ class InProcessStore(FolderStore):
         where = base.group_filter(s)
         base.check_attributes(s.collection, where.attributes() | {s.by}, col.names)
         record(1, queries.shape[0] * queries.shape[1])
-        slots = col.group_slots(where, s.by, len(queries))
-        base.check_groups(s.collection, [len(rows) for rows in slots])
-        slots = stacked(slots) if slots else np.zeros((0, 0), np.int64)  # [G, n]
-        dists = col.table.all_dists_groups(queries, slots)  # [G, m, n]
-        return Hits(np.repeat(col.ids[slots][:, None], queries.shape[1], axis=1), dists)
+        found = col.grid(where, s.by, len(queries))
+        if found is None:
+            slots = col.group_slots(where, s.by, len(queries))
+            base.check_groups(s.collection, [len(rows) for rows in slots])
+            slots = stacked(slots) if slots else np.zeros((0, 0), np.int64)  # [G, n]
+            found = _grid.Grid(slots, col.ids[slots], None)
+        dists = col.table.all_dists_groups(queries, found.slots)  # [G, m, n]
+        return Hits(np.broadcast_to(found.ids[:, None], dists.shape), dists)
 
     def fetch(self, name, ids, payload=False):
         col = self._col(name)
