@@ -9,7 +9,9 @@ default 2 and 4: every layer's matrices as the shape has them, the token table a
 (inner product, layout five) and numpy float32 (reference or reference_llama) ms a token, the meter's requests,
 round trips and subqueries a token. A token's cost is a fixed part (the token search, its embedding) plus one
 layer's times the layers, so each figure is fitted as a + b x layers over the cut checkpoints and read at the
-shape's own depth; `--llama-full NAME` also measures a shape whole, to check that reading.
+shape's own depth; `--llama-full NAME` also measures a shape whole, to check that reading. Each token is timed by the
+clock (ms) and by this process's CPU time (cpu_ms: with one BLAS thread, what a quiet machine's clock would show;
+on a machine shared with other work the clock counts their turns too).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 PROMPT = [15496, 995]  # "Hello world" (ids taken modulo a scaled vocabulary)
-MEASURED = ("store_ms", "numpy_ms", "requests", "round_trips", "subqueries")
+MEASURED = ("store_ms", "store_cpu_ms", "numpy_ms", "numpy_cpu_ms", "requests", "round_trips", "subqueries")
 
 
 def shapes(scale: int = 1) -> dict:
@@ -141,13 +143,13 @@ def read_tokens(text, prompt, n: int) -> dict:
     tokens, times = [int(text.read(prompt).ids[0])], []
     for _ in range(n):
         text.meter.start_token()
-        t = time.perf_counter()
+        t = clocks()
         tokens.append(int(text.read([tokens[-1]]).ids[0]))
-        times.append(time.perf_counter() - t)
+        times.append(clocks() - t)
     decode = text.meter.summary()["per_token"][1:]
     mean = lambda field: float(np.mean([tok[field] for tok in decode]))  # noqa: E731
     return {
-        "store_ms": 1000 * float(np.median(times)),
+        **medians("store", times),
         "requests": mean("total"),
         "round_trips": mean("round_trips"),
         "subqueries": mean("subqueries"),
@@ -162,10 +164,21 @@ def on_numpy(model, prompt, tokens) -> dict:
     ref, times = reference(model, np.float32), []
     own = [int(np.argmax(ref.logits(prompt)[-1]))]
     for t in tokens[:-1]:
-        began = time.perf_counter()
+        began = clocks()
         own.append(int(np.argmax(ref.logits([t])[-1])))
-        times.append(time.perf_counter() - began)
-    return {"numpy_ms": 1000 * float(np.median(times)), "numpy_tokens": own, "same_tokens": own == tokens}
+        times.append(clocks() - began)
+    return {**medians("numpy", times), "numpy_tokens": own, "same_tokens": own == tokens}
+
+
+def clocks() -> np.ndarray:
+    """(the clock, this process's CPU time, all its threads) in seconds."""
+    return np.array([time.perf_counter(), time.process_time()])
+
+
+def medians(name: str, times) -> dict:
+    """ms a token by the clock and by CPU time: the medians over the tokens."""
+    ms = 1000 * np.median(np.array(times), axis=0)
+    return {f"{name}_ms": float(ms[0]), f"{name}_cpu_ms": float(ms[1])}
 
 
 def at_depth(cuts: list[dict], layers: int) -> dict:
