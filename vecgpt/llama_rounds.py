@@ -42,8 +42,7 @@ class LlamaSession(Session):
     def __init__(self, engine, name: str | None = None, create: bool = True):
         super().__init__(engine, name, create=False)
         self.hp = hp = replace(engine.hparams, n_head=engine.hparams.n_kv_head)  # the key heads
-        self.projected = np.zeros((hp.n_layer, self.value_heads(), hp.n_ctx, self.value_width()))
-        self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))
+        self.hold_positions(self.value_heads(), hp.n_head)
         if create:
             dim, payload = self.row_widths()
             self.store.create(self.name, dim, self.metric, ("layer", "head", "position"), payload=payload)

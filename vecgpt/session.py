@@ -50,6 +50,15 @@ def write_points(n_layer: int) -> frozenset[int]:
     return frozenset({max(0, n_layer // 2 - 1), n_layer - 1})
 
 
+ROOM = 64  # positions a text's kept values and key norms take room for at a time (vecgpt.attend.PAD's multiple)
+
+
+def grown(a: np.ndarray, size: int) -> np.ndarray:  # [L, H, n, ...] -> [L, H, size, ...], the first n kept
+    out = np.zeros((*a.shape[:2], size, *a.shape[3:]), a.dtype)
+    out[:, :, : a.shape[2]] = a
+    return out
+
+
 def squared_norms(k32: np.ndarray) -> np.ndarray:
     """|k|^2 over the last axis in float64, summed the same way however many keys: a resumed text's norms
     (from the stored keys) equal those its first process computed, to the last bit."""
@@ -90,10 +99,7 @@ class Session:
         self._written = 0  # positions < _written have landed in the store, every layer ...
         self._key_writes: list[tuple[int, int, int]] = []  # ... and these (ticket, start, end) writes, once acked
         self.layer_ticket: dict[int, int] = {}  # layer -> the last write queued with rows of that layer
-        # each position's kept value, [L, H, ctx, w] in float64: a head's values are contiguous rows, which
-        # attention multiplies by its weights as they are (zeros allocate lazily: a page is taken when written)
-        self.projected = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx, self.value_width()))
-        self.key_norms = np.zeros((hp.n_layer, hp.n_head, hp.n_ctx))  # [L, H, ctx]
+        self.hold_positions(hp.n_head, hp.n_head)
         self.policy = engine.policy  # the earlier keys each query keeps (vecgpt.policy; inactive: every one)
         if create:
             dim, payload = self.row_widths()
@@ -115,8 +121,27 @@ class Session:
         """The width of a position's kept value, a head's row of `projected`: projected by c_proj, d."""
         return self.hp.n_embd
 
+    def hold_positions(self, value_heads: int, key_heads: int) -> None:
+        """Room for the first positions' kept values and key norms, grown as the text reaches further (`reserve`)."""
+        hp, first = self.hp, min(ROOM, self.hp.n_ctx)
+        # each position's kept value, [L, H, positions, w] in float64: a head's values are contiguous rows, which
+        # attention multiplies by its weights as they are
+        self.projected = np.zeros((hp.n_layer, value_heads, first, self.value_width()))
+        self.key_norms = np.zeros((hp.n_layer, key_heads, first))  # [L, H, positions]
+
+    def reserve(self, end: int) -> None:
+        """Room for positions below `end`: doubled (at least to a whole ROOM, at most the context) when they do not
+        fit. A text holds the positions it reached, not its model's whole context: a new text's first read takes
+        pages for its own positions only (a whole context a text, 75 MB at GPT-2 small, cost 16 new texts a second
+        of page faults), and attention's padded rows (vecgpt.attend.padded) always fit."""
+        have = self.key_norms.shape[2]
+        if end > have:
+            size = min(self.hp.n_ctx, max(2 * have, -(-end // ROOM) * ROOM))
+            self.projected, self.key_norms = grown(self.projected, size), grown(self.key_norms, size)
+
     def keep_values(self, layer: int, start: int, values: np.ndarray) -> None:
         """Positions start.. of a layer: their values [m, H, w] as the store holds them (float32), kept in float64."""
+        self.reserve(start + len(values))
         self.projected[layer, :, start : start + len(values)] = values.astype(np.float32).transpose(1, 0, 2)
 
     def values(self, layer: int, start: int, m: int) -> np.ndarray:  # -> [m, H, w], as kept
@@ -246,11 +271,13 @@ class Session:
     def take_rows(self, vectors, payload) -> None:
         """The first n positions' rows as the store holds them, [L, n, H, hd] keys and [L, n, H, d] values."""
         n = vectors.shape[1]
+        self.reserve(n)
         self.projected[:, :, :n] = payload.transpose(0, 2, 1, 3)
         self.key_norms[:, :, :n] = squared_norms(vectors).transpose(0, 2, 1)
 
     def adopt(self, other: Session, n: int) -> None:
         """Start from another session's first n positions, whose keys and values this text's collection holds."""
+        self.reserve(n)
         self.projected[:, :, :n], self.key_norms[:, :, :n] = other.projected[:, :, :n], other.key_norms[:, :, :n]
         self.tokens, self._written, self._key_writes, self.layer_ticket = other.tokens[:n], n, [], {}
 

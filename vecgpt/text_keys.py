@@ -201,6 +201,7 @@ def stored_rows(s, layer, vectors) -> np.ndarray:
 
 def keep_norms(s, layer, start, vectors) -> None:
     """|row|^2 of the positions start.. of a layer, rows [m, H, w] as stored: what decoding their distances needs."""
+    s.reserve(start + len(vectors))
     s.key_norms[layer, :, start : start + len(vectors)] = squared_norms(stored_rows(s, layer, vectors)).T
 
 

@@ -96,6 +96,7 @@ class ThreeRounds(Session):
     def take_rows(self, vectors, payload) -> None:
         """The first n positions' rows as the store holds them: documents [L, n, H, d + 1], payload [.., hd + d]."""
         n, hd = vectors.shape[1], self.hp.n_embd // self.hp.n_head
+        self.reserve(n)
         self.projected[:, :, :n] = payload[..., hd:].transpose(0, 2, 1, 3)
         self.key_norms[:, :, :n] = squared_norms(vectors).transpose(0, 2, 1)
 
