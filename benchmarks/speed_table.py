@@ -2,7 +2,7 @@
 
     python benchmarks/speed_table.py [--stores CONFIG ...] [-n 16] [--repeat 1]
                                      [--threads 2] [--latency-ms 25] [--model DIR] [--out benchmarks/results/speed]
-                                     [--layout four|three|five ...]
+                                     [--layout four|three|five ...] [--settle 20]
 
 --stores names configs/<name>.toml, a row each (default: every config there, by name). Random weights at GPT-2
 small shape unless --model. Each store is emptied first in a place of its own
@@ -11,8 +11,8 @@ time is a real load and a user's default stores are not touched. After a ten-tok
 tokens are timed per store (median), and numpy's n tokens just before each store's: a row's ratio is against
 that, numpy's row the median of its timings. --repeat k runs the whole set k times and gives each figure as
 the median of the k runs (ratios taken within each run, so a busy stretch slows numpy and the store alike).
-Before each row it waits, up to 20 s, for the machine to be quiet (under a tenth of its CPU in use for half a
-second): what a row before left running (PostgreSQL's checkpoint, a server's shutdown) is not charged to the next.
+Before each row it waits, up to --settle seconds (20), for the machine to be quiet (under a tenth of its CPU in use for
+half a second): what a row before left running (PostgreSQL's checkpoint, a server's shutdown) is not charged to the next.
 turbopuffer runs through the official client against the local server with a fixed simulated latency
 per request. --layout loads the model in each layout given into the embedded stores, a row each (default: each
 config's layout; turbopuffer keeps its config's); the table states each row's layout. Writes speed.json (rows plus machine, CPU, threads, BLAS, versions, commit, date),
@@ -63,6 +63,7 @@ def parse_args(argv=None):
         default=[None],
         help="the model's layouts in the embedded stores, a row each (default: each config's)",
     )
+    parser.add_argument("--settle", type=float, default=20.0, help="most seconds to wait for a quiet machine a row")
     parser.add_argument("--out", default="benchmarks/results/speed", help="folder for speed.json, .md and .png")
     parser.add_argument(
         "--render", action="store_true", help="measure nothing: write the tables and plot of --out's speed.json"
@@ -133,7 +134,7 @@ def measure_once(model, ids, args) -> list[dict]:
     try:
         for name in args.stores:
             for layout in [None] if name == "turbopuffer" else args.layout:
-                waited = settle()
+                waited = settle(args.settle)
                 if waited > 2:
                     progress(f"waited {waited:.1f} s for the machine to be quiet")
                 numpy_s.append(per_token.reference_row(model, ids, args.n)["per_token_s"])

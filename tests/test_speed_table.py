@@ -33,6 +33,8 @@ def test_speed_table_writes_json_markdown_and_plot(tmp_path):
         "--layout",
         "four",
         "five",
+        "--settle",  # no wait for a quiet machine: under load it waited 20 s a row, beside a 120 s limit
+        "0",
         "--out",
         str(tmp_path),
     ]
