@@ -70,7 +70,8 @@ def planned(name: str, hp) -> dict:
         "parameters": parameter_count(hp),
         "documents": sum(n for _, n, _ in rows),
         "float32_bytes": sum(n * d * 4 for _, n, d in rows),
-        "rounds_per_token": 5 * hp.n_layer + 1,  # layout five: five a layer and the token search
+        # layout five: five a layer and the token search; untied, the next token's row of embed_tokens a round too
+        "rounds_per_token": 5 * hp.n_layer + 1 + int(llama and not hp.tied),
         **turbopuffer_cost(hp),
     }
 
