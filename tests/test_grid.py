@@ -88,3 +88,17 @@ def test_a_head_missing_a_row_is_refused_in_one_line(store):
     write(store, "text-grid", rows, np.random.default_rng(2))
     with pytest.raises(VecgptError, match="matched different numbers of rows.*start the text again"):
         search(store, "text-grid", np.zeros((HEADS, 1, DIM), np.float32), 0, 0, 5)
+
+
+def test_positions_appended_out_of_order_after_a_search_are_found(store):
+    rng = np.random.default_rng(3)
+    vectors = write(store, "text-grid", in_order(range(4)), rng)
+    q = rng.standard_normal((HEADS, 1, DIM)).astype(np.float32)
+    for more in ([7], [5], [4, 6]):  # after a grid was made: a later position, an earlier one, then the gap filled
+        search(store, "text-grid", q, 1, 0, 9)
+        vectors |= write(store, "text-grid", in_order(more), rng)
+        hits = search(store, "text-grid", q, 1, 2, 9)
+        ids, dists = expected(vectors, q, 1, 2, 9)
+        order = np.argsort(hits.ids, axis=-1)
+        assert np.array_equal(np.take_along_axis(hits.ids, order, -1)[:, 0], ids)
+        assert np.allclose(np.take_along_axis(hits.dists, order, -1)[:, 0], dists[:, 0], atol=1e-5)

@@ -35,6 +35,27 @@ def grid(rows: np.ndarray, values: np.ndarray, along: np.ndarray, ids: np.ndarra
     return Grid(slots, ids[slots], order[0])
 
 
+def extended(g: Grid, new: np.ndarray, values: np.ndarray, along: np.ndarray, ids: np.ndarray, groups: int):
+    """g with the rows `new` (ascending slots, with their group `values` and `along` values) as columns after its
+    own: a text's next positions. None where they are not whole columns that come after g's."""
+    if not len(new):
+        return g
+    n = len(new) // groups
+    if len(new) != n * groups:
+        return None
+    order = np.lexsort((new, values))  # by group, then slot
+    by_group, v, slots = (
+        values[order].reshape(groups, n),
+        along[order].reshape(groups, n),
+        new[order].reshape(groups, n),
+    )
+    if not (by_group == np.arange(groups)[:, None]).all() or not (v == v[0]).all():
+        return None
+    if (n > 1 and not (v[0, 1:] > v[0, :-1]).all()) or (len(g.along) and v[0, 0] <= g.along[-1]):
+        return None
+    return Grid(np.hstack([g.slots, slots]), np.hstack([g.ids, ids[slots]]), np.concatenate([g.along, v[0]]))
+
+
 def columns(g: Grid, lo: int | None, hi: int | None) -> Grid:
     """The columns whose ordering value v has lo <= v < hi (None: unbounded)."""
     a = 0 if lo is None else int(np.searchsorted(g.along, lo, "left"))

@@ -185,10 +185,22 @@ class Collection:
         if seen != n:
             if len(self._grids) >= MEMO:
                 self._grids = {}
-            rows, values = self.rows_by(frozenset((np.equal, a, v) for a, v in where.eq.items()), by)
-            held = _grid.grid(rows, values, self._attrs[along][rows], self.ids, groups)
+            held = self._next_grid(seen, held, where.eq, by, along, groups)
             self._grids[key] = (n, held)
         return None if held is None else _grid.columns(held, where.ge.get(along), where.lt.get(along))
+
+    def _next_grid(self, seen: int, held, eq: dict, by: str, along: str, groups: int) -> _grid.Grid | None:
+        """The grid at this many rows: the one held at `seen` rows with the rows since as its next columns, or made
+        again from every matching row (rows_by)."""
+        equal, n = frozenset((np.equal, a, v) for a, v in eq.items()), self.table.n
+        if held is not None and 0 <= seen < n:
+            new = seen + np.flatnonzero(matching(equal, {a: self._attrs[a][seen:n] for a in eq}, n - seen))
+            attrs = self._attrs
+            more = _grid.extended(held, new, attrs[by][new], attrs[along][new], self.ids, groups)
+            if more is not None:
+                return more
+        rows, values = self.rows_by(equal, by)
+        return _grid.grid(rows, values, self._attrs[along][rows], self.ids, groups)
 
     def matching_rows(self, where: Where, by: str | None) -> tuple[np.ndarray, np.ndarray]:
         """The rows a filter matches, ordered by attribute `by` and then by slot, and their values of `by` (None: by
