@@ -115,7 +115,9 @@ def test_llama_shapes_planned_and_counted(llama):
         # rounds and requests grow by a layer's at each layer: read at the shape's depth, they are layout five's
         assert r["round_trips"] == pytest.approx(5 * hp.n_layer + 1) == r["rounds_per_token"]
         assert r["round_trips_per_layer"] == pytest.approx(5) and r["requests"] > r["round_trips"]
-        assert [c["layers"] for c in r["cuts"]] == [1, 2] and all(c["store_ms"] > 0 < c["store_cpu_ms"] for c in r["cuts"])
+        assert [c["layers"] for c in r["cuts"]] == [1, 2] and all(
+            c["store_ms"] > 0 < c["store_cpu_ms"] for c in r["cuts"]
+        )
     whole = llama["SmolLM2-135M"]["whole"]  # measured at all 30 layers: what the fit read
     assert whole["round_trips"] == 151 and llama["SmolLM2-135M"]["round_trips"] == pytest.approx(151)
     assert whole["requests"] == pytest.approx(llama["SmolLM2-135M"]["requests"])

@@ -76,7 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--llama-shapes", nargs="*", default=None, help="--llama: only these shapes (e.g. SmolLM2-135M gpt2)"
     )
-    p.add_argument("--llama-layers", type=int, nargs="+", default=[2, 4], help="--llama: layers of the cut checkpoints")
+    p.add_argument(
+        "--llama-layers", type=int, nargs="+", default=[2, 4, 6, 8], help="--llama: layers of the cut checkpoints"
+    )
     p.add_argument("--llama-full", nargs="*", default=None, help="--llama: shapes also measured whole")
     p.add_argument("--render", nargs="+", default=None, metavar="JSON", help="no runs: tables and plot of results")
     p.add_argument("--out", default=None, help=f"results folder (default: a new ./results/{NAME}/<timestamp>)")
