@@ -3,6 +3,7 @@ made-up numbers, and its layout costs read back from the estimate."""
 
 import importlib.util
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from vecgpt import weights
 from vecgpt.cli import main
 from vecgpt.cli.experiments import experiments
 from vecgpt.loading import plan
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 sizes = experiments()["sizes"]  # puts experiments/07_sizes on sys.path
 from size_fit import exponent, layout_costs  # noqa: E402
@@ -102,7 +105,19 @@ def llama(tmp_path_factory):
     for suffix in (".json", ".md", ".png"):
         assert (tmp / "out" / f"llama_sizes{suffix}").stat().st_size > 0
     assert not list((tmp / "models").rglob("model.safetensors")), "the cut checkpoints are removed (no --keep)"
-    return {r["shape"]: r for r in json.loads((tmp / "out" / "llama_sizes.json").read_text())["rows"]}
+    rows = json.loads((tmp / "out" / "llama_sizes.json").read_text())["rows"]
+    again = [
+        "experiment",
+        "sizes",
+        "--llama",
+        "--render",
+        str(tmp / "out" / "llama_sizes.json"),
+        "--out",
+        str(tmp / "r"),
+    ]
+    assert main(again) == 0  # the measurements kept, the shapes' figures taken again
+    assert json.loads((tmp / "r" / "llama_sizes.json").read_text())["rows"] == rows
+    return {r["shape"]: r for r in rows}
 
 
 def test_llama_shapes_planned_and_counted(llama):
@@ -124,16 +139,20 @@ def test_llama_shapes_planned_and_counted(llama):
 
 
 def test_llama_shapes_turbopuffer_cost(llama):
+    """turbopuffer's figures are `vecgpt load --dry-run`'s in layout five (one copy of the matrices): under grouped-query
+    attention a key head's request carries its group's queries."""
     import llama_sizes
     from size_fit import read_estimate
 
-    from vecgpt.backends.turbopuffer.cost import estimate_cost
-    from vecgpt.loading import text_row
+    from vecgpt.cli.store import cost_estimate
+    from vecgpt.config import load_config
 
+    config = load_config(str(CONFIGS / "turbopuffer.toml"), layout="five")
+    config.store = {**config.store, "replicas": 1}
     for name, r in llama.items():
-        hp = llama_sizes.shapes(8)[name]
-        said = read_estimate(estimate_cost(plan(hp, "l2", "five"), 1, 2, hp.n_head, text_row(hp, "five")))
+        said = read_estimate(cost_estimate(config, llama_sizes.shapes(8)[name]))
         assert r["tpuf_dollars_per_token"] == said["dollars_per_token"] > 0
+        assert r["tpuf_subqueries_per_token"] == said["subqueries_per_token"]
     smol, gpt2 = llama["SmolLM2-135M"], llama["gpt2"]
-    assert smol["tpuf_dollars_gqa_writes"] < smol["tpuf_dollars_per_token"]  # 3 key heads write, not 9
-    assert gpt2["tpuf_dollars_gqa_writes"] == pytest.approx(gpt2["tpuf_dollars_per_token"])
+    assert smol["tpuf_requests_per_token"] < smol["tpuf_subqueries_per_token"]  # 9 query heads, 3 key heads
+    assert gpt2["tpuf_requests_per_token"] == gpt2["tpuf_subqueries_per_token"]

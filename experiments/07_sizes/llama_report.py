@@ -22,8 +22,8 @@ def table(rows) -> str:
                 "FAISS ms a token, CPU (clock)": f"{r['store_cpu_ms']:,.1f} ({r['store_ms']:,.1f})" + whole(r),
                 "numpy f32 ms, CPU (clock)": f"{r['numpy_cpu_ms']:,.1f} ({r['numpy_ms']:,.1f})",
                 "x numpy (CPU)": f"{r['store_cpu_ms'] / r['numpy_cpu_ms']:.2f}",
-                "turbopuffer: subqueries, $ a token (GQA writes)": f"{r['tpuf_subqueries_per_token']:.0f}, "
-                f"${r['tpuf_dollars_per_token']:.5f} (${r['tpuf_dollars_gqa_writes']:.5f})",
+                "turbopuffer: subqueries in requests, $ a token": f"{r['tpuf_subqueries_per_token']:.0f} in "
+                f"{r['tpuf_requests_per_token']:.0f}, ${r['tpuf_dollars_per_token']:.5f}",
             }
             for r in rows
         ]
@@ -35,11 +35,12 @@ def whole(r) -> str:
     return "" if w is None else f"; whole: {w['store_cpu_ms']:,.1f}, numpy {w['numpy_cpu_ms']:,.1f}"
 
 
-def write(out, args, rows) -> None:
+def write(out, args, rows, measured=None) -> None:
+    """llama_sizes.json, .md, .png; measured: the provenance of the run that measured rows (--render), else this."""
     layers = sorted(set(args.llama_layers))
     data = {
         "experiment": "sizes --llama",
-        "provenance": provenance(seed=args.seed),
+        "provenance": provenance(seed=args.seed) if measured is None else {**measured, "rendered": provenance()},
         "settings": {"layers_measured": layers, "n": args.n, "scale": args.scale, "full": args.llama_full or []},
         "rows": rows,
     }

@@ -2,9 +2,8 @@
 360M, Qwen2.5-0.5B, TinyLlama-1.1B, Llama-3.2-1B) beside GPT-2's four sizes, every one in layout five.
 
 From the shape alone (no load): parameters, documents and float32 bytes a load writes (loading.plan), and what a
-token costs on turbopuffer by the backend's cost model (estimate_cost, as `vecgpt load --dry-run` prints it: a key
-search and a key write per query head; with grouped-query attention only n_kv_head keys are written, and
-`dollars_gqa_writes` counts those). Measured, on random checkpoints of the shape cut to a few layers (`--llama-layers`,
+token costs on turbopuffer by the backend's cost model (estimate_cost through cli.store.cost_estimate, as `vecgpt load
+--dry-run` prints it: one copy of the matrices, two of the keys; a key search request and key writes per key head). Measured, on random checkpoints of the shape cut to a few layers (`--llama-layers`,
 default 2 and 4: every layer's matrices as the shape has them, the token table and output matrix whole): FAISS
 (inner product, layout five) and numpy float32 (reference or reference_llama) ms a token, the meter's requests,
 round trips and subqueries a token. A token's cost is a fixed part (the token search, its embedding) plus one
@@ -77,21 +76,22 @@ def planned(name: str, hp) -> dict:
 
 
 def turbopuffer_cost(hp) -> dict:
-    """estimate_cost's subqueries and dollars a token (one copy, two of the keys), and the same with the key writes
-    of n_kv_head heads (the keys a GQA model writes) instead of n_head."""
+    """A token's kNN subqueries, requests and dollars on turbopuffer in layout five, as `vecgpt load --dry-run
+    --config configs/turbopuffer.toml --layout five` prints them with one copy of the matrices."""
     from size_fit import read_estimate
 
-    from vecgpt.backends.turbopuffer.cost import PRICES, estimate_cost, key_write_bytes, write_parts
-    from vecgpt.loading import plan, text_row
+    from vecgpt.cli.store import cost_estimate
+    from vecgpt.config import load_config
 
-    rows, key_row = plan(hp, "l2", "five"), text_row(hp, "five")
-    said = read_estimate(estimate_cost(rows, 1, 2, hp.n_head, key_row))
-    per_head = sum(key_write_bytes(n, key_row, 2) for n in write_parts(hp.n_layer)) / 1e9 * PRICES["write_gb"]
-    kv = getattr(hp, "n_kv_head", hp.n_head)
+    from common.subjects import CONFIGS
+
+    config = load_config(CONFIGS / "turbopuffer.toml", layout="five")
+    config.store = {**config.store, "replicas": 1}
+    said = read_estimate(cost_estimate(config, hp))
     return {
         "tpuf_subqueries_per_token": said["subqueries_per_token"],
+        "tpuf_requests_per_token": said["requests_per_token"],
         "tpuf_dollars_per_token": said["dollars_per_token"],
-        "tpuf_dollars_gqa_writes": said["dollars_per_token"] - (hp.n_head - kv) * per_head,
     }
 
 
@@ -214,12 +214,31 @@ def run(args) -> int:
     from common.record import new_run
 
     out, rows = new_run("sizes", args.out), []
+    if args.render:
+        return render(args, out)
     for name, hp in shapes(args.scale).items():
         if args.llama_shapes and name not in args.llama_shapes:
             continue
         rows.append(shape_row(name, hp, args))
         say(f"{name}: {rows[-1].get('store_ms', 0):.1f} ms a token at {hp.n_layer} layers (fitted)")
     write(out, args, rows)
+    return 0
+
+
+def render(args, out) -> int:
+    """--render JSON: an earlier run's measurements, with the shapes' planned figures and costs taken again (the cost
+    model as it is now), tables and plot written anew."""
+    import json
+
+    from llama_report import write
+
+    data = json.loads(Path(args.render[0]).read_text())
+    scale, known = data["settings"].get("scale", 1), shapes(data["settings"].get("scale", 1))
+    measured = [{k: v for k, v in r.items() if not k.startswith("tpuf_")} for r in data["rows"]]
+    rows = [{**r, **planned(r["shape"], known[r["shape"]])} for r in measured]
+    args.llama_layers, args.n, args.scale = data["settings"]["layers_measured"], data["settings"]["n"], scale
+    args.llama_full = data["settings"]["full"]
+    write(out, args, rows, data["provenance"])
     return 0
 
 

@@ -93,12 +93,12 @@ def run(args) -> int:
 
     from common.record import new_run
 
-    if args.render:
-        return render(args)
-    if args.llama:
+    if args.llama:  # its own runs, or with --render its own JSON
         import llama_sizes
 
         return llama_sizes.run(args)
+    if args.render:
+        return render(args)
     check(args)
     out, rows = new_run(NAME, args.out), []
     costs = [c for size in SIZES for c in size_costs(size, size_shape(size, args.scale))]  # every size: no load

@@ -44,6 +44,7 @@ def read_estimate(said: str) -> dict:
         "load_dollars": r"load \(writes.*?\): \$([\d,.]+)",
         "storage_dollars_month": r"storage at .*?: \$([\d,.]+)",
         "subqueries_per_token": r"(\d+) kNN subqueries",
+        "requests_per_token": r"kNN subqueries \(.*?\) in ([\d,]+) requests",
         "dollars_per_token": r"per generated token:.*: \$([\d.]+)",
     }
     out = {}
