@@ -17,14 +17,18 @@ from vecgpt.errors import VecgptError
 
 
 def read_array(data, dtype: str) -> np.ndarray:
-    """A one-dimensional binary array of 8-byte elements without nulls, as big-endian `dtype`."""
+    """A binary array of 8-byte elements without nulls, as big-endian `dtype`: [n], or [n, m] where it has two
+    dimensions (a search's distances to m queries a row)."""
     head = np.frombuffer(data, ">i4", count=3)
     if head[0] == 0:  # empty
         return np.zeros(0, dtype)
-    if head[0] != 1 or head[1]:
-        raise VecgptError("pgvector search: the server sent an array with nulls or several dimensions")
-    n = int(np.frombuffer(data, ">i4", count=1, offset=12)[0])
-    return np.frombuffer(data, np.dtype([("len", ">i4"), ("value", dtype)]), count=n, offset=20)["value"]
+    if head[0] not in (1, 2) or head[1]:
+        raise VecgptError("pgvector search: the server sent an array with nulls or over two dimensions")
+    shape = np.frombuffer(data, ">i4", count=2 * head[0], offset=12)[::2].tolist()
+    cells = np.frombuffer(
+        data, np.dtype([("len", ">i4"), ("value", dtype)]), count=int(np.prod(shape)), offset=12 + 8 * int(head[0])
+    )
+    return cells["value"].reshape(shape)
 
 
 class Int8Array(Loader):

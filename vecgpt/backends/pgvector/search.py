@@ -80,7 +80,7 @@ class Searching:
             query = " UNION ALL ".join(f"({t})" for t in texts) if len(texts) > 1 else texts[0]
             jobs.append((conn, fetch_rows, (query, [a for p, at in zip(pieces, on) if at == c for a in p[2]])))
         record(len(jobs), subqueries)
-        return {(p, i): (ids, dists, vectors) for rows in self._run_all(jobs) for p, i, ids, dists, vectors in rows}
+        return {key: found for rows in self._run_all(jobs) for row in rows for key, found in per_query(*row)}
 
     def _search_sql(self, s_index, meta, queries, k, where, name, blocks=None, vectors=False, radius=None):
         """One SELECT giving (search, query number, ids[], dists[], vectors[][] or NULL) rows for one search
@@ -96,7 +96,8 @@ class Searching:
             ]
         ranged = radius is not None and meta.parts == 1
         single = len(queries) == 1 and not ranged
-        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks, vectors, ranged)
+        m = len(queries) if k is None and radius is None else 1  # several queries, every row: one scan (m > 1)
+        key = (s_index, name, single, k, tuple(f[:2] for f in filters), blocks, vectors, ranged, m)
         text = self._sql.get(key)
         if text is None:  # composing costs more than the statement on small tables: once per shape
             text = self._sql[key] = search_sql(
@@ -110,8 +111,12 @@ class Searching:
                 blocks,
                 vectors,
                 ranged,
+                m,
             ).as_string(self.conn)
         args = [f[2] for f in filters]
+        if m > 1:  # a vector per query, part by part
+            split_queries = split(queries, meta.parts).reshape(m, meta.parts, -1)
+            return text, [*split_queries.transpose(1, 0, 2).reshape(m * meta.parts, -1), *args]
         if meta.parts > 1:  # a vector (single) or an array of vectors per part
             split_queries = split(queries, meta.parts).reshape(len(queries), meta.parts, -1)
             return text, [
@@ -120,6 +125,16 @@ class Searching:
         if ranged:
             return text, [list(queries), radius.tolist(), *args]
         return text, [queries[0] if single else list(queries), *args]
+
+
+def per_query(p: int, i: int, ids, dists, vectors) -> list[tuple]:
+    """A result row as ((piece, query number), (ids, dists, vectors)) for each of its queries: query number 0 is
+    a scan for every query, its distances one column a query."""
+    if i:
+        return [((p, i), (ids, dists, vectors))]
+    if ids is None:  # no row matched: array_agg gave NULL (arrays() reads a missing query as none)
+        return []
+    return [((p, j + 1), (ids, np.ascontiguousarray(d), vectors)) for j, d in enumerate(dists.T)]
 
 
 def arrays(found: tuple | None) -> tuple:
