@@ -113,18 +113,19 @@ class Searching:
                 ranged,
                 m,
             ).as_string(self.conn)
-        args = [f[2] for f in filters]
-        if m > 1:  # a vector per query, part by part
-            split_queries = split(queries, meta.parts).reshape(m, meta.parts, -1)
-            return text, [*split_queries.transpose(1, 0, 2).reshape(m * meta.parts, -1), *args]
-        if meta.parts > 1:  # a vector (single) or an array of vectors per part
-            split_queries = split(queries, meta.parts).reshape(len(queries), meta.parts, -1)
-            return text, [
-                split_queries[0, p] if single else list(split_queries[:, p]) for p in range(meta.parts)
-            ] + args
-        if ranged:
-            return text, [list(queries), radius.tolist(), *args]
-        return text, [queries[0] if single else list(queries), *args]
+        return text, query_params(queries, meta.parts, single, m, radius if ranged else None) + [f[2] for f in filters]
+
+
+def query_params(queries: np.ndarray, parts: int, single: bool, m: int, radius) -> list:
+    """A search statement's parameters before its filters': the query vector(s), part by part, then the radii."""
+    if m > 1:  # a vector per query, part by part
+        return [*split(queries, parts).reshape(m, parts, -1).transpose(1, 0, 2).reshape(m * parts, -1)]
+    if parts > 1:  # a vector (single) or an array of vectors per part
+        split_queries = split(queries, parts).reshape(len(queries), parts, -1)
+        return [split_queries[0, p] if single else list(split_queries[:, p]) for p in range(parts)]
+    if radius is not None:
+        return [list(queries), radius.tolist()]
+    return [queries[0] if single else list(queries)]
 
 
 def per_query(p: int, i: int, ids, dists, vectors) -> list[tuple]:
