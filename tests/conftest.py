@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import shutil
 
 import numpy as np
 import pytest
 
 from vecgpt import weights
 from vecgpt.backends.base import available, get_store
+from vecgpt.loading import push
 
 pytest_plugins = ["browser"]  # the browser tests' fixtures: chromium, a page, a playground server
 
@@ -29,6 +32,9 @@ LIBRARIES = {
 }
 BACKENDS = available()
 SLOW = {"milvus"}  # Milvus Lite reads a token in about 0.3 s, 15x FAISS: long runs are shortened there
+# Stores in a folder or a file: a model pushed there once a run is copied for each test that needs it loaded (the
+# tiny model's push takes 2-5 s on Milvus Lite, LanceDB, SQLite and DuckDB, a copy under 0.2 s)
+COPIED = {"memory", "faiss", "lancedb", "milvus", "sqlite", "duckdb"}
 
 
 def store_options(backend: str, tmp_path) -> dict:
@@ -47,8 +53,40 @@ def backend(request) -> str:
     return request.param
 
 
+class Pushed:
+    """The run's one push of a model to each store in a folder or a file (COPIED), copied for each test that needs it
+    loaded: a copy takes under 0.2 s, the tiny model's push 2-5 s on Milvus Lite, LanceDB, SQLite and DuckDB."""
+
+    def __init__(self, tmp_path_factory):
+        self.factory, self.templates = tmp_path_factory, {}
+
+    def copy_to(self, path: str | None, backend: str, model, metric: str, layout: str | None) -> None:
+        """The store at `path` (none there yet) starts as a copy of one holding `model` in `metric` and `layout`."""
+        if backend not in COPIED or path is None or os.path.exists(path):
+            return
+        key = (backend, model.fingerprint, model.source, str(model.dtype), metric, layout)
+        if key not in self.templates:
+            folder = self.factory.mktemp("pushed")
+            store = get_store(backend, **store_options(backend, folder))
+            try:
+                refuse_metric(store, backend, metric)
+                push(store, model, metric, progress=False, layout=layout)
+            finally:
+                store.close()
+            self.templates[key] = folder / backend
+        (shutil.copytree if self.templates[key].is_dir() else shutil.copyfile)(self.templates[key], path)
+
+
+@pytest.fixture(scope="session")
+def pushed(tmp_path_factory) -> Pushed:
+    return Pushed(tmp_path_factory)
+
+
 @pytest.fixture
-def make_store(tmp_path):
+def make_store(tmp_path, pushed):
+    """make(backend, **extra): a store of the test's own; make.loaded(backend, model, metric, layout): one holding
+    `model` pushed in `metric` and `layout` (push's defaults where None; a copy, see Pushed), skipped where it does not
+    rank by `metric`."""
     opened = []
 
     def make(backend: str, **extra):
@@ -56,9 +94,22 @@ def make_store(tmp_path):
         opened.append(store)
         return store
 
+    def loaded(backend: str, model, metric: str = "l2", layout: str | None = None):
+        pushed.copy_to(store_options(backend, tmp_path).get("path"), backend, model, metric, layout)
+        store = make(backend)
+        refuse_metric(store, backend, metric)
+        push(store, model, metric, progress=False, layout=layout)  # at once where the copy holds it
+        return store
+
+    make.loaded = loaded
     yield make
     for store in opened:
         store.close()
+
+
+def refuse_metric(store, backend: str, metric: str) -> None:
+    if metric not in store.metrics:
+        pytest.skip(f"{backend} does not rank by {metric}")
 
 
 def tiny_params(hp: weights.HParams, seed: int = 0) -> dict:

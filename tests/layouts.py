@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
 from vecgpt import tokenizer, tolerance
 from vecgpt.api import generate
 from vecgpt.cli import main
 from vecgpt.engine import Engine
-from vecgpt.loading import push, store_fingerprint
+from vecgpt.loading import store_fingerprint
 from vecgpt.reference import Reference
 from vecgpt.text import Text
 
@@ -21,10 +20,7 @@ PROMPT = "The quick brown fox jumps over"
 
 
 def loaded(make_store, backend: str, model, metric: str = "l2", layout: str = "three") -> Engine:
-    store = make_store(backend)
-    if metric not in store.metrics:
-        pytest.skip(f"{backend} does not rank by {metric}")
-    push(store, model, metric, progress=False, layout=layout)
+    store = make_store.loaded(backend, model, metric, layout)
     return Engine(store, model=store_fingerprint(model, metric, layout))
 
 

@@ -33,10 +33,9 @@ POLICIES = {
 
 
 def loaded(make_store, backend, model, layout=None, metric=None, **policy) -> Engine:
-    store = make_store(backend)
     metric = metric or preferred_metric(backend)
     layout = layout or auto_layout(backend, {})
-    push(store, model, metric, progress=False, layout=layout)
+    store = make_store.loaded(backend, model, metric, layout)
     return Engine(store, model=store_fingerprint(model, metric, layout), prefill_chunk=8, **policy)
 
 

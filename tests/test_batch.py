@@ -74,8 +74,7 @@ PROMPTS = [
 
 
 def opened(make_store, backend: str, model, layout: str) -> Engine:
-    store = make_store(backend)
-    push(store, model, "l2", progress=False, layout=layout)
+    store = make_store.loaded(backend, model, "l2", layout)
     return Engine(store, model=store_fingerprint(model, "l2", layout))
 
 

@@ -23,11 +23,7 @@ def metric(request):
 
 
 def engine_for(make_store, backend, model, metric, **kw):
-    store = make_store(backend)
-    if metric not in store.metrics:
-        pytest.skip(f"{backend} does not rank by {metric}")
-    push(store, model, metric, progress=False)
-    return Engine(store, **kw)
+    return Engine(make_store.loaded(backend, model, metric), **kw)
 
 
 def test_logits_match_reference_by_token(make_store, backend, metric, tiny_model, model64):

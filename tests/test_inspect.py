@@ -93,8 +93,7 @@ def test_inspect_is_what_the_text_computed(memory_engines, model64, layout):
 
 def test_inspect_on_every_backend(make_store, backend, tiny_model, model64):
     """The same on each store (a server's writes land behind its searches: an inspection waits for them)."""
-    store = make_store(backend)
-    push(store, tiny_model, "l2", progress=False, layout="four")
+    store = make_store.loaded(backend, tiny_model, "l2", "four")
     engine = Engine(store, model=store_fingerprint(tiny_model, "l2", "four"))
     with Text.start(engine, PROMPT, temperature=0.8, seed=3) as text:
         text.generate(3)

@@ -78,9 +78,8 @@ class Greedy:
 
 def test_another_models_load_and_drop_leave_a_text_unchanged(make_store, backend, models64):
     a, b = models64
-    store, other = make_store(backend), make_store(backend)  # `other`: as another process would
-    metric = offered(store)[0]
-    push(store, a, metric, progress=False)
+    metric = "l2"  # every store ranks by it
+    store, other = make_store.loaded(backend, a, metric), make_store(backend)  # `other`: as another process would
     alone = Engine(store).open()
     expected = Greedy(alone).take(6)
     alone.close()
@@ -97,9 +96,8 @@ def test_another_models_load_and_drop_leave_a_text_unchanged(make_store, backend
 
 
 def test_dropping_a_texts_model_stops_it_in_one_line(make_store, backend, tiny_model):
-    store, other = make_store(backend), make_store(backend)
-    metric = offered(store)[0]
-    push(store, tiny_model, metric, progress=False)
+    metric = "l2"  # every store ranks by it
+    store, other = make_store.loaded(backend, tiny_model, metric), make_store(backend)
     text = Engine(store).open()
     first = text.read(PROMPT)
     drop(other, store_fingerprint(tiny_model, metric))

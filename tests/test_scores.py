@@ -9,15 +9,14 @@ import pytest
 from vecgpt import tokenizer
 from vecgpt.api import generate
 from vecgpt.engine import Engine
-from vecgpt.loading import push, store_fingerprint
+from vecgpt.loading import store_fingerprint
 
 LAYOUTS = ("four", "three", "five")
 PROMPT = "To be or not to be, that is"
 
 
 def opened(make_store, backend: str, model, layout: str) -> Engine:
-    store = make_store(backend)
-    push(store, model, "l2", progress=False, layout=layout)
+    store = make_store.loaded(backend, model, "l2", layout)
     return Engine(store, model=store_fingerprint(model, "l2", layout))
 
 

@@ -21,7 +21,7 @@ from procs import ROOT, cli, env, finish, store_config, wait_for
 
 from vecgpt import api, tokenizer, tolerance, weights
 from vecgpt.backends.base import get_store, one_process
-from vecgpt.config import load_config
+from vecgpt.config import auto_layout, load_config
 from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.loading import drop, push, store_fingerprint
@@ -51,8 +51,16 @@ def uninterrupted(args: list[str], n: int) -> list[int]:
     return whole["prompt_tokens"] + whole["tokens"]
 
 
-def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_dir):
-    config, _ = store_config(backend, tmp_path)
+def loaded_config(backend, tmp_path, pushed, model) -> tuple:
+    """store_config's config and options, its store holding `model` where a copy can (conftest.Pushed) as the CLI
+    loads it (l2, the config's layout): the processes find it loaded."""
+    config, options = store_config(backend, tmp_path)
+    pushed.copy_to(options.get("path"), backend, model, "l2", auto_layout(backend, options))
+    return config, options
+
+
+def test_a_kept_text_continues_in_another_process(backend, tmp_path, pushed, tiny_model, tiny_model_dir):
+    config, _ = loaded_config(backend, tmp_path, pushed, tiny_model)
     args = ["--config", str(config), "--model", str(tiny_model_dir), "--yes"]  # --yes: a billed store loads too
     a = run_json("generate", PROMPT, "-n", "5", "--keep", "--json", *args, *SAMPLED)
     assert a["kept"] and len(a["tokens"]) == 5
@@ -62,11 +70,11 @@ def test_a_kept_text_continues_in_another_process(backend, tmp_path, tiny_model_
     assert a["tokens"] + b["tokens"] == b["text_tokens"][-10:]
 
 
-def interrupt_a_writer(backend, tmp_path, model, sig: int) -> tuple[list[str], int, str, dict]:
+def interrupt_a_writer(backend, tmp_path, pushed, model, sig: int) -> tuple[list[str], int, str, dict]:
     """`generate -n 200 --keep` stopped by `sig` once at least 4 tokens are drawn: CLI args, its exit code and
     stderr, and the text's record as the store holds it then. A store one process at a time may open is watched
     through the writer's output (each token's text as it is drawn), and opened once the writer has stopped."""
-    config, options = store_config(backend, tmp_path)
+    config, options = loaded_config(backend, tmp_path, pushed, model)
     args = ["--config", str(config), "--model", model.source, "--yes"]
     writer = cli("generate", PROMPT, "-n", "200", "--keep", *args, *SAMPLED)
     alone = one_process(backend, options)
@@ -104,16 +112,16 @@ def printed(proc, chars: int, timeout: float) -> bool:
     return got >= chars
 
 
-def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, long_model):
-    args, _, _, held = interrupt_a_writer(backend, tmp_path, long_model, signal.SIGKILL)
+def test_after_kill_9_a_resume_reads_again_only_what_was_lost(backend, tmp_path, pushed, long_model):
+    args, _, _, held = interrupt_a_writer(backend, tmp_path, pushed, long_model, signal.SIGKILL)
     b = run_json("generate", "--resume", held["id"], "-n", "3", "--json", *args)
     assert b["text_tokens"][: len(held["tokens"])] == held["tokens"]  # nothing the record held is lost
     assert b["positions_reread"] == len(held["tokens"]) - 1 - held["written"]
     assert b["text_tokens"] == uninterrupted(args, len(b["text_tokens"]) - len(b["prompt_tokens"]))
 
 
-def test_ctrl_c_leaves_a_kept_text_complete(backend, tmp_path, long_model):
-    args, rc, err, held = interrupt_a_writer(backend, tmp_path, long_model, signal.SIGINT)
+def test_ctrl_c_leaves_a_kept_text_complete(backend, tmp_path, pushed, long_model):
+    args, rc, err, held = interrupt_a_writer(backend, tmp_path, pushed, long_model, signal.SIGINT)
     assert rc == 130 and "interrupted" in err and "Traceback" not in err, err
     # every drawn token but the last was read and landed; the last too if the signal came between its read
     # (which also files the next position's candidates) and the next draw
@@ -140,12 +148,12 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.mark.parametrize("store_backend", ["memory", "faiss", "lancedb"])  # LanceDB: writes from a thread of their own
 def test_kill_9_loses_only_the_tokens_after_the_last_record_and_a_resume_equals_the_solo_run(
-    store_backend, tmp_path, long_model
+    store_backend, tmp_path, pushed, long_model
 ):
     """`generate -n 60 --keep` SIGKILLs itself once its 40th token is drawn (its writes queued so far, the record
     perhaps among them): the record in the store claims only what it holds; a resume fetches those positions' keys and
     candidates, reads the rest again and ends as the uninterrupted run, token for token and logit for logit."""
-    config, options = store_config(store_backend, tmp_path)
+    config, options = loaded_config(store_backend, tmp_path, pushed, long_model)
     argv = ["generate", PROMPT, "-n", "60", "--keep", "--config", str(config), "--model", long_model.source, *SAMPLED]
     killed = subprocess.run(
         [sys.executable, "-c", KILLER, *argv], env={**env(), "KILL_AT_TOKEN": "40"}, cwd=ROOT, capture_output=True
@@ -159,6 +167,7 @@ def test_kill_9_loses_only_the_tokens_after_the_last_record_and_a_resume_equals_
         assert 40 - FLUSH_EVERY - 1 <= drawn < 40, held
     solo = config.with_name("solo.toml")
     solo.write_text(config.read_text().replace(str(tmp_path / store_backend), str(tmp_path / "solo")))
+    pushed.copy_to(str(tmp_path / "solo"), store_backend, long_model, "l2", auto_layout(store_backend, options))
     alone = api.generate_text(PROMPT, 60, load_config(solo), long_model.source, temperature=0.8, seed=5, stop=False)
     text = Text.resume(Engine(store, model=held["model"]), text_id)
     assert text.tokens == alone["text_tokens"][: len(text.tokens)]
@@ -177,8 +186,7 @@ def test_kill_9_loses_only_the_tokens_after_the_last_record_and_a_resume_equals_
 @pytest.fixture
 def engine_of(make_store):
     def make(backend, model):
-        store = make_store(backend)
-        push(store, model, "l2", progress=False)
+        store = make_store.loaded(backend, model, "l2")
         return Engine(store, model=store_fingerprint(model, "l2"))
 
     return make

@@ -22,9 +22,8 @@ LAYOUTS = ("four", "three", "five")
 PROMPT = "To be or not to be, that is the question: whether 'tis nobler"
 
 
-def engine_on(make_store, backend, model, layout, top_k=None, **options) -> Engine:
-    store = make_store(backend, **options)
-    push(store, model, "ip", progress=False, layout=layout)
+def engine_on(make_store, backend, model, layout, top_k=None) -> Engine:
+    store = make_store.loaded(backend, model, "ip", layout)
     return Engine(store, model=store_fingerprint(model, "ip", layout), attention_top_k=top_k, prefill_chunk=8)
 
 
