@@ -12,8 +12,8 @@ Which reads a step runs (`scheduled`), its rows within `budget` (at least one re
 chunks in the order their texts came. But a text that arrives while others decode does not wait out a whole step
 of theirs for its first token: in a step after one that read the decode steps, the reads that end a prompt (its
 last chunk, which gives the text its first token) run alone, a short step, and the decode steps come in the next.
-So texts decoding read at least every other step, and a newcomer's first token comes when the step running as it
-arrives has ended and its own short one after it.
+So texts decoding read at least every other step, and a newcomer's first token comes in the second step from its
+arrival (the one running then included), a short one unless the first was.
 
 >>> stepper = Stepper(at_once=16)
 >>> jobs = [stepper.add(text.generating(20)) for text in texts]
