@@ -14,16 +14,16 @@ import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from procs import ROOT, default_sigint, env
+from stepping import assert_alone_as_together, reading
 from test_cli import assert_one_line_error, run
 
 from vecgpt import api, batch, tokenizer
 from vecgpt.api import open_engine
 from vecgpt.backends.base import get_store
 from vecgpt.config import Config
-from vecgpt.engine import Engine, Read
+from vecgpt.engine import Engine
 from vecgpt.stepper import Stepper
 from vecgpt.text import FLUSH_EVERY, Text
 
@@ -110,16 +110,6 @@ def test_texts_stepped_together_split_each_shared_request(tmp_path, tiny_model_d
             assert a["round_trips"] == b["round_trips"]
 
 
-def reading(session, prompt: list[int], n: int, k: int | None = None, out: list | None = None):
-    """An operation: the prompt, then n tokens each the best of the last read; every read's candidates."""
-    out = [] if out is None else out
-    c = yield Read(session, prompt, k or session.engine.top_k)
-    for _ in range(n):
-        out.append(c)
-        c = yield Read(session, [int(c.ids[0])], k or session.engine.top_k)
-    return out
-
-
 def test_a_step_sends_one_search_per_matrix(tmp_path, tiny_model):
     """Three texts in one stepper: every step holds all three, and the store gets one search of a matrix for the
     step's rows (the prompts' nine, then one a text)."""
@@ -146,21 +136,7 @@ def test_alone_and_stepped_together_agree_bit_for_bit_on_logits(tmp_path, tiny_m
     """Every logit of the vocabulary, for a text read alone and beside four others of other lengths."""
     engine = open_engine(Config(backend="faiss", store={"path": str(tmp_path / "f")}), tiny_model, progress=False)
     vocab, prompts = engine.hparams.n_vocab, [[3, 4], [9], [1, 2, 3, 4, 5, 6], [7, 7, 7], [11, 12, 13, 14]]
-    sessions = [engine.open() for _ in range(2 * len(prompts))]
-    alone = []
-    for p, s in zip(prompts, sessions):
-        one = Stepper(at_once=1)
-        job = one.add(reading(s, p, 4, vocab))
-        one.run()
-        alone.append(job.result)
-    stepper = Stepper()
-    jobs = [stepper.add(reading(s, p, 4, vocab)) for p, s in zip(prompts, sessions[len(prompts) :])]
-    stepper.run()
-    for solo, job in zip(alone, jobs):
-        for a, b in zip(solo, job.result):
-            assert np.array_equal(a.ids, b.ids) and np.array_equal(a.logits, b.logits)
-    for s in sessions:
-        s.close()
+    assert_alone_as_together(engine, prompts, 4, vocab)
 
 
 # A kept batch --------------------------------------------------------------------------------------------------------

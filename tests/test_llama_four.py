@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llamas import PROMPT, SHAPE, SHAPES, agrees, engine_for, models, write_checkpoints
+from stepping import assert_alone_as_together
 
 from vecgpt import families, llama_tolerance, tolerance, weights
 from vecgpt.api import generate
@@ -22,8 +23,6 @@ from vecgpt.loading import collection, plan, push
 from vecgpt.policy import Policy
 from vecgpt.reference_llama import LlamaReference, inv_freq, rotary
 from vecgpt.reference_llama import generate as reference_greedy
-from vecgpt.session import Read
-from vecgpt.stepper import Stepper
 
 O_BIAS = (*families.QKV, "self_attn.o_proj")  # a Llama config's attention_bias
 FOUR = {**SHAPES, "biased": families.LlamaHParams(**SHAPE, n_kv_head=2, biases=O_BIAS)}
@@ -192,32 +191,10 @@ def test_a_rotary_score_from_the_layer_input_needs_a_document_hd_times_wider():
     assert not np.allclose(plain[0], plain[1])  # GPT-2's document W_q^T k would serve every query: this one turns
 
 
-def reading(session, prompt: list[int], n: int, vocab: int):  # the prompt, then n greedy tokens: every read's logits
-    c, out = (yield Read(session, prompt, vocab)), []
-    for _ in range(n):
-        out.append(c)
-        c = yield Read(session, [int(c.ids[0])], vocab)
-    return out
-
-
 def test_alone_and_stepped_together_agree_bit_for_bit(make_store, checkpoints):
     """Every logit of the vocabulary, for a text read alone and beside others of other lengths (prompts in chunks of
     4): a text's projected values, keys and scores never depend on the texts stepped with it."""
     m32, _ = models(checkpoints, "qwen2")
     engine = four(make_store, "faiss", m32, "ip", prefill_chunk=4)
     prompts, vocab = [PROMPT, [3, 9], [100, 200, 300, 400, 11]], FOUR["qwen2"].n_vocab
-    sessions = [engine.open() for _ in range(2 * len(prompts))]
-    alone = []
-    for p, s in zip(prompts, sessions):
-        one = Stepper(at_once=1)
-        job = one.add(reading(s, p, 4, vocab))
-        one.run()
-        alone.append(job.result)
-    stepper = Stepper()
-    jobs = [stepper.add(reading(s, p, 4, vocab)) for p, s in zip(prompts, sessions[len(prompts) :])]
-    stepper.run()
-    for solo, job in zip(alone, jobs):
-        assert [c.ids.tolist() for c in solo] == [c.ids.tolist() for c in job.result]
-        assert all(np.array_equal(a.logits, b.logits) for a, b in zip(solo, job.result))
-    for s in sessions:
-        s.close()
+    assert_alone_as_together(engine, prompts, 4, vocab)
