@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent import futures
 
 import pytest
 
@@ -116,3 +117,18 @@ def test_a_load_writes_in_the_background_and_a_failed_write_leaves_no_manifest(m
         push(fresh, tiny_model, "l2", progress=False, layout="five")
     assert fresh._loads is None
     assert fresh.read_manifest(store_fingerprint(tiny_model, "l2", "five")) is None
+
+
+def test_a_write_after_one_of_its_ids_failed_does_not_run_however_soon_it_failed():
+    loads, ran = Background(workers=2, max_bytes=10**9), []
+
+    def fail():
+        raise RuntimeError("write refused")
+
+    loads.submit("a", (0, 9), 1, fail)
+    futures.wait(loads.futures)  # the failed write is done before the next of its ids comes
+    loads.submit("a", (5, 20), 1, lambda: ran.append("a later"))
+    with pytest.raises(RuntimeError, match="write refused"):
+        loads.wait()
+    loads.close()
+    assert ran == []

@@ -29,7 +29,8 @@ class Background:
         with self.room:  # one write larger than the budget still goes, alone
             self.room.wait_for(lambda: self.held == 0 or self.held + nbytes <= self.max_bytes)
             self.held += nbytes
-            held = [p for p in self.pending.get(collection, []) if not p[2].done()]
+            # a write that failed stays: a later write of its ids must fail too, however soon it failed
+            held = [p for p in self.pending.get(collection, []) if not p[2].done() or p[2].exception() is not None]
             before = [f for a, b, f in held if a <= hi and lo <= b]
             # a pool starts tasks in the order given, so each of `before` has started when this one waits for it
             future = self.pool.submit(contextvars.copy_context().run, self._run, before, nbytes, write)
