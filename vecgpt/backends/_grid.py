@@ -3,7 +3,7 @@
 A text writes every head of a position together, so each head of a layer holds the same positions, and each head's
 rows, in slot order, hold them ascending. Then the rows a key search matches (a layer's, positions lo..hi-1, by head)
 are a slice of the grid's columns, found by two binary searches: no pass over the layer's rows, no mask, no stack a
-search. Where rows are not so laid out (a position overwritten out of order, a head missing a row) `grid` says None
+search. Where rows are not so laid out (a position written out of order, a head missing a row) `extended` says None
 and the caller filters row by row.
 """
 
@@ -20,19 +20,8 @@ class Grid(NamedTuple):
     along: np.ndarray  # [n]: the value of the ordering attribute in each column, every group alike
 
 
-def grid(rows: np.ndarray, values: np.ndarray, along: np.ndarray, ids: np.ndarray, groups: int) -> Grid | None:
-    """rows (ordered by group, then slot) with their group `values` and their values of the ordering attribute
-    (`along`, aligned with rows) as a Grid of `groups` groups; None where the groups' rows are not one grid."""
-    n = len(rows) // groups if groups else 0
-    if n == 0 or len(rows) != n * groups:
-        return None
-    by_group, order = values.reshape(groups, n), along.reshape(groups, n)
-    if not (by_group == np.arange(groups)[:, None]).all() or not (order == order[0]).all():
-        return None
-    if n > 1 and not (order[0, 1:] > order[0, :-1]).all():
-        return None
-    slots = rows.reshape(groups, n)
-    return Grid(slots, ids[slots], order[0])
+def empty(groups: int) -> Grid:  # a grid of no columns, to extend
+    return Grid(np.zeros((groups, 0), np.int64), np.zeros((groups, 0), np.int64), np.zeros(0, np.int64))
 
 
 def extended(g: Grid, new: np.ndarray, values: np.ndarray, along: np.ndarray, ids: np.ndarray, groups: int):

@@ -187,20 +187,19 @@ class Collection:
                 self._grids = {}
             held = self._next_grid(seen, held, where.eq, by, along, groups)
             self._grids[key] = (n, held)
-        return None if held is None else _grid.columns(held, where.ge.get(along), where.lt.get(along))
+        if held is None or not len(held.along):  # no grid, or no rows: filtered row by row
+            return None
+        return _grid.columns(held, where.ge.get(along), where.lt.get(along))
 
     def _next_grid(self, seen: int, held, eq: dict, by: str, along: str, groups: int) -> _grid.Grid | None:
         """The grid at this many rows: the one held at `seen` rows with the rows since as its next columns, or made
-        again from every matching row (rows_by)."""
-        equal, n = frozenset((np.equal, a, v) for a, v in eq.items()), self.table.n
-        if held is not None and 0 <= seen < n:
-            new = seen + np.flatnonzero(matching(equal, {a: self._attrs[a][seen:n] for a in eq}, n - seen))
-            attrs = self._attrs
-            more = _grid.extended(held, new, attrs[by][new], attrs[along][new], self.ids, groups)
-            if more is not None:
-                return more
-        rows, values = self.rows_by(equal, by)
-        return _grid.grid(rows, values, self._attrs[along][rows], self.ids, groups)
+        again from every row (none held, or the rows since are not its next columns)."""
+        if held is None or seen < 0:
+            seen, held = 0, _grid.empty(groups)
+        equal, n, attrs = frozenset((np.equal, a, v) for a, v in eq.items()), self.table.n, self._attrs
+        new = seen + np.flatnonzero(matching(equal, {a: attrs[a][seen:n] for a in eq}, n - seen))
+        more = _grid.extended(held, new, attrs[by][new], attrs[along][new], self.ids, groups)
+        return self._next_grid(-1, None, eq, by, along, groups) if more is None and seen else more
 
     def matching_rows(self, where: Where, by: str | None) -> tuple[np.ndarray, np.ndarray]:
         """The rows a filter matches, ordered by attribute `by` and then by slot, and their values of `by` (None: by
