@@ -61,3 +61,12 @@ def agrees(engine, model64, backend, metric, steps=STEPS, sure_least=STEPS // 2,
     assert not r["violations"], r["violations"][:5]
     assert sure >= min(sure_least, steps) and got[:sure] == want[:sure], (sure, got, want)
     return r
+
+
+def last_token_on_turbopuffer(make_store, model, layout: str, n: int) -> dict:
+    """The meter's figures of a text's last of n generated tokens on the local turbopuffer, one copy of its keys."""
+    store = make_store("turbopuffer", key_replicas=1)
+    key = push(store, model, "l2", progress=False, layout=layout)["fingerprint"]
+    with Engine(store, model=key).open() as text:
+        generate(text, PROMPT, n, stop=False)
+        return text.meter.summary()["per_token"][-1]

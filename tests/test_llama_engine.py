@@ -9,16 +9,13 @@ import json
 
 import numpy as np
 import pytest
-from llamas import PROMPT, SHAPE, SHAPES, STD, STEPS, engine_for, models, write_checkpoints
+from llamas import PROMPT, SHAPE, SHAPES, STD, STEPS, engine_for, last_token_on_turbopuffer, models, write_checkpoints
 from llamas import agrees as agrees_in
 
 from vecgpt import families, llama_tolerance, tolerance, weights
-from vecgpt.api import generate
 from vecgpt.cli import main
-from vecgpt.engine import Engine
 from vecgpt.errors import VecgptError
 from vecgpt.llama_rounds import LlamaSession
-from vecgpt.loading import push
 from vecgpt.policy import Policy
 from vecgpt.reference_llama import LlamaReference
 from vecgpt.reference_llama import generate as reference_greedy
@@ -79,21 +76,16 @@ def test_a_key_head_serves_its_group_in_one_search(make_store, checkpoints, tiny
     namespace; with key_replicas 2 they are spread over the copies): a generated token's key searches are
     n_layer x n_kv_head requests carrying n_layer x n_head queries, GPT-2's of the same heads n_layer x n_head of
     each; a position writes n_kv_head keys a layer, not n_head; a layer is five rounds."""
-    per_token = {}
-    for name, model in (("llama", models(checkpoints, "llama")[0]), ("gpt2", tiny_model)):
-        store = make_store("turbopuffer", key_replicas=1)
-        key = push(store, model, "l2", progress=False, layout="five")["fingerprint"]
-        with Engine(store, model=key).open() as text:
-            generate(text, PROMPT, 4, stop=False)
-            per_token[name] = text.meter.summary()["per_token"][-1]
+    llama, gpt2 = (
+        last_token_on_turbopuffer(make_store, m, "five", 4) for m in (models(checkpoints, "llama")[0], tiny_model)
+    )
     hp = SHAPES["llama"]
-    llama, gpt2 = per_token["llama"], per_token["gpt2"]
     assert llama["by_kind"]["key_search"] == hp.n_layer * hp.n_kv_head == 4
     assert llama["subqueries_by_kind"]["key_search"] == hp.n_layer * hp.n_head == 8
     assert gpt2["by_kind"]["key_search"] == gpt2["subqueries_by_kind"]["key_search"] == hp.n_layer * hp.n_head
     assert llama["scores"] == gpt2["scores"]  # every query head still scores every earlier key
-    assert per_token["llama"]["round_trips"] == 5 * hp.n_layer + 1  # the next token's row comes with the token search
-    assert per_token["llama"]["by_kind"]["matrix"] == 4 * hp.n_layer
+    assert llama["round_trips"] == 5 * hp.n_layer + 1  # the next token's row comes with the token search
+    assert llama["by_kind"]["matrix"] == 4 * hp.n_layer
 
 
 def test_a_text_keeps_key_heads_resumes_and_truncates(make_store, checkpoints):

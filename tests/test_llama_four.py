@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llamas import PROMPT, SHAPE, SHAPES, agrees, engine_for, models, write_checkpoints
+from llamas import PROMPT, SHAPE, SHAPES, agrees, engine_for, last_token_on_turbopuffer, models, write_checkpoints
 from stepping import assert_alone_as_together
 
 from vecgpt import families, llama_tolerance, tolerance, weights
-from vecgpt.api import generate
 from vecgpt.cli import main
 from vecgpt.config import Config, auto_layout, settle_layout
 from vecgpt.engine import Engine
@@ -114,14 +113,10 @@ def test_four_rounds_a_layer_and_a_projection_search_a_key_head(make_store, chec
     """On the local turbopuffer (one copy of a text's keys): a generated token takes 4 L + 1 rounds, its value
     projections L x n_kv_head searches (GPT-2's of as many heads in layout four: L x n_head), its key searches
     L x n_kv_head requests carrying L x n_head queries."""
-    per_token = {}
-    for name, model in (("llama", models(checkpoints, "llama")[0]), ("gpt2", tiny_model)):
-        store = make_store("turbopuffer", key_replicas=1)
-        key = push(store, model, "l2", progress=False, layout="four")["fingerprint"]
-        with Engine(store, model=key).open() as text:
-            generate(text, PROMPT, 3, stop=False)
-            per_token[name] = text.meter.summary()["per_token"][-1]
-    hp, llama, gpt2 = FOUR["llama"], per_token["llama"], per_token["gpt2"]
+    llama, gpt2 = (
+        last_token_on_turbopuffer(make_store, m, "four", 3) for m in (models(checkpoints, "llama")[0], tiny_model)
+    )
+    hp = FOUR["llama"]
     assert llama["round_trips"] == 4 * hp.n_layer + 1
     assert llama["by_kind"]["matrix"] == (3 + hp.n_kv_head) * hp.n_layer  # c_attn, c_proj.<kv>, c_fc, mlp.c_proj
     assert gpt2["by_kind"]["matrix"] == (3 + tiny_model.hparams.n_head) * tiny_model.hparams.n_layer
