@@ -389,3 +389,16 @@ def test_close_waits_for_a_call_in_flight_in_another_thread(make_store, backend)
     assert held.waited and "error" not in out, out.get("error")
     assert "hits" in ended
     assert np.array_equal(np.sort(out["hits"].ids, 1), np.sort(alone.ids, 1))
+
+
+@pytest.mark.parametrize("backend", ["memory", "faiss"])
+def test_a_grouped_search_of_no_groups_finds_nothing(make_store, backend):
+    """Zero groups over rows a range matches (hypothesis found the grid dividing by zero here): no hits, no error."""
+    store = make_store(backend)
+    attrs = {"layer": np.zeros(3, np.int64), "head": np.zeros(3, np.int64), "position": np.arange(2, 5)}
+    store.create("g", 8, "l2", attrs=("layer", "head", "position"))
+    store.upsert("g", np.array([2, 11, 26]), np.ones((3, 8), np.float32), attrs)
+    (got,) = store.search_many(
+        [Search("g", np.zeros((0, 1, 8), np.float32), where=Where(ge={"position": 2}), by="head")]
+    )
+    assert got.ids.shape[0] == got.dists.shape[0] == 0

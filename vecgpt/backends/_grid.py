@@ -29,6 +29,8 @@ def extended(g: Grid, new: np.ndarray, values: np.ndarray, along: np.ndarray, id
     own: a text's next positions. None where they are not whole columns that come after g's."""
     if not len(new):
         return g
+    if not groups:  # rows, but no group to hold them: filtered row by row
+        return None
     n = len(new) // groups
     if len(new) != n * groups:
         return None

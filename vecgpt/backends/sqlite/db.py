@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -81,7 +82,7 @@ class Db:
                 self.pid, self.local, self.opened = os.getpid(), threading.local(), []
             try:
                 conn = open_connection(self.path, self.timeout)
-                settings(conn)
+                settings(conn, self.timeout)
             except ERRORS as e:
                 raise self.error(e, "open") from None
             with self.lock:
@@ -92,7 +93,7 @@ class Db:
     def error(self, e: BaseException, doing: str) -> VecgptError:
         if busy(e):
             return VecgptError(
-                f"sqlite store {self.path} is locked by another process (still after {self.timeout:g} s); "
+                f"sqlite store {self.path} is locked by another process ({doing}: still after {self.timeout:g} s); "
                 f"wait for it to finish, or raise [store] timeout"
             )
         if type(e).__name__ in DAMAGED or damaged(e):
@@ -142,12 +143,26 @@ class Db:
         self.local = threading.local()
 
 
-def settings(conn) -> None:
-    if conn.execute("PRAGMA journal_mode").fetchall()[0][0].lower() != "wal":
-        conn.execute("PRAGMA journal_mode=WAL")  # readers never wait for a writer, nor a writer for them
+def settings(conn, timeout: float) -> None:
+    write_ahead(conn, timeout)
     conn.execute("PRAGMA synchronous=NORMAL")  # a commit survives kill -9 (not a power cut)
     conn.execute(f"PRAGMA mmap_size={MMAP_BYTES}")
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+
+
+def write_ahead(conn, timeout: float) -> None:
+    """WAL mode: readers never wait for a writer, nor a writer for them. Two processes opening a new file at once
+    both try to switch it, and SQLite answers one busy at once (no busy wait, a deadlock else): it tries again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchall()[0][0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except ERRORS as e:
+            if not busy(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def rollback(conn) -> None:
