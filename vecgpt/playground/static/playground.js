@@ -269,6 +269,7 @@ function renderRequests() {
       c ? (1000 * c.seconds).toFixed(1) : "", "", c && c.dollars != null ? Number(c.dollars).toPrecision(3) : "",
       checks[t.position] != null ? checks[t.position].toExponential(2) : "", compareCell(compares[t.position])];
     cells.forEach((x) => { tr.insertCell().textContent = x; });
+    tr.cells[1].title = cells[1];
     tr.cells[2].title = kinds;
     if (c) {
       tr.dataset.scoresStore = scores.store ?? 0;
