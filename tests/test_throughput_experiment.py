@@ -102,3 +102,7 @@ def test_max_texts_and_goal_ratios():
     assert met[0] == (4.5, True) and met[1] == (0.75, True)  # x one text's; x numpy batched's
     assert met[2] == (40 / 45, False)  # 32 texts slower in aggregate than 16
     assert met[3] == (3.5, True) and met[4][1] is True  # a text's ms a token; turbopuffer's round trips
+    assert len(met) == 5  # no row for a store not run (FAISS's blas kernel here)
+    duck = [{"store": "duckdb (ip)", "texts": n, "tokens_per_s": t} for n, t in ((1, 2.6), (16, 5.0))]
+    (only,) = throughput.goals(duck)  # the other stores' goal: 2x their one text
+    assert only["store"] == "duckdb (ip)" and only["measured"] == pytest.approx(5.0 / 2.6) and only["met"] is False
