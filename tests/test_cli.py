@@ -328,6 +328,8 @@ def test_a_missing_extra_is_an_install_hint_when_its_subcommand_runs(capsys, mon
     code, _, err = run(capsys, "tpuf-local", "--host", "127.0.0.1", "--port", "0")
     assert code == 2
     assert_one_line_error(code, err, "tpuf-local needs uvicorn: pip install 'vecgpt[turbopuffer]'")
+    code, _, err = run(capsys, "serve", "--port", "0")  # the playground needs the server's extra alone
+    assert_one_line_error(code, err, "serve needs uvicorn: pip install 'vecgpt[serve]'")
 
 
 def test_any_other_import_error_is_loud(monkeypatch):

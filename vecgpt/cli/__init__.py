@@ -58,12 +58,14 @@ class Command:
         try:
             return attribute(self.run)(args)
         except ModuleNotFoundError as e:
-            extra = EXTRAS.get((e.name or "").split(".")[0])
+            top = (e.name or "").split(".")[0]
+            extra = SERVE.get(top) if self.name == "serve" else EXTRAS.get(top)
             if extra is None:
                 raise
             raise VecgptError(f"{self.name} needs {e.name}: pip install 'vecgpt[{extra}]'") from None
 
 
+SERVE = {"starlette": "serve", "uvicorn": "serve"}  # the playground's server alone: no turbopuffer client
 STORE, MODEL, ATTENTION = "vecgpt.cli.store", "vecgpt.cli.model", "vecgpt.cli.attention"
 TPUF = "vecgpt.backends.turbopuffer"
 COMMANDS = (
