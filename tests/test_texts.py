@@ -64,7 +64,10 @@ def loaded_config(backend, tmp_path, pushed, model) -> tuple:
     return config, options
 
 
+@pytest.mark.parametrize("backend", ["memory", "faiss"])  # every store: the Ctrl-C and kill -9 resumes below
 def test_a_kept_text_continues_in_another_process(backend, tmp_path, pushed, tiny_model, tiny_model_dir):
+    """A kept text that ended cleanly, continued by a second process: the first's tokens, then the rest as one
+    uninterrupted run. The store's part (its keys read back by another process) is the resume tests' on every store."""
     config, _ = loaded_config(backend, tmp_path, pushed, tiny_model)
     args = ["--config", str(config), "--model", str(tiny_model_dir), "--yes"]  # --yes: a billed store loads too
     a = run_json("generate", PROMPT, "-n", "5", "--keep", "--json", *args, *SAMPLED)
