@@ -461,6 +461,7 @@ def test_kept_texts_resume_list_and_close_from_the_cli(capsys, store_args, tiny_
     code, out, _ = run(capsys, "generate", *store_args, "--resume", text_id, "-n", "2")
     assert code == 0 and out.endswith("\n")
     assert json.loads(run(capsys, "texts", *store_args, "--json")[1])[0]["tokens"] == 5
+    assert json.loads(run(capsys, "texts", "ls", *store_args, "--json")[1])[0]["tokens"] == 5  # as `vecgpt ls`
     assert run(capsys, "texts", *store_args, "close", text_id)[0] == 0
     assert json.loads(run(capsys, "texts", *store_args, "--json")[1]) == []
 

@@ -32,6 +32,7 @@ def run(args) -> int:
     from vecgpt.config import open_store
     from vecgpt.text import gc_texts, list_texts
 
+    args.action = ALIASES.get(args.action, args.action)
     if args.action in OPERANDS:
         return operate(args)
     if args.action != "close" and args.words:
@@ -219,6 +220,7 @@ FORMS = {  # action -> (its words, what it does)
     "retry": ("TEXT_ID", "draw the last token again, with --seed or the text's seed + 1"),
     "branch": ("TEXT_ID POSITION TOKEN", "a new text sharing positions before POSITION, TOKEN at it; prints its id"),
 }
+ALIASES = {"ls": "list"}  # as `vecgpt ls` lists models
 WORDS = {
     "TEXT_ID": "a kept text's id (`vecgpt texts` lists them)",
     "POSITION": "a generated token's position (`vecgpt texts show TEXT_ID` lists them)",
@@ -239,6 +241,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         # unset options are left out of an action's answer, so those given before the action stay
         a = actions.add_parser(
             action,
+            aliases=[a for a, of in ALIASES.items() if of == action],
             help=does,
             description=does,
             usage=f"vecgpt texts {action} {words} [options]".replace("  ", " "),
