@@ -47,6 +47,7 @@ class Command:
     help: str
     arguments: str  # "module:function" adding its arguments to the subparser
     run: str  # "module:function" taking the parsed arguments, returning the exit status
+    extras: tuple = ()  # (module, extra) pairs this command installs otherwise than EXTRAS says
 
     def add_to(self, subparsers, with_arguments: bool = True) -> None:
         p = subparsers.add_parser(self.name, help=self.help)
@@ -58,14 +59,12 @@ class Command:
         try:
             return attribute(self.run)(args)
         except ModuleNotFoundError as e:
-            top = (e.name or "").split(".")[0]
-            extra = SERVE.get(top) if self.name == "serve" else EXTRAS.get(top)
+            extra = {**EXTRAS, **dict(self.extras)}.get((e.name or "").split(".")[0])
             if extra is None:
                 raise
             raise VecgptError(f"{self.name} needs {e.name}: pip install 'vecgpt[{extra}]'") from None
 
 
-SERVE = {"starlette": "serve", "uvicorn": "serve"}  # the playground's server alone: no turbopuffer client
 STORE, MODEL, ATTENTION = "vecgpt.cli.store", "vecgpt.cli.model", "vecgpt.cli.attention"
 TPUF = "vecgpt.backends.turbopuffer"
 COMMANDS = (
@@ -117,6 +116,7 @@ COMMANDS = (
         "the playground and the streaming-attention page in a browser",
         "vecgpt.cli.serve:add_arguments",
         "vecgpt.cli.serve:run",
+        (("starlette", "serve"), ("uvicorn", "serve")),  # the server alone, not turbopuffer's client with it
     ),
     Command(
         "tpuf-local",
