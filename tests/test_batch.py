@@ -73,6 +73,12 @@ PROMPTS = [
 ]
 
 
+def every_logit(engine: Engine, backend: str) -> int:
+    """The k a test reads with: the vocabulary, every logit; on Milvus Lite (conftest.SLOW) the top 40, as each hit
+    it returns is parsed in Python (50,257 a query took seconds a read)."""
+    return 40 if backend in SLOW else engine.hparams.n_vocab
+
+
 def opened(make_store, backend: str, model, layout: str) -> Engine:
     store = make_store.loaded(backend, model, "l2", layout)
     return Engine(store, model=store_fingerprint(model, "l2", layout))
@@ -195,7 +201,7 @@ def test_a_texts_logits_are_its_own_whatever_shares_its_rounds(
     stores) 16 texts: bit for bit the same where the store computes each query alone; on turbopuffer within the
     rule. The token searches went out merged: one search held several texts' queries."""
     engine = opened(make_store, backend, tiny_model, layout)
-    k = 40 if backend in SLOW else engine.hparams.n_vocab  # Milvus Lite: its top 40 (a hit is parsed in Python)
+    k = every_logit(engine, backend)
     exact = backend not in RULE
     solo = {(p.prompt, p.n): alone(engine, p, k) for size in sizes for p in BATCHES[size]} if exact else {}
     queries = spy_token_searches(engine.store, monkeypatch, k)
@@ -328,7 +334,7 @@ def test_a_text_that_fails_leaves_the_others_running_and_exact(
     alone (turbopuffer: within the rule), and the stepper holds no text once they end."""
     layout = auto_layout(backend, {})
     engine = opened(make_store, backend, tiny_model, layout)
-    k = 40 if backend in SLOW else engine.hparams.n_vocab  # Milvus Lite: its top 40 (a hit is parsed in Python)
+    k = every_logit(engine, backend)
     doomed, others = Part(0, n=4), [Part(2), Part(4, after=1)]
     solo = [alone(engine, p, k) for p in others] if backend not in RULE else []
     sessions, failed = [engine.open() for _ in others], {}

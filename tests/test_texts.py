@@ -31,7 +31,8 @@ from vecgpt.text import FLUSH_EVERY, Text, gc_texts, list_texts
 from conftest import SLOW, tiny_params
 
 PROMPT = "Hello world"
-SAMPLED = ["--temperature", "0.8", "--seed", "5", "--no-stop"]
+SAMPLING = {"temperature": 0.8, "seed": 5}  # every CLI run here samples so, to its -n (SAMPLED: as arguments)
+SAMPLED = ["--temperature", str(SAMPLING["temperature"]), "--seed", str(SAMPLING["seed"]), "--no-stop"]
 LONG = weights.HParams(n_layer=2, n_head=4, n_embd=64, n_ctx=256, n_vocab=50257)  # room for a 200-token text
 
 
@@ -50,9 +51,9 @@ def uninterrupted(args: list[str], n: int) -> list[int]:
     """The text of `generate PROMPT -n n *args *SAMPLED` run whole, in this process (what the CLI calls): one
     process start fewer a test (Milvus Lite's take seconds)."""
     named = dict(zip(args[::2], args[1::2]))  # --config C --model M [--yes]
-    assert SAMPLED == ["--temperature", "0.8", "--seed", "5", "--no-stop"] and set(named) == {"--config", "--model"}
+    assert set(named) == {"--config", "--model"}, args
     config = load_config(named["--config"])
-    whole = api.generate_text(PROMPT, n, config, named["--model"], temperature=0.8, seed=5, stop=False)
+    whole = api.generate_text(PROMPT, n, config, named["--model"], **SAMPLING, stop=False)
     return whole["prompt_tokens"] + whole["tokens"]
 
 
