@@ -233,7 +233,8 @@ def render(args, out) -> int:
     from llama_report import write
 
     data = json.loads(Path(args.render[0]).read_text())
-    scale, known = data["settings"].get("scale", 1), shapes(data["settings"].get("scale", 1))
+    scale = data["settings"].get("scale", 1)
+    known = shapes(scale)
     measured = [{k: v for k, v in r.items() if not k.startswith("tpuf_")} for r in data["rows"]]
     rows = [{**r, **planned(r["shape"], known[r["shape"]])} for r in measured]
     args.llama_layers, args.n, args.scale = data["settings"]["layers_measured"], data["settings"]["n"], scale
