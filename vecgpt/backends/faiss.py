@@ -20,6 +20,7 @@ import numpy as np
 
 from vecgpt.backends import _kernel, _product, base
 from vecgpt.backends._in_process import InProcessStore, Table
+from vecgpt.backends._smallest import smallest
 from vecgpt.errors import VecgptError
 
 PREFERRED_METRIC = "ip"  # no pad and no decoding arithmetic: faster than l2, as exact (docs/speed.md)
@@ -275,12 +276,6 @@ def on_openmp(q: np.ndarray, rows: np.ndarray, numbers: np.ndarray, metric: str)
     return out.ravel()[: len(rows)]
 
 
-def nearest(d: np.ndarray, k: int) -> np.ndarray:
-    """The k smallest of d's entries, nearest first, ties by row."""
-    best = np.argpartition(d, k - 1)[:k] if k < len(d) else np.arange(len(d))
-    return best[np.lexsort((best, d[best]))]
-
-
 def selector(slots: np.ndarray | None):
     if slots is None:
         return None
@@ -436,8 +431,8 @@ class FaissTable(Table):
         invariant = self.settings.invariant
         if slots is None and (len(queries) == 1 or invariant):  # the token search: every row by the store's kernel
             d = self.invariant_rows(queries)
-            found = [nearest(row, k) for row in d]
-            return np.stack([row[best] for row, best in zip(d, found)]), np.stack(found)
+            found = smallest(d, k)
+            return np.take_along_axis(d, found, 1), found
         if invariant and len(queries) > 1:  # a filtered search, a query at a time (FAISS's own: BLAS from 20)
             parts = [self.topk(queries[i : i + 1], k, slots) for i in range(len(queries))]
             return np.concatenate([d for d, _ in parts]), np.concatenate([f for _, f in parts])

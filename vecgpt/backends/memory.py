@@ -11,6 +11,7 @@ import numpy as np
 
 from vecgpt.backends import _kernel, _product
 from vecgpt.backends._in_process import InProcessStore, Table, grow
+from vecgpt.backends._smallest import smallest
 from vecgpt.errors import VecgptError
 
 # How a search of every row computes its float64 products (docs/memory.md): "gemv", a query at a time (BLAS's
@@ -70,14 +71,11 @@ class NumpyTable(Table):
     def topk(self, queries, k, slots):
         dists, chosen = self.all_dists(queries, slots)  # [m, n]
         chosen = chosen[0]
-        part = (
-            np.argpartition(dists, k - 1, axis=1)[:, :k]
-            if k < dists.shape[1]
-            else np.tile(np.arange(dists.shape[1]), (len(dists), 1))
-        )
-        d = np.take_along_axis(dists, part, 1)
-        order = np.lexsort((chosen[part], d), axis=1)  # nearest first, ties to the lowest slot
-        return np.take_along_axis(d, order, 1), chosen[np.take_along_axis(part, order, 1)]
+        if len(chosen) > 1 and not (chosen[1:] > chosen[:-1]).all():  # ties go to the lowest slot: slot order
+            order = np.argsort(chosen)
+            dists, chosen = dists[:, order], chosen[order]
+        cols = smallest(dists, k)
+        return np.take_along_axis(dists, cols, 1), chosen[cols]
 
     def copy(self):
         return NumpyTable(self.dim, self.metric, self._data[: self.n], self.kernel)  # astype copies
