@@ -102,3 +102,21 @@ def test_positions_appended_out_of_order_after_a_search_are_found(store):
         order = np.argsort(hits.ids, axis=-1)
         assert np.array_equal(np.take_along_axis(hits.ids, order, -1)[:, 0], ids)
         assert np.allclose(np.take_along_axis(hits.dists, order, -1)[:, 0], dists[:, 0], atol=1e-5)
+
+
+def test_a_grid_extended_twice_keeps_the_columns_it_gave():
+    """A grid grows into room kept behind it; a second extension of the same grid must not write over the first's."""
+    from vecgpt.backends import _grid
+
+    base = _grid.extended(
+        _grid.empty(2), np.arange(4), np.array([0, 1, 0, 1]), np.array([0, 0, 1, 1]), np.arange(4) * 10, 2
+    )
+    one = _grid.appended(base, np.array([[4], [5]]), np.array([[40], [50]]), np.array([2]))
+    kept = one.ids.copy()
+    two = _grid.appended(base, np.array([[6], [7]]), np.array([[60], [70]]), np.array([5]))
+    assert np.array_equal(one.ids, kept) and one.along.tolist() == [0, 1, 2]
+    assert two.ids.tolist() == [[0, 20, 60], [10, 30, 70]] and two.along.tolist() == [0, 1, 5]
+    longer = one
+    for p in range(3, 200):  # past the first room: made again, the columns carried over
+        longer = _grid.appended(longer, np.array([[p], [p]]), np.array([[p], [p]]), np.array([p]))
+    assert longer.along.tolist() == list(range(200)) and np.array_equal(longer.ids[:, :3], kept)

@@ -78,10 +78,10 @@ class Where:
 
 def matching(conditions, columns: Mapping[str, np.ndarray], n: int) -> np.ndarray:
     """Which of n rows satisfy every condition (Where.conditions), given the rows' attribute columns."""
-    keep = np.ones(n, bool)
+    keep = None
     for op, name, value in conditions:
-        keep &= op(columns[name], value)
-    return keep
+        keep = op(columns[name], value) if keep is None else keep & op(columns[name], value)
+    return np.ones(n, bool) if keep is None else keep
 
 
 TEXT_PREFIX = "text-"  # a text's collections: text-<id> (its keys, tagged layer/head/position) and text-<id>.<suffix>
