@@ -162,3 +162,16 @@ def test_each_tokens_scores_are_counted_where_they_were_taken(playground, page):
         assert int(row.get_attribute("data-scores-store")) == per_position * sum(read)
         assert int(row.get_attribute("data-scores-memory")) == per_position * len(read)
         assert row.locator("td").nth(5).inner_text() == f"{per_position * sum(read)} / {per_position * len(read)}"
+
+
+def test_the_printed_address_takes_connections_before_uvicorn_runs():
+    import socket
+
+    from vecgpt.playground.app import bound_socket
+
+    sock = bound_socket("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    finally:
+        sock.close()

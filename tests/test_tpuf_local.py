@@ -421,3 +421,18 @@ def test_bodies_are_read_whole_and_refused_past_the_limit(server, client, monkey
 
     assert post(gzip.compress(b'{"deletes": [1]}')[:-6], "gzip") == (400, "the body is not valid gzip")
     assert post(b'{"upsert_rows": [{"id": 3, "vector": [NaN]}]}') == (400, "the body is not valid JSON")
+
+
+def test_the_printed_address_takes_connections_before_uvicorn_runs():
+    """serve prints the address and then starts uvicorn; a client that connects in between (CI once did, loaded)
+    must wait in the backlog, not be refused by a socket only bound."""
+    import socket
+
+    from vecgpt.backends.turbopuffer.server import listen
+
+    sock = listen("127.0.0.1", 0)
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    finally:
+        sock.close()

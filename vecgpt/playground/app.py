@@ -58,10 +58,13 @@ def from_env() -> Starlette:
 
 
 def bound_socket(host: str, port: int) -> socket.socket:
+    """Listening already when its address is printed: a browser or test that connects while uvicorn starts waits
+    in the backlog rather than being refused."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(2048)  # uvicorn's own backlog
     sock.set_inheritable(True)
     return sock
 

@@ -18,7 +18,9 @@ from vecgpt.errors import VecgptError
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket with TCP_NODELAY, which accepted sockets inherit: the response's headers and body
-    go out as two writes, and without it Nagle plus the peer's delayed ACK stall each reply by ~40 ms."""
+    go out as two writes, and without it Nagle plus the peer's delayed ACK stall each reply by ~40 ms. It listens
+    before it is handed to uvicorn: a client told the address (serve prints it) may connect while uvicorn starts,
+    and a socket only bound refuses it."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -30,6 +32,7 @@ def listen(host: str, port: int) -> socket.socket:
             f"cannot listen on {host}:{port} ({getattr(e, 'strerror', None) or e}); "
             f"is another server using it? pick another with --port"
         ) from None
+    sock.listen(2048)  # uvicorn's own backlog
     return sock
 
 
