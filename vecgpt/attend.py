@@ -62,7 +62,8 @@ def decoding(group: list, width: int, layer: int, hd: int) -> list[np.ndarray]:
     for t, (s, *_, start) in enumerate(group):
         if s.capture is not None:
             s.capture.append((raw[t][:, None, : start + 1], weights[t][:, None, : start + 1].copy()))
-        out.append(weights[t][:, None] @ s.projected[layer, :, :width])  # [H, 1, width] @ [H, width, w]
+        n = start + 1  # the padding's weights are 0: its values are not read (a text's own length, as its row's)
+        out.append(weights[t][:, None, :n] @ s.projected[layer, :, :n])  # [H, 1, n] @ [H, n, w]
     return out
 
 
