@@ -133,15 +133,16 @@ def key_scores(s, asked, found, layer, start, m, group: int = 1):  # hits -> q.k
     if asked is None:
         s.meter.scored(store=0, memory=n_head * m, returned=0, values=n_head * m)
         return np.zeros((n_head, m, 0))
-    earlier = np.arange(end) < np.arange(start, start + m)[:, None]  # each query's earlier keys
-    if asked.kinds == ["all"]:
+    if asked.kinds == ["all"]:  # every earlier key: query r has start + r of them, all scored
         scores = by_query_head(key_columns(s, asked.sent, found[0], layer, end), group)
-        returned, store = int(found[0].ids.size), n_head * int(earlier.sum())
+        returned, store = int(found[0].ids.size), n_head * (m * start + m * (m - 1) // 2)
+        kept = np.broadcast_to(np.arange(start, start + m), (n_head, m))
     else:
         scores = chosen_columns(s, asked, found, layer, end, m, group)
         returned = sum(int((h.ids >= 0).sum()) for h, k in zip(found, asked.kinds) if k != "best")
         store = sum(n_head * (hi - lo) if h.scored is None else h.scored for h, (lo, hi) in zip(found, asked.spans))
-    kept = (np.isfinite(scores) & earlier).sum(axis=-1)  # [H, m]
+        earlier = np.arange(end) < np.arange(start, start + m)[:, None]  # each query's earlier keys
+        kept = (np.isfinite(scores) & earlier).sum(axis=-1)  # [H, m]
     s.meter.scored(store=store, memory=n_head * m, returned=returned, values=int(kept.sum()) + n_head * m)
     if s.policy.active:
         s.meter.kept(kept, dropped_bound(s.policy, kept, start))

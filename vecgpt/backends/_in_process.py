@@ -353,7 +353,9 @@ class InProcessStore(FolderStore):
             slots = stacked(slots) if slots else np.zeros((0, 0), np.int64)  # [G, n]
             found = _grid.Grid(slots, col.ids[slots], None)
         dists = col.table.all_dists_groups(queries, found.slots)  # [G, m, n]
-        return Hits(np.broadcast_to(found.ids[:, None], dists.shape), dists)
+        ids = found.ids[:, None]  # a decode step's one query a group: its shape already (broadcast_to costs more)
+        ids.flags.writeable = False  # a view of the grid, which later searches read, as broadcast_to's is
+        return Hits(ids if ids.shape == dists.shape else np.broadcast_to(ids, dists.shape), dists)
 
     def fetch(self, name, ids, payload=False):
         col = self._col(name)
