@@ -232,3 +232,34 @@ def test_the_fixed_kernel_split_over_threads_equals_one_thread(metric, m):
     assert len(faiss_store.row_chunks(4001, 300 * m, 3, 32)) == 3
     assert all(a % 32 == 0 for a, _ in faiss_store.row_chunks(4001, 300 * m, 3, 32))
     assert np.array_equal(got[0], got[1]) and table.ran == "fixed"
+
+
+@pytest.mark.parametrize("share", [0.3, 0.62, 0.75])
+def test_the_calling_threads_share_moves_no_bit(monkeypatch, share):
+    """The fixed kernel's rows go to the calling thread by a share that follows which thread finished last
+    (faiss.Balance); each sum is its (query, row)'s, so any share gives one thread's bits."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4001, 300)).astype(np.float32)
+    q = rng.standard_normal((5, 300)).astype(np.float32)
+    alone = faiss_store.FaissTable(300, "ip", settings=faiss_store.Settings("fixed", threads=1))
+    alone.append(x)
+    monkeypatch.setattr(faiss_store, "BALANCE", faiss_store.Balance(share))
+    split = faiss_store.FaissTable(300, "ip", settings=faiss_store.Settings("fixed", threads=2))
+    split.append(x)
+    assert np.array_equal(alone.all_dists(q, None)[0], split.all_dists(q, None)[0])
+    chunks = faiss_store.row_chunks(4001, 300 * 5, 2, 32, share)
+    assert chunks[0][0] == 0 and chunks[-1][1] == 4001 and chunks[0][1] == chunks[1][0] and chunks[1][0] % 32 == 0
+    assert abs((4001 - chunks[1][0]) / 4001 - share) < 32 / 4001
+
+
+def test_the_share_follows_the_thread_that_finished_last():
+    balance = faiss_store.Balance()
+    for _ in range(200):  # the worker's half always 30% later: the caller takes more, up to the bound
+        balance.took(1.0, 1.3)
+    assert balance.share == balance.high
+    for _ in range(400):
+        balance.took(1.3, 1.0)
+    assert balance.share == balance.low
+    steady = faiss_store.Balance(0.55)
+    steady.took(1.0, 1.0)
+    assert steady.share == 0.55

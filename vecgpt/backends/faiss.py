@@ -83,13 +83,37 @@ def usable(threads: int) -> int:
     return 1 if _FORKED[0] else threads
 
 
-def row_chunks(n: int, dim: int, threads: int, align: int = 1) -> list[tuple[int, int]]:
-    """A scan's rows as (start, end) per thread, each start a multiple of align: one chunk unless the scan is big."""
+def row_chunks(n: int, dim: int, threads: int, align: int = 1, last: float | None = None) -> list[tuple[int, int]]:
+    """A scan's rows as (start, end) per thread, each start a multiple of align: one chunk unless the scan is big.
+    last: the share of the rows the last chunk (the calling thread's, in_threads) takes; None: an equal share."""
     threads = usable(threads)
     if n * dim < SPLIT_WORK or threads < 2:
         return [(0, n)]
-    edges = [min(n, -(-n * i // threads // align) * align) for i in range(threads)] + [n]
+    if last is None:
+        edges = [min(n, -(-n * i // threads // align) * align) for i in range(threads)] + [n]
+    else:
+        cuts = [int(n * (1 - last) * i / (threads - 1)) for i in range(threads)]
+        edges = [min(n, -(-c // align) * align) for c in cuts] + [n]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+class Balance:
+    """The calling thread's share of a product's rows, so that it and the workers finish together: a worker's share
+    starts after a hand-over (tens of microseconds, more where an idle core wakes slowly) and may run slower on its
+    core. Nudged after each product by how far apart the two finished; which thread computes a row never changes
+    its sums (the fixed kernel's sums are each (query, row)'s own)."""
+
+    def __init__(self, share: float = 0.5, step: float = 0.25, low: float = 0.3, high: float = 0.75):
+        self.share, self.step, self.low, self.high = share, step, low, high
+
+    def took(self, mine: float, theirs: float) -> None:
+        """The calling thread's share finished `mine` seconds after the product began, the last worker's `theirs`."""
+        if mine > 0 and theirs > 0:
+            gap = (theirs - mine) / max(mine, theirs)  # > 0: the worker finished last, so the caller takes more
+            self.share = min(self.high, max(self.low, self.share + self.step * gap * self.share * (1 - self.share)))
+
+
+BALANCE = Balance()
 
 
 @contextmanager
@@ -174,18 +198,30 @@ def crowded_now() -> bool:
 PACE = Pace()
 
 
-def in_threads(calls) -> None:
+def in_threads(calls, balance: Balance | None = None) -> None:
     """Run the calls at once (FAISS's kernels release the GIL): the last in this thread, each other on a worker
     kept on a core this thread is not on: a worker free to move, woken after a pause, can land on this thread's
-    core, and the two shares then take turns there (docs/faiss.md, "Threads")."""
+    core, and the two shares then take turns there (docs/faiss.md, "Threads"). balance: told when each finished."""
     if len(calls) <= 1:
         return calls[0]() if calls else None
-    running = [worker(i).start(call) for i, call in zip(elsewhere(len(calls) - 1), calls[:-1])]
+    began, ends = time.perf_counter(), [0.0] * len(calls)
+
+    def timed(i, call):
+        def run():
+            call()
+            ends[i] = time.perf_counter()
+
+        return run
+
+    running = [worker(i).start(timed(j, c)) for j, (i, c) in enumerate(zip(elsewhere(len(calls) - 1), calls[:-1]))]
     calls[-1]()
+    ends[-1] = time.perf_counter()
     for done, failed in running:
         done.acquire()
         if failed:
             raise failed[0]
+    if balance is not None:
+        balance.took(ends[-1] - began, max(ends[:-1]) - began)
 
 
 def elsewhere(n: int) -> list[int]:
@@ -342,8 +378,9 @@ class FaissTable(Table):
         self.ran = "fixed"
         q, x = np.ascontiguousarray(queries, np.float32), self._view()
         out = np.empty((len(q), self.n), np.float32)
-        chunks = row_chunks(self.n, self.dim * len(q), self.settings.threads, _kernel.TILE_ROWS[np.dtype(np.float32)])
-        in_threads([lambda a=a, b=b: _kernel.rows(q, x, self.metric, out, a, b) for a, b in chunks])
+        tile = _kernel.TILE_ROWS[np.dtype(np.float32)]
+        chunks = row_chunks(self.n, self.dim * len(q), self.settings.threads, tile, BALANCE.share)
+        in_threads([lambda a=a, b=b: _kernel.rows(q, x, self.metric, out, a, b) for a, b in chunks], BALANCE)
         return np.negative(out, out=out) if self.metric == "ip" else out
 
     def blas(self) -> bool:
