@@ -626,13 +626,25 @@ def last_writes(
     unknown = set(attrs) - set(columns)
     if unknown:
         raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {list(columns)}")
-    ids, last = np.unique(np.asarray(ids, np.int64)[::-1], return_index=True)
+    ids = np.asarray(ids, np.int64)
+    if ascending(ids):  # distinct and sorted already (a text's keys of a step): kept as given
+        return (
+            ids,
+            vectors,
+            {a: np.asarray(attrs[a], np.int64) if a in attrs else np.zeros(len(ids), np.int64) for a in columns},
+        )
+    ids, last = np.unique(ids[::-1], return_index=True)
     last = len(vectors) - 1 - last
     return (
         ids,
         vectors[last],
         {a: np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64) for a in columns},
     )
+
+
+def ascending(ids: np.ndarray) -> bool:
+    """Whether ids rise strictly: each once, in order."""
+    return len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
 
 
 def check_where(name: str, where: Where | None, attrs: Sequence[str]) -> None:
