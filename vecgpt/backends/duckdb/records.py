@@ -25,19 +25,28 @@ CATALOG = (
     "CREATE TABLE IF NOT EXISTS vecgpt_texts (id VARCHAR, record VARCHAR, version INTEGER)",
 )
 
+INTERRUPTED = "Query interrupted"  # what DuckDB raises (a RuntimeError) when Ctrl-C stops a statement
 _open_texts: dict[tuple[Path, str], int] = {}  # (file, text id) -> holders (one at most)
 _open_lock = threading.Lock()
 
 
 def duck_errors(method):
     """A method run under the store's lock (one connection: DuckDB's are not for several threads at once); DuckDB's
-    errors as one-line VecgptErrors."""
+    errors as one-line VecgptErrors, and Ctrl-C during a statement as the KeyboardInterrupt it was: DuckDB stops
+    the statement and raises RuntimeError("Query interrupted") in its place, which would end the CLI with a
+    traceback instead of its one line and exit 130."""
 
     @functools.wraps(method)
     def wrapped(self, *args, **kw):
         with self._lock:
             try:
                 return method(self, *args, **kw)
+            except duckdb.InterruptException:
+                raise KeyboardInterrupt from None
+            except RuntimeError as e:
+                if str(e) == INTERRUPTED:
+                    raise KeyboardInterrupt from None
+                raise
             except duckdb.Error as e:
                 self._meta.clear()  # a table changed under this store (another store of this file): read again
                 raise VecgptError(
