@@ -40,9 +40,6 @@ class Rows(NamedTuple):
 
 def last_rows(name: str, rows: Rows, columns: list[str]) -> Rows:
     """base.last_writes, the payload riding beside the vectors (float32 both: its bits are kept)."""
-    if base.ascending(np.asarray(rows.ids, np.int64)):  # nothing to drop or sort: no copy of the rows
-        ids, vectors, attrs = base.last_writes(name, rows.ids, rows.vectors, rows.attrs, columns)
-        return Rows(ids, vectors, attrs, rows.payload)
     dim = rows.vectors.shape[1]
     ids, both, attrs = base.last_writes(name, rows.ids, np.hstack([rows.vectors, rows.payload]), rows.attrs, columns)
     return Rows(ids, both[:, :dim], attrs, both[:, dim:])

@@ -627,18 +627,14 @@ def last_writes(
     if unknown:
         raise VecgptError(f"upsert into {name!r}: unknown attribute {sorted(unknown)[0]!r}; it has {list(columns)}")
     ids = np.asarray(ids, np.int64)
-    if ascending(ids):  # distinct and sorted already (a text's keys of a step): kept as given
-        return (
-            ids,
-            vectors,
-            {a: np.asarray(attrs[a], np.int64) if a in attrs else np.zeros(len(ids), np.int64) for a in columns},
-        )
-    ids, last = np.unique(ids[::-1], return_index=True)
-    last = len(vectors) - 1 - last
+    if not ascending(ids):  # else distinct and sorted already (a text's keys of a step): kept as given
+        ids, last = np.unique(ids[::-1], return_index=True)
+        last = len(vectors) - 1 - last
+        vectors, attrs = vectors[last], {a: np.asarray(column)[last] for a, column in attrs.items()}
     return (
         ids,
-        vectors[last],
-        {a: np.asarray(attrs[a], np.int64)[last] if a in attrs else np.zeros(len(ids), np.int64) for a in columns},
+        vectors,
+        {a: np.asarray(attrs[a], np.int64) if a in attrs else np.zeros(len(ids), np.int64) for a in columns},
     )
 
 

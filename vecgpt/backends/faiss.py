@@ -89,11 +89,11 @@ def row_chunks(n: int, dim: int, threads: int, align: int = 1, last: float | Non
     threads = usable(threads)
     if n * dim < SPLIT_WORK or threads < 2:
         return [(0, n)]
-    if last is None:
-        edges = [min(n, -(-n * i // threads // align) * align) for i in range(threads)] + [n]
+    if last is None:  # chunk i starts at row ceil(n i / threads)
+        cuts = [-(-n * i // threads) for i in range(threads)]
     else:
         cuts = [int(n * (1 - last) * i / (threads - 1)) for i in range(threads)]
-        edges = [min(n, -(-c // align) * align) for c in cuts] + [n]
+    edges = [min(n, -(-c // align) * align) for c in cuts] + [n]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
@@ -213,9 +213,10 @@ def in_threads(calls, balance: Balance | None = None) -> None:
 
         return run
 
-    running = [worker(i).start(timed(j, c)) for j, (i, c) in enumerate(zip(elsewhere(len(calls) - 1), calls[:-1]))]
+    if balance is not None:
+        calls = [timed(i, c) for i, c in enumerate(calls)]
+    running = [worker(i).start(call) for i, call in zip(elsewhere(len(calls) - 1), calls[:-1])]
     calls[-1]()
-    ends[-1] = time.perf_counter()
     for done, failed in running:
         done.acquire()
         if failed:

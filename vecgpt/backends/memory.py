@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vecgpt.backends import _kernel, _product
+from vecgpt.backends import _kernel, _product, base
 from vecgpt.backends._in_process import InProcessStore, Table, grow
 from vecgpt.backends._smallest import smallest
 from vecgpt.errors import VecgptError
@@ -71,7 +71,7 @@ class NumpyTable(Table):
     def topk(self, queries, k, slots):
         dists, chosen = self.all_dists(queries, slots)  # [m, n]
         chosen = chosen[0]
-        if len(chosen) > 1 and not (chosen[1:] > chosen[:-1]).all():  # ties go to the lowest slot: slot order
+        if not base.ascending(chosen):  # ties go to the lowest slot: the columns in slot order
             order = np.argsort(chosen)
             dists, chosen = dists[:, order], chosen[order]
         cols = smallest(dists, k)
