@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -62,6 +63,16 @@ def assert_one_line_error(rc: int, err: str) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and lines and lines[-1].startswith("vecgpt: error: "), err
     assert "Traceback" not in err, err
+
+
+def connected(sock: socket.socket) -> None:
+    """A client connects to sock at once, as one told its printed address may (then sock is closed): a socket only
+    bound, not yet listening, refuses it."""
+    try:
+        with socket.create_connection(sock.getsockname(), timeout=5):
+            pass
+    finally:
+        sock.close()
 
 
 def wait_for(condition, timeout: float, step: float = 0.002) -> bool:

@@ -145,7 +145,8 @@ def test_ctrl_c_during_a_statement_is_a_keyboard_interrupt(store, raised):
     def failing(self):
         raise RuntimeError("something else")
 
+    plain = store.inner if isinstance(store, Metered) else store
     with pytest.raises(KeyboardInterrupt):
-        interrupted(store.inner if isinstance(store, Metered) else store)
+        interrupted(plain)
     with pytest.raises(RuntimeError, match="something else"):
-        failing(store.inner if isinstance(store, Metered) else store)
+        failing(plain)

@@ -165,13 +165,8 @@ def test_each_tokens_scores_are_counted_where_they_were_taken(playground, page):
 
 
 def test_the_printed_address_takes_connections_before_uvicorn_runs():
-    import socket
+    from procs import connected
 
     from vecgpt.playground.app import bound_socket
 
-    sock = bound_socket("127.0.0.1", 0)
-    try:
-        with socket.create_connection(sock.getsockname(), timeout=5):
-            pass
-    finally:
-        sock.close()
+    connected(bound_socket("127.0.0.1", 0))

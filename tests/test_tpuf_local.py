@@ -426,13 +426,8 @@ def test_bodies_are_read_whole_and_refused_past_the_limit(server, client, monkey
 def test_the_printed_address_takes_connections_before_uvicorn_runs():
     """serve prints the address and then starts uvicorn; a client that connects in between (CI once did, loaded)
     must wait in the backlog, not be refused by a socket only bound."""
-    import socket
+    from procs import connected
 
     from vecgpt.backends.turbopuffer.server import listen
 
-    sock = listen("127.0.0.1", 0)
-    try:
-        with socket.create_connection(sock.getsockname(), timeout=5):
-            pass
-    finally:
-        sock.close()
+    connected(listen("127.0.0.1", 0))
